@@ -1,0 +1,3 @@
+from boost_jax.train import main
+
+main()

@@ -1,0 +1,63 @@
+"""The Python API for notebooks and scripts.
+
+    from boost_jax import api
+    cfg = api.config("llama-tiny", "model.arch=cola")        # a preset name or a YAML path, plus overrides
+    model = api.build_model(cfg)                              # a Flax NNX module, initialised from train.seed
+    logits = api.forward(model, tokens)                       # int[B, S] -> fp32 [B, S, vocab]
+    cfg, model, step = api.restore("runs/default")            # newest checkpoint of a run dir
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import yaml
+from flax import nnx
+
+from boost_jax.config import Config, ConfigError, from_dict, load_config
+from boost_jax.model import Model
+from boost_jax.presets import PRESETS
+
+
+def config(base: str | Path | None = None, *overrides: str) -> Config:
+    """A config from a preset name (`"llama-7b"`) or a YAML file, then `key=value` overrides."""
+    if base is not None and str(base) in PRESETS:
+        return load_config(None, (f"model.preset={base}", *overrides))
+    return load_config(base, overrides)
+
+
+def build_model(cfg: Config) -> Model:
+    return Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
+
+
+@jax.jit
+def _forward(graphdef, params, tokens):
+    return nnx.merge(graphdef, params)(tokens)
+
+
+def forward(model: Model, tokens: jax.Array) -> jax.Array:
+    graphdef, params = nnx.split(model)
+    return _forward(graphdef, params, tokens)
+
+
+def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model, int]:
+    """(config, model with the checkpoint's parameters, step) from a run dir, on one device."""
+    from boost_jax.checkpoint import Checkpointer
+    from boost_jax.sharding import DATA_PARALLEL_RULES
+    from boost_jax.step import setup
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
+    cfg = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep)
+    step = step if step is not None else ckpt.latest_step()
+    if step is None:
+        raise ConfigError(f"{run_dir} has no checkpoint")
+    mesh = jax.make_mesh((1, 1, 1), ("dp", "fsdp", "tp"), devices=jax.devices()[:1],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    run, like = setup(cfg, mesh, DATA_PARALLEL_RULES)
+    state, _ = ckpt.restore(step, like)
+    ckpt.close()
+    return cfg, nnx.merge(run.graphdef, state["params"]), step

@@ -1,0 +1,309 @@
+"""Typed run configuration.
+
+Defaults live in the dataclasses below; `configs/base.yaml` documents every knob (a test keeps the
+two equal). A run is `defaults <- optional YAML file <- dotted key=value overrides`, validated
+before any work starts: an unknown key or a bad value raises `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from boost_jax import presets
+
+Arch = Literal["dense", "svd", "cola", "lax"]
+DType = Literal["float32", "bfloat16"]
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names it."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str = "llama-mini"
+    arch: Arch = "cola"
+    # Sizes: None takes the preset's value.
+    d_model: int | None = None
+    d_ff: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    attn_rank: int | None = None
+    mlp_rank: int | None = None
+    # None = the arch's default: SwiGLU gate SiLU on for dense/svd, off for cola/lax.
+    mlp_gate_silu: bool | None = None
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    dtype: DType = "float32"
+    param_dtype: DType = "float32"
+
+    def resolved(self) -> ModelConfig:
+        """Fill every None from the preset and the arch; the result has no None left."""
+        if self.preset not in presets.PRESETS:
+            raise ConfigError(
+                f"model.preset: unknown preset {self.preset!r}; "
+                f"choose one of {sorted(presets.PRESETS)}"
+            )
+        p = presets.PRESETS[self.preset]
+        get = lambda name: getattr(self, name) if getattr(self, name) is not None else p.get(name)
+        d, h = get("d_model"), get("n_heads")
+        out = dataclasses.replace(
+            self,
+            d_model=d,
+            d_ff=get("d_ff"),
+            n_layers=get("n_layers"),
+            n_heads=h,
+            n_kv_heads=get("n_kv_heads") or h,
+            head_dim=get("head_dim") or (d // h if h and d % h == 0 else None),
+            vocab_size=get("vocab_size"),
+            attn_rank=get("attn_rank") or d // 4,
+            mlp_rank=get("mlp_rank") or d // 4,
+            mlp_gate_silu=(
+                self.mlp_gate_silu
+                if self.mlp_gate_silu is not None
+                else p.get("mlp_gate_silu", self.arch in ("dense", "svd"))
+            ),
+        )
+        _validate_model(out)
+        return out
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 150
+    batch_size: int = 16  # global, in sequences
+    seq_len: int = 256
+    lr: float = 3e-3
+    warmup_steps: int = 15  # clipped to the schedule horizon
+    # Horizon of the cosine schedule; 0 = steps. Fix it to extend a run later with more steps
+    # and keep the exact trajectory of one uninterrupted run.
+    schedule_steps: int = 0
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # global-norm clip; 0 disables
+    b1: float = 0.9
+    b2: float = 0.95
+    seed: int = 0
+    remat: Literal["none", "full"] = "none"
+    eval_every: int = 50  # 0 disables
+    eval_batches: int = 4
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["stdlib", "files"] = "stdlib"
+    paths: tuple[str, ...] = ()  # text files (one document each), .jsonl (one per line), dirs, globs
+    jsonl_key: str = "text"
+    max_bytes: int = 8_000_000  # cap on corpus bytes read; 0 = no cap
+    val_fraction: float = 0.02  # of corpus bytes; whole documents, chosen by a stable hash of their names
+    tokenizer: Literal["bpe", "byte_bpe"] = "bpe"
+    tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
+    cache_dir: str = ""  # "" = $BOOST_JAX_CACHE or ~/.cache/boost_jax
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50  # steps between saves; 0 disables checkpointing
+    keep: int = 3  # newest checkpoints kept
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    dp: int = -1  # -1 = all devices left over
+    fsdp: int = 1
+    tp: int = 1
+    cpu_devices: int = 0  # >0: simulate this many host devices (set before JAX starts)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    every: int = 10  # steps between log lines
+    progress: bool = True
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    run_dir: str = "runs/default"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Defaults <- YAML file <- `section.key=value` overrides; validated and resolved."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        raw = loaded
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is not a section")
+        node[leaf] = yaml.safe_load(value) if value else ""
+    return from_dict(raw)
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    cfg = _build(Config, raw, "")
+    cfg = dataclasses.replace(cfg, model=cfg.model.resolved())
+    _validate(cfg)
+    return cfg
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; valid keys: {names}")
+    kwargs = {}
+    for name in names:
+        if name not in raw:
+            continue
+        typ = hints[name]
+        if dataclasses.is_dataclass(typ):
+            kwargs[name] = _build(typ, raw[name], f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(raw[name], typ, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(_coerce(v, args[0], key) for v in value)
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if typ is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported config type {typ}")  # a bug in this file, not user input
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _require(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _validate_model(m: ModelConfig) -> None:
+    for name in ("d_model", "d_ff", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                 "vocab_size", "attn_rank", "mlp_rank"):
+        v = getattr(m, name)
+        _require(v is not None and v > 0, f"model.{name}",
+                 f"must be a positive integer, got {v!r}"
+                 + (" (d_model must divide by n_heads, or set head_dim)" if name == "head_dim" else ""))
+    _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+             f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads}")
+    _require(m.head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {m.head_dim}")
+    _require(m.norm_eps > 0, "model.norm_eps", "must be > 0")
+    _require(m.rope_theta > 0, "model.rope_theta", "must be > 0")
+    _require(m.init_std > 0, "model.init_std", "must be > 0")
+
+
+def _validate(c: Config) -> None:
+    t = c.train
+    for name in ("steps", "batch_size", "seq_len", "eval_batches"):
+        _require(getattr(t, name) > 0, f"train.{name}", "must be > 0")
+    _require(t.lr > 0, "train.lr", "must be > 0")
+    _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+    _require(t.schedule_steps >= 0, "train.schedule_steps", "must be >= 0 (0 = steps)")
+    _require(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]")
+    _require(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+    _require(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables)")
+    _require(0 <= t.b1 < 1 and 0 <= t.b2 < 1, "train.b1/b2", "must be in [0, 1)")
+    _require(t.eval_every >= 0, "train.eval_every", "must be >= 0")
+    d = c.data
+    _require(0 <= d.val_fraction < 1, "data.val_fraction", "must be in [0, 1)")
+    _require(d.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+    _require(d.source != "files" or bool(d.paths), "data.paths", "source=files needs data.paths")
+    _require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 disables)")
+    _require(c.checkpoint.keep > 0, "checkpoint.keep", "must be > 0")
+    p = c.parallel
+    _require(p.dp == -1 or p.dp > 0, "parallel.dp", "must be > 0 or -1 (fill)")
+    _require(p.fsdp > 0, "parallel.fsdp", "must be > 0")
+    _require(p.tp > 0, "parallel.tp", "must be > 0")
+    _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
+    _require(c.log.every > 0, "log.every", "must be > 0")
+    _require(bool(c.run_dir), "run_dir", "must not be empty")
+
+
+def _plain(x: Any) -> Any:
+    """Tuples to lists so the dump is plain YAML."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x

@@ -1,0 +1,268 @@
+"""`python -m boost_jax.export RUN_DIR OUT_DIR [--step N] [--force]`: a checkpoint as safetensors.
+
+A model that is exactly a LLaMA (arch dense with the SwiGLU gate SiLU) is written in the Hugging
+Face LLaMA layout (`config.json` + `model.safetensors`, loads with `LlamaForCausalLM`); every other
+model (svd / cola / lax, and dense without the gate SiLU, which HF cannot express) in the boost
+layout (`boost_config.json` + `model.safetensors`). Tensors are float32; docs/export.md lists the
+names. `load_exported` reads either layout back into boost_jax's parameter dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from boost_jax import api
+from boost_jax.checkpoint import CheckpointError
+from boost_jax.config import Config, ConfigError, ModelConfig, from_dict
+from boost_jax.model import Model
+
+FORMAT, FORMAT_VERSION = "boost_jax", 1
+WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
+HF_CONFIG, BOOST_CONFIG = "config.json", "boost_config.json"
+
+# boost_jax parameter path -> HF LLaMA tensor name ({i}: layer index). Matrices ending in ".w" are
+# stored [in, out] here (x @ W) and [out, in] in HF (torch's Linear), so they are transposed.
+HF_NAMES = {
+    "embed": "model.embed_tokens.weight",
+    "final_norm.scale": "model.norm.weight",
+    "lm_head.w": "lm_head.weight",
+    "layers.attn_norm.scale": "model.layers.{i}.input_layernorm.weight",
+    "layers.mlp_norm.scale": "model.layers.{i}.post_attention_layernorm.weight",
+    **{f"layers.attn.{p}.w": f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo"},
+    **{f"layers.mlp.{p}.w": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+}
+
+
+class ExportError(ValueError):
+    """The run, the checkpoint or the output folder cannot be used; the message says why."""
+
+
+def is_hf_llama(cfg: ModelConfig) -> bool:
+    """HF LLaMA always applies SiLU to the gate, so only dense models with it are LLaMAs."""
+    return cfg.arch == "dense" and cfg.mlp_gate_silu
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None, force: bool = False) -> int:
+    """Export checkpoint `step` (default: the newest) of a run dir; returns the step exported."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if not run_dir.is_dir():
+        raise ExportError(f"run dir not found: {run_dir}")
+    if out_dir.resolve() == run_dir.resolve():
+        raise ExportError("OUT_DIR must not be the run dir")
+    _check_out_dir(out_dir, force)  # before the slow restore
+    cfg, model, step = api.restore(run_dir, _checkpoint_step(run_dir, step))
+    export_model(cfg, model, out_dir, _run_tokenizer(run_dir, cfg), force=force)
+    return step
+
+
+def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | Path | None = None,
+                 force: bool = False) -> None:
+    """Write `model` (built from `cfg`) to out_dir, in the HF layout if it is a LLaMA, else the boost one."""
+    out_dir, m = Path(out_dir), model.cfg
+    _check_out_dir(out_dir, force)
+    for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no stale file of another layout
+        (out_dir / name).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf = is_hf_llama(m)
+    tensors = _to_tensors(nnx.to_pure_dict(nnx.state(model, nnx.Param)), hf)
+    # transformers refuses safetensors files without a "format" entry in their metadata.
+    save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
+    meta = _hf_config(m, cfg.train.seq_len) if hf else {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
+    }
+    (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
+    if tokenizer_path is not None:
+        shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
+
+
+def _to_tensors(params: dict, hf: bool) -> dict[str, np.ndarray]:
+    """One float32 tensor per parameter, split per layer for the stacked ones; HF matrices [out, in]."""
+    tensors = {}
+    for path, x in _flat(params).items():
+        x = np.asarray(jax.device_get(x), np.float32)
+        if hf and path.endswith(".w"):
+            x = np.swapaxes(x, -1, -2)
+        name = _tensor_name(path, hf)
+        if path.startswith("layers."):
+            tensors.update({name.format(i=i): np.ascontiguousarray(xi) for i, xi in enumerate(x)})
+        else:
+            tensors[name] = np.ascontiguousarray(x)
+    return tensors
+
+
+def _hf_config(m: ModelConfig, seq_len: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": m.d_model,
+        "intermediate_size": m.d_ff,
+        "num_hidden_layers": m.n_layers,
+        "num_attention_heads": m.n_heads,
+        "num_key_value_heads": m.n_kv_heads,
+        "head_dim": m.head_dim,
+        "vocab_size": m.vocab_size,
+        "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "tie_word_embeddings": m.tie_embeddings,
+        "max_position_embeddings": seq_len,  # the trained length; RoPE itself has no limit
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,  # <bos>, <eos> of the tokenizers boost_jax trains
+        "eos_token_id": 2,
+    }
+
+
+def _check_out_dir(out_dir: Path, force: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"output path {out_dir} exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise ExportError(f"output folder {out_dir} is not empty; pass --force to overwrite the export in it")
+
+
+def _checkpoint_step(run_dir: Path, step: int | None) -> int:
+    """The step to restore. Checked here: api.restore would create an empty checkpoints/ folder, and
+    Orbax reports a step that does not exist as a damaged checkpoint."""
+    ckpt_dir = run_dir / "checkpoints"
+    steps = sorted(ocp.utils.checkpoint_steps(ckpt_dir)) if ckpt_dir.is_dir() else []
+    if not steps:
+        raise ExportError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
+    if step is not None and step not in steps:
+        raise ExportError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
+    return steps[-1] if step is None else step
+
+
+def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:
+    """A tokenizer.json saved in the run dir, else data.tokenizer_path; None when the run trained its
+    own (it lives in the data cache under a key of the corpus, which a run dir does not record)."""
+    paths = [run_dir / TOKENIZER]
+    if cfg.data.tokenizer_path:
+        paths.append(Path(cfg.data.tokenizer_path).expanduser())
+    return next((p for p in paths if p.is_file()), None)
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def load_exported(out_dir: str | Path) -> tuple[ModelConfig, dict]:
+    """(resolved model config, parameter pure dict in the config's param_dtype) from either layout."""
+    out_dir = Path(out_dir)
+    cfg, hf = _read_config(out_dir)
+    tensors, where = load_file(str(out_dir / WEIGHTS)), out_dir / WEIGHTS
+    used = set()
+
+    def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
+        path = _path_str(key_path)
+        stacked = path.startswith("layers.")
+        names = [_tensor_name(path, hf).format(i=i) for i in (range(cfg.n_layers) if stacked else [None])]
+        if missing := [n for n in names if n not in tensors]:
+            raise ExportError(f"{where} lacks {missing}")
+        used.update(names)
+        x = np.stack([tensors[n] for n in names]) if stacked else tensors[names[0]]
+        if hf and path.endswith(".w"):
+            x = np.swapaxes(x, -1, -2)
+        if x.shape != like.shape:
+            raise ExportError(f"{where}: {_tensor_name(path, hf)} make {path} of shape {x.shape}, "
+                              f"the config needs {like.shape}")
+        return x.astype(like.dtype)
+
+    params = jax.tree_util.tree_map_with_path(read, _abstract_params(cfg))
+    if extra := sorted(set(tensors) - used):
+        raise ExportError(f"{where} has tensors the config does not use: {extra}")
+    return cfg, params
+
+
+def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
+    """(model config, whether the folder is in the HF layout)."""
+    if (out_dir / BOOST_CONFIG).is_file():
+        meta = json.loads((out_dir / BOOST_CONFIG).read_text())
+        if (meta.get("format"), meta.get("format_version")) != (FORMAT, FORMAT_VERSION):
+            raise ExportError(f"{out_dir / BOOST_CONFIG}: unsupported format {meta.get('format')!r} "
+                              f"version {meta.get('format_version')!r}")
+        return from_dict({"model": meta["model"]}).model, False
+    if (out_dir / HF_CONFIG).is_file():
+        return _from_hf_config(json.loads((out_dir / HF_CONFIG).read_text())), True
+    raise ExportError(f"{out_dir} holds no export: no {BOOST_CONFIG} or {HF_CONFIG}")
+
+
+def _from_hf_config(c: dict) -> ModelConfig:
+    unsupported = {k: c[k] for k in ("attention_bias", "mlp_bias", "rope_scaling") if c.get(k)}
+    if c.get("hidden_act", "silu") != "silu" or unsupported:
+        raise ExportError(f"config.json: a LLaMA variant boost_jax cannot express: "
+                          f"hidden_act={c.get('hidden_act')!r} {unsupported}")
+    # transformers >= 5 saves rope_theta inside rope_parameters.
+    theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    return from_dict({"model": {
+        "arch": "dense", "d_model": c["hidden_size"], "d_ff": c["intermediate_size"],
+        "n_layers": c["num_hidden_layers"], "n_heads": c["num_attention_heads"],
+        "n_kv_heads": c.get("num_key_value_heads"), "head_dim": c.get("head_dim"),
+        "vocab_size": c["vocab_size"], "mlp_gate_silu": True,
+        "tie_embeddings": c.get("tie_word_embeddings", False),
+        "norm_eps": c["rms_norm_eps"], "rope_theta": theta,
+    }}).model
+
+
+def _abstract_params(cfg: ModelConfig) -> dict:
+    model = nnx.eval_shape(lambda: Model(cfg, rngs=nnx.Rngs(0)))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def _tensor_name(path: str, hf: bool) -> str:
+    """Tensor name of a parameter path; per-layer names hold "{i}" (the stacked layer axis is split)."""
+    if hf:
+        return HF_NAMES[path]
+    return "layers.{i}." + path.removeprefix("layers.") if path.startswith("layers.") else path
+
+
+def _path_str(key_path) -> str:
+    return ".".join(str(k.key) for k in key_path)
+
+
+def _flat(tree: dict) -> dict[str, jax.Array]:
+    return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m boost_jax.export",
+        description="Export a run's checkpoint as safetensors: the Hugging Face LLaMA layout for a "
+                    "dense SwiGLU model, the boost layout otherwise (docs/export.md).")
+    parser.add_argument("run_dir", help="the run dir (holds config.yaml and checkpoints/)")
+    parser.add_argument("out_dir", help="folder to write; must be empty unless --force")
+    parser.add_argument("--step", type=int, help="checkpoint step to export (default: the newest)")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty out_dir")
+    args = parser.parse_args(argv)
+    try:
+        step = export(args.run_dir, args.out_dir, args.step, args.force)
+    except (ExportError, ConfigError, CheckpointError) as e:
+        sys.exit(f"export error: {e}")
+    out = Path(args.out_dir)
+    layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"
+    print(f"exported step {step} of {args.run_dir} to {out} ({layout} layout): "
+          + ", ".join(sorted(p.name for p in out.iterdir())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Exact parameter counts, analytic model FLOPs per token, and the device peaks behind MFU.
+
+Model FLOPs follow the usual convention (PaLM / MaxText): 2 FLOPs per multiply-add of every
+matmul, training = 3x forward (no remat recompute counted), causal attention counts half of the
+full S x S score and value matmuls, and the embedding gather is free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from boost_jax.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Counts:
+    params: int  # every trainable parameter
+    matmul_params: int  # weights that take part in a matmul per token (layers + LM head)
+    forward_flops_per_token: float
+    train_flops_per_token: float
+
+
+def _linear_params(cfg: ModelConfig, d_in: int, d_out: int, rank: int) -> int:
+    return d_in * d_out if cfg.arch == "dense" else rank * (d_in + d_out)
+
+
+def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
+    """(d_in, d_out, rank) of each projection of one decoder layer."""
+    d, f, dq, dkv = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    ra, rm = cfg.attn_rank, cfg.mlp_rank
+    return {"q": (d, dq, ra), "k": (d, dkv, ra), "v": (d, dkv, ra), "o": (dq, d, ra),
+            "gate": (d, f, rm), "up": (d, f, rm), "down": (f, d, rm)}
+
+
+def count(cfg: ModelConfig, seq_len: int) -> Counts:
+    cfg = cfg.resolved()
+    d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
+    per_layer = sum(_linear_params(cfg, *s) for s in layer_linear_shapes(cfg).values())
+    head = d * v
+    params = v * d + n * (per_layer + 2 * d) + d + (0 if cfg.tie_embeddings else head)
+    matmul_params = n * per_layer + head
+    attention = n * 2 * cfg.n_heads * cfg.head_dim * seq_len  # causal QK^T and AV, per token
+    forward = 2.0 * matmul_params + attention
+    return Counts(params, matmul_params, forward, 3.0 * forward)
+
+
+# ----------------------------------------------------------------------------- peaks
+
+# Dense bf16 tensor-core peak per device (vendor datasheets, no sparsity).
+PEAK_BF16_FLOPS = {
+    "A100": 312e12,
+    "H100": 989e12,
+    "H200": 989e12,
+    "H800": 989e12,
+    "GH200": 989e12,
+    "B200": 2250e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "V100": 125e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+}
+
+
+def device_peak_flops(dtype: str, cache_dir: str | Path | None = None) -> tuple[float, str]:
+    """(peak FLOP/s per device, where it came from). On CPU a matmul peak is measured once and cached."""
+    dev = jax.devices()[0]
+    if dev.platform != "cpu":
+        for name, peak in sorted(PEAK_BF16_FLOPS.items(), key=lambda kv: -len(kv[0])):
+            if name.lower() in dev.device_kind.lower():
+                return (peak if dtype == "bfloat16" else peak / 2, f"table:{name}")
+        return measure_matmul_peak(dtype), f"measured:{dev.device_kind}"
+    key = f"{platform.processor() or platform.machine()}-{os.cpu_count()}-{jax.__version__}-{dtype}"
+    path = Path(cache_dir or default_cache_dir()) / "cpu_peak.json"
+    cache = {}
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    if key not in cache:
+        cache[key] = measure_matmul_peak(dtype)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, path)
+    return cache[key], "measured:cpu"
+
+
+def measure_matmul_peak(dtype: str, n: int = 1024, reps: int = 8) -> float:
+    """Best observed FLOP/s of an n x n matmul on the first device."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype))
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("BOOST_JAX_CACHE") or Path.home() / ".cache" / "boost_jax")

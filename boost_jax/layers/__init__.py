@@ -1,0 +1,1 @@
+"""Building blocks of the decoder: the low-rank linear, RMSNorm, attention and the MLP."""

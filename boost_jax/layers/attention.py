@@ -1,0 +1,44 @@
+"""Causal self-attention with RoPE and grouped-query heads; q/k/v/o are arch-generic linears."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from boost_jax.config import ModelConfig
+from boost_jax.layers.lowrank import Crossing, Linear
+from boost_jax.sharding import constrain
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding in the rotate-half layout (as Hugging Face LLaMA): x: [B, S, H, D]."""
+    half = x.shape[-1] // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = positions[:, :, None, None].astype(jnp.float32) * freq  # [B, S, 1, D/2]
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
+        d, dh = cfg.d_model, cfg.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
+        self.rope_theta = cfg.rope_theta
+        lin = lambda i, o, axes: Linear(i, o, rank=cfg.attn_rank, axes=axes, rngs=rngs, **linear_kwargs)
+        self.q = lin(d, cfg.n_heads * dh, ("embed", "heads"))
+        self.k = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
+        self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
+        self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
+
+    def __call__(self, x: jax.Array, positions: jax.Array, apply: Crossing) -> jax.Array:
+        b, s, _ = x.shape
+        q = apply("q", self.q, x).reshape(b, s, self.n_heads, self.head_dim)
+        k = apply("k", self.k, x).reshape(b, s, self.n_kv_heads, self.head_dim)
+        v = apply("v", self.v, x).reshape(b, s, self.n_kv_heads, self.head_dim)
+        q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
+        k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
+        v = constrain(v, ("batch", "seq", "act_kv_heads", None))
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return apply("o", self.o, out.reshape(b, s, self.n_heads * self.head_dim))

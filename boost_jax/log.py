@@ -1,0 +1,60 @@
+"""Run outputs: a progress bar, log lines, `metrics.jsonl` (one JSON object per step) and TensorBoard events."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from boost_jax.config import LogConfig
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, cfg: LogConfig, *, total_steps: int, start_step: int):
+        self.path = run_dir / "metrics.jsonl"
+        self._truncate_after(start_step)  # a resumed run rewrites the steps it repeats
+        self.file = self.path.open("a")
+        self.tb = None
+        if cfg.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
+        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                        disable=None if cfg.progress else True, file=sys.stderr)  # None: off unless a TTY
+
+    def _truncate_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        rows = [r for r in self.path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= step]
+        self.path.write_text("".join(r + "\n" for r in rows))
+
+    def record(self, row: dict) -> None:
+        self.file.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, row["step"])
+
+    def line(self, text: str) -> None:
+        if self.bar.disable:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            tqdm.write(text, file=sys.stderr)
+
+    def advance(self, n: int = 1, **postfix) -> None:
+        self.bar.update(n)
+        if postfix:
+            self.bar.set_postfix(postfix, refresh=False)
+
+    def flush(self) -> None:
+        self.file.flush()
+        if self.tb is not None:
+            self.tb.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,93 @@
+"""The LLaMA decoder for every arch: embedding -> scanned stack of blocks -> RMSNorm -> LM head."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from boost_jax.config import ModelConfig
+from boost_jax.layers.attention import Attention
+from boost_jax.layers.lowrank import Crossing, Linear
+from boost_jax.layers.mlp import MLP
+from boost_jax.layers.norm import RMSNorm
+from boost_jax.remat import remat
+from boost_jax.sharding import constrain
+
+# Projections whose latents LaX carries from one layer to the next.
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+RESIDUAL = ("batch", "seq", "act_embed")
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dtypes = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+        linear_kwargs = dict(arch=cfg.arch, init_std=cfg.init_std, **dtypes)
+        self.arch = cfg.arch
+        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
+        self.attn = Attention(cfg, linear_kwargs, rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
+        self.mlp = MLP(cfg, linear_kwargs, rngs)
+
+    def __call__(self, x, positions, latents):
+        apply = Crossing(self.arch, latents)
+        x = x + self.attn(self.attn_norm(x), positions, apply)
+        x = constrain(x, RESIDUAL)
+        x = x + self.mlp(self.mlp_norm(x), apply)
+        return constrain(x, RESIDUAL), apply.new
+
+
+class Model(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        cfg = cfg.resolved()
+        self.cfg = cfg
+        pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        emb = cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), pdt)
+        self.embed = nnx.Param(emb, logical_axes=("vocab", "embed"))
+
+        @nnx.split_rngs(splits=cfg.n_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "logical_axes": "layers"})
+        def make_layers(rngs):
+            return Block(cfg, rngs)
+
+        self.layers = make_layers(rngs)
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt)
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rank=0, arch="dense", axes=("embed", "vocab"),
+                                  init_std=cfg.init_std, dtype=dt, param_dtype=pdt, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array, *, remat_mode: str = "none") -> jax.Array:
+        """tokens: int[B, S] -> fp32 logits [B, S, V]."""
+        cfg = self.cfg
+        x = constrain(self.embed[...].astype(cfg.dtype)[tokens], RESIDUAL)
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        latents = self._initial_latents(tokens.shape)
+        graphdef, state = nnx.split(self.layers)
+
+        def layer(carry, layer_state):
+            x, latents = carry
+            x, latents = nnx.merge(graphdef, layer_state)(x, positions, latents)
+            return (x, latents), None
+
+        (x, _), _ = jax.lax.scan(remat(layer, remat_mode), (x, latents), state)
+        x = self.final_norm(x)
+        if cfg.tie_embeddings:
+            logits = x @ self.embed[...].astype(cfg.dtype).T
+        else:
+            logits = self.lm_head(x)
+        return constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
+
+    def _initial_latents(self, shape) -> dict[str, jax.Array]:
+        cfg = self.cfg
+        if cfg.arch != "lax":
+            return {}
+        rank = lambda p: cfg.attn_rank if p in ("q", "k", "v", "o") else cfg.mlp_rank
+        return {p: jnp.zeros((*shape, rank(p)), cfg.dtype) for p in PROJECTIONS}
+
+
+def loss_fn(model: Model, batch: dict[str, jax.Array], remat_mode: str = "none") -> jax.Array:
+    """Mean next-token cross-entropy over all tokens of a packed batch."""
+    logits = model(batch["inputs"], remat_mode=remat_mode)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()

@@ -1,0 +1,23 @@
+"""Model sizes: the LLaMA family of BOOST.md section 1, plus small presets for tests and the quickstart.
+
+Each preset gives sizes only; the arch (dense/svd/cola/lax) is chosen separately, and ranks default
+to d_model/4. Any field can be overridden (`model.d_model=...`).
+"""
+
+_LLAMA = dict(vocab_size=32000)
+
+PRESETS: dict[str, dict] = {
+    # Tests: tiny, with GQA so every code path runs in a second.
+    "llama-tiny": dict(d_model=64, d_ff=160, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512),
+    # Quickstart: trains on 2 CPU cores in about three minutes.
+    "llama-mini": dict(d_model=256, d_ff=688, n_layers=4, n_heads=4, vocab_size=4096),
+    # CoLA's 60M/130M configs keep the SwiGLU gate SiLU (BOOST.md section 1).
+    "llama-60m": dict(d_model=512, d_ff=1376, n_layers=8, n_heads=8, mlp_gate_silu=True, **_LLAMA),
+    "llama-130m": dict(d_model=768, d_ff=2048, n_layers=12, n_heads=12, mlp_gate_silu=True, **_LLAMA),
+    "llama-350m": dict(d_model=1024, d_ff=2736, n_layers=24, n_heads=16, **_LLAMA),
+    "llama-1b": dict(d_model=2048, d_ff=5472, n_layers=24, n_heads=32, **_LLAMA),
+    "llama-3b": dict(d_model=3072, d_ff=8192, n_layers=28, n_heads=24, **_LLAMA),
+    "llama-7b": dict(d_model=4096, d_ff=11008, n_layers=32, n_heads=32, **_LLAMA),
+    "llama-13b": dict(d_model=5120, d_ff=13824, n_layers=40, n_heads=40, **_LLAMA),
+    "llama-30b": dict(d_model=8192, d_ff=22016, n_layers=36, n_heads=64, **_LLAMA),
+}

@@ -1,0 +1,22 @@
+"""Activation checkpointing presets for the scanned decoder layer, by name (`train.remat`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+
+REMAT_POLICIES: dict[str, Callable | None] = {
+    # Keep every activation the backward pass needs (fastest, most memory).
+    "none": None,
+    # Keep only each layer's input (the scan carry); recompute the layer in backward.
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def remat(fn: Callable, mode: str) -> Callable:
+    if mode not in REMAT_POLICIES:
+        raise ValueError(f"train.remat: unknown mode {mode!r}; choose one of {sorted(REMAT_POLICIES)}")
+    if mode == "none":
+        return fn
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[mode], prevent_cse=False)

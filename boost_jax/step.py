@@ -1,0 +1,121 @@
+"""Train state, optimizer, and the jitted train / eval steps.
+
+The state is a plain pytree `{params, opt_state, step, rng}` of sharded arrays, so Orbax saves it
+as is and restores it onto any mesh. Parameters are initialised from the seed alone, on the
+default device layout, and only then placed: the mesh never changes the initial values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from boost_jax.config import Config, TrainConfig
+from boost_jax.model import Model, loss_fn
+from boost_jax.sharding import Rules, named, param_specs, spec, use_rules
+
+TrainState = dict[str, Any]
+
+
+def lr_schedule(t: TrainConfig) -> optax.Schedule:
+    """Linear warmup, then cosine decay to lr * min_lr_ratio at `schedule_steps` (default: steps)."""
+    horizon = t.schedule_steps or t.steps
+    warmup = min(t.warmup_steps, horizon)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=t.lr, warmup_steps=warmup,
+        decay_steps=max(horizon, warmup + 1), end_value=t.lr * t.min_lr_ratio,
+    )
+
+
+def make_optimizer(t: TrainConfig, params: dict) -> optax.GradientTransformation:
+    """AdamW; no weight decay on norm scales (1-D per layer)."""
+    no_decay = lambda path: path[-1] == "scale"
+    mask = jax.tree_util.tree_map_with_path(lambda path, _: not no_decay([k.key for k in path]), params)
+    return optax.chain(
+        optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity(),
+        optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=mask),
+    )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the loop needs besides the state: graph, optimizer, shardings, jitted steps."""
+
+    graphdef: nnx.GraphDef
+    tx: optax.GradientTransformation
+    state_shardings: Any
+    batch_sharding: NamedSharding
+    train_step: Callable
+    eval_step: Callable
+
+
+def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:
+    model = nnx.eval_shape(lambda: Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params
+
+
+def init_params(cfg: Config) -> dict:
+    """Parameters from the seed alone (jitted, on one device): identical on every mesh."""
+    build = lambda: nnx.to_pure_dict(nnx.state(Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed)), nnx.Param))
+    return jax.jit(build)()
+
+
+def setup(cfg: Config, mesh: Mesh, rules: Rules) -> tuple[Setup, TrainState]:
+    graphdef, abstract_params = abstract_model(cfg)
+    pspecs = param_specs(abstract_params, rules)
+    params = jax.device_put(init_params(cfg), named(mesh, pspecs))
+    tx = make_optimizer(cfg.train, params)
+    replicated = NamedSharding(mesh, P())
+    # Optimizer moments take their parameter's sharding; counters are replicated.
+    opt_specs = optax.tree_map_params(
+        tx, lambda _, s: s, jax.eval_shape(tx.init, params), pspecs,
+        transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P),
+    )
+    state = {
+        "params": params,
+        "opt_state": jax.jit(tx.init, out_shardings=named(mesh, opt_specs))(params),
+        "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
+        "rng": jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), replicated),
+    }
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    batch_sharding = NamedSharding(mesh, spec(("batch", None), rules))
+    remat_mode = cfg.train.remat
+
+    def loss_of(params, batch):
+        with use_rules(mesh, rules):
+            return loss_fn(nnx.merge(graphdef, params), batch, remat_mode)
+
+    def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
+        loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        # Reserved for stochastic layers: advanced every step so a resumed run stays exact once used.
+        rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state["rng"]))[0])
+        new = {
+            "params": optax.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+            "step": state["step"] + 1,
+            "rng": rng,
+        }
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(cfg.train)(state["step"])}
+        return new, metrics
+
+    batch_shardings = {"inputs": batch_sharding, "targets": batch_sharding}
+    jitted_train = jax.jit(
+        train_step, in_shardings=(state_shardings, batch_shardings),
+        out_shardings=(state_shardings, replicated), donate_argnums=0,
+    )
+    jitted_eval = jax.jit(loss_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
+    return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval), state
+
+
+def device_batch(host_batch: dict, sharding: NamedSharding) -> dict:
+    """This process's rows -> one global array per key, laid out over the mesh's batch axes."""
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in host_batch.items()}

@@ -1,0 +1,83 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from boost_jax.config import Config, ConfigError, ModelConfig, from_dict, load_config
+from boost_jax.presets import PRESETS
+
+BASE = Path(__file__).parents[1] / "configs" / "base.yaml"
+
+
+def test_base_yaml_documents_exactly_the_defaults():
+    assert load_config(BASE) == from_dict({})
+
+
+def test_every_config_file_loads():
+    for path in BASE.parent.glob("*.yaml"):
+        load_config(path)
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load_config(None, ["model.arch=svd", "train.lr=3e-4", "train.steps=7", "log.progress=false",
+                             "data.paths=[a.txt, b.jsonl]", "model.attn_rank=32"])
+    assert cfg.model.arch == "svd" and cfg.train.lr == 3e-4 and cfg.train.steps == 7
+    assert cfg.log.progress is False and cfg.data.paths == ("a.txt", "b.jsonl")
+    assert cfg.model.attn_rank == 32 and cfg.model.mlp_rank == cfg.model.d_model // 4
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("model: {arch: dense}\ntrain: {steps: 3}\n")
+    cfg = load_config(f, ["train.steps=5"])
+    assert cfg.model.arch == "dense" and cfg.train.steps == 5
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("model.achr=svd", "'model.achr' (did you mean 'model.arch'?)"),
+    ("modle.arch=svd", "'modle'"),
+    ("train.lr=fast", "train.lr: expected a number"),
+    ("train.steps=1.5", "train.steps: expected an integer"),
+    ("model.arch=mamba", "model.arch: 'mamba' is not one of"),
+    ("model.preset=llama-9b", "model.preset: unknown preset 'llama-9b'"),
+    ("model.n_kv_heads=3", "model.n_kv_heads"),
+    ("model.d_model=100", "model.head_dim"),
+    ("train.steps=0", "train.steps: must be > 0"),
+    ("train.min_lr_ratio=2", "train.min_lr_ratio"),
+    ("data.val_fraction=1.5", "data.val_fraction"),
+    ("data.source=files", "data.paths"),
+    ("log.progress=maybe", "log.progress: expected true/false"),
+    ("train.remat=sometimes", "train.remat"),
+    ("train", "not of the form"),
+])
+def test_bad_input_names_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("no/such.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.preset=llama-7b", "model.arch=lax"])
+    cfg.dump(tmp_path / "c.yaml")
+    again = load_config(tmp_path / "c.yaml")
+    assert again == cfg
+    assert None not in dataclasses.astuple(cfg.model)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_resolve(preset):
+    m = ModelConfig(preset=preset).resolved()
+    assert m.attn_rank == m.d_model // 4 and m.head_dim * m.n_heads == m.d_model
+
+
+def test_gate_silu_defaults_by_arch():
+    silu = {a: ModelConfig(arch=a).resolved().mlp_gate_silu for a in ("dense", "svd", "cola", "lax")}
+    assert silu == {"dense": True, "svd": True, "cola": False, "lax": False}
+    assert ModelConfig(preset="llama-60m", arch="cola").resolved().mlp_gate_silu  # CoLA keeps it at 60M
+    assert not ModelConfig(preset="llama-60m", arch="cola", mlp_gate_silu=False).resolved().mlp_gate_silu
+    assert Config().model.mlp_gate_silu is None  # unresolved until loaded

@@ -1,0 +1,76 @@
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from boost_jax.config import ModelConfig
+from boost_jax.flops import count, device_peak_flops
+from boost_jax.model import Model
+from boost_jax.presets import PRESETS
+
+ARCHS = ("dense", "svd", "cola", "lax")
+
+
+def actual_params(cfg: ModelConfig) -> int:
+    """Parameters of the real module, shapes only (no allocation, so llama-30b is fine)."""
+    model = nnx.eval_shape(lambda: Model(cfg, rngs=nnx.Rngs(0)))
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_analytic_param_count_equals_module(preset, arch):
+    cfg = ModelConfig(preset=preset, arch=arch)
+    assert count(cfg, 128).params == actual_params(cfg)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_param_count_tied(tie):
+    cfg = ModelConfig(preset="llama-tiny", arch="cola", tie_embeddings=tie)
+    assert count(cfg, 128).params == actual_params(cfg)
+
+
+def test_hand_counts():
+    # LLaMA-7B as published: 6,738,415,616 parameters.
+    assert count(ModelConfig(preset="llama-7b", arch="dense"), 4096).params == 6_738_415_616
+    # llama-tiny cola, by hand: d=64, d_ff=160, heads 4 (kv 2) x 16, r=16, vocab 512, 2 layers.
+    q = o = 16 * (64 + 64)
+    k = v = 16 * (64 + 32)
+    gate = up = down = 16 * (64 + 160)
+    layer = q + k + v + o + gate + up + down + 2 * 64
+    assert count(ModelConfig(preset="llama-tiny", arch="cola"), 64).params == 2 * layer + 2 * 512 * 64 + 64
+    # Forward FLOPs per token, by hand, at seq 64: 2 per MAC of every matmul + causal attention.
+    matmul = 2 * (layer - 2 * 64) + 64 * 512
+    attention = 2 * 2 * 4 * 16 * 64  # layers * (QK^T + AV, causal half of 2*2*S*H*dh)
+    c = count(ModelConfig(preset="llama-tiny", arch="cola"), 64)
+    assert c.forward_flops_per_token == 2 * matmul + attention
+    assert c.train_flops_per_token == 3 * c.forward_flops_per_token
+
+
+def test_cola_halves_compute_at_quarter_rank():
+    dense = count(ModelConfig(preset="llama-7b", arch="dense"), 4096)
+    cola = count(ModelConfig(preset="llama-7b", arch="cola"), 4096)
+    assert 0.40 < cola.params / dense.params < 0.55  # CoLA: "about 2x fewer parameters"
+    assert 0.40 < cola.train_flops_per_token / dense.train_flops_per_token < 0.6
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flops_agree_with_compiled_cost_analysis(arch):
+    # One layer: XLA's cost analysis counts a scanned body once. XLA computes the full S x S
+    # attention (masked), so add the causal half back; it also counts elementwise ops (~1%).
+    cfg = ModelConfig(preset="llama-tiny", arch=arch, n_layers=1, d_model=256, d_ff=512, vocab_size=512).resolved()
+    b, s = 2, 128
+    graphdef, params = nnx.split(Model(cfg, rngs=nnx.Rngs(0)))
+    fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
+    xla = fwd.lower(params, jnp.zeros((b, s), jnp.int32)).compile().cost_analysis()["flops"]
+    c = count(cfg, s)
+    full_attention = cfg.n_layers * 2 * cfg.n_heads * cfg.head_dim * s
+    analytic = (c.forward_flops_per_token + full_attention) * b * s
+    assert 1.0 <= xla / analytic < 1.03
+
+
+def test_cpu_peak_is_measured_once_and_cached(tmp_path):
+    peak, source = device_peak_flops("float32", tmp_path)
+    assert source == "measured:cpu" and peak > 1e8
+    assert (tmp_path / "cpu_peak.json").exists()
+    assert device_peak_flops("float32", tmp_path) == (peak, source)

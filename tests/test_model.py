@@ -1,0 +1,163 @@
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from boost_jax.config import ModelConfig
+from boost_jax.layers.attention import rope
+from boost_jax.layers.lowrank import Crossing, cola_init_std
+from boost_jax.model import Model, loss_fn
+
+ARCHS = ("dense", "svd", "cola", "lax")
+
+
+@nnx.jit
+def logits_of(model, t):
+    return model(t)
+
+
+@nnx.jit
+def loss_and_grads(model, t):
+    return nnx.value_and_grad(loss_fn)(model, {"inputs": t, "targets": t})
+
+
+def tiny(arch="cola", **kw) -> ModelConfig:
+    return ModelConfig(preset="llama-tiny", arch=arch, **kw).resolved()
+
+
+def tokens(b=2, s=16, vocab=512, seed=1):
+    return jax.random.randint(jax.random.key(seed), (b, s), 0, vocab)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_backward_shapes(arch, dtype):
+    model = Model(tiny(arch, dtype=dtype), rngs=nnx.Rngs(0))
+    t = tokens()
+    logits = logits_of(model, t)
+    assert logits.shape == (2, 16, 512) and logits.dtype == jnp.float32
+    loss, grads = loss_and_grads(model, t)
+    assert abs(float(loss) - np.log(512)) < 0.1  # a fresh model predicts ~uniformly
+    params = nnx.state(model, nnx.Param)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    for g, p in zip(jax.tree.leaves(grads), jax.tree.leaves(params)):
+        assert g.shape == p.shape and p.dtype == jnp.float32 and bool(jnp.isfinite(g).all())
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("arch", ["svd", "cola", "lax"])
+def test_bf16_compute_tracks_fp32(arch):
+    cfg = tiny(arch)
+    f32 = Model(cfg, rngs=nnx.Rngs(0))
+    b16 = Model(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    a, b = logits_of(f32, tokens()), logits_of(b16, tokens())
+    assert 0 < float(jnp.abs(a - b).max()) < 0.05
+
+
+def test_cola_init_statistics():
+    d_in, d_out, r = 1024, 2752, 256
+    cfg = ModelConfig(preset="llama-tiny", arch="cola", d_model=d_in, d_ff=d_out, n_heads=8, n_kv_heads=8,
+                      mlp_rank=r, n_layers=1).resolved()
+    gate = Model(cfg, rngs=nnx.Rngs(0)).layers.mlp.gate
+    a, b = np.asarray(gate.a[...][0]), np.asarray(gate.b[...][0])
+    std = cola_init_std(d_in, d_out, r)
+    assert std == pytest.approx(r**-0.25 * (d_in + d_out) ** -0.25)
+    assert a.std() == pytest.approx(std, rel=0.01) and b.std() == pytest.approx(std, rel=0.01)
+    assert abs(a.mean()) < 0.01 * std and abs(b.mean()) < 0.01 * std
+    # The product A @ B has variance ~ 1 / (d_in + d_out).
+    assert (a @ b).var() == pytest.approx(1 / (d_in + d_out), rel=0.05)
+
+
+def test_lax_crosses_latents_between_layers():
+    one = dict(n_layers=1)
+    cola, lax = Model(tiny("cola", **one), rngs=nnx.Rngs(0)), Model(tiny("lax", **one), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(logits_of(cola, tokens()), logits_of(lax, tokens()))  # first layer: h_prev = 0
+    cola, lax = Model(tiny("cola"), rngs=nnx.Rngs(0)), Model(tiny("lax"), rngs=nnx.Rngs(0))
+    assert float(jnp.abs(logits_of(cola, tokens()) - logits_of(lax, tokens())).max()) > 1e-3
+
+
+def test_lax_adds_previous_latent_before_up_projection():
+    layer = first_layer(Model(tiny("lax", n_layers=1), rngs=nnx.Rngs(0)))
+    x, prev = jax.random.normal(jax.random.key(2), (3, 64)), jax.random.normal(jax.random.key(3), (3, 16))
+    apply = Crossing("lax", {"q": prev})
+    a, b = layer.attn.q.a[...], layer.attn.q.b[...]
+    np.testing.assert_allclose(apply("q", layer.attn.q, x), (jax.nn.silu(x @ a) + prev) @ b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(apply.new["q"], jax.nn.silu(x @ a), rtol=1e-6)
+
+
+def first_layer(model: Model):
+    """Layer 0 of the scanned stack as an ordinary (unstacked) Block."""
+    graphdef, state = nnx.split(model.layers)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x[0], state))
+
+
+def test_gate_silu_switch():
+    on = Model(tiny("cola", mlp_gate_silu=True), rngs=nnx.Rngs(0))
+    off = Model(tiny("cola", mlp_gate_silu=False), rngs=nnx.Rngs(0))
+    assert float(jnp.abs(logits_of(on, tokens()) - logits_of(off, tokens())).max()) > 1e-3
+
+
+def naive_attention(q, k, v):
+    """Causal softmax attention with kv heads repeated for GQA, written out."""
+    rep = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    mask = jnp.tril(jnp.ones((q.shape[1], q.shape[1]), bool))
+    p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_matches_naive_gqa(arch):
+    cfg = tiny(arch, n_layers=1)  # 4 heads, 2 kv heads
+    attn = first_layer(Model(cfg, rngs=nnx.Rngs(0))).attn
+    x = jax.random.normal(jax.random.key(4), (2, 12, 64))
+    pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
+    got = attn(x, pos, Crossing(arch, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
+    q = rope(attn.q(x).reshape(2, 12, 4, 16), pos, cfg.rope_theta)
+    k = rope(attn.k(x).reshape(2, 12, 2, 16), pos, cfg.rope_theta)
+    v = attn.v(x).reshape(2, 12, 2, 16)
+    want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_rope_is_relative():
+    q, k = jax.random.normal(jax.random.key(5), (2, 1, 1, 1, 16))
+    pos = lambda p: jnp.full((1, 1), p)
+    dot = lambda m, n: float(jnp.sum(rope(q, pos(m), 1e4) * rope(k, pos(n), 1e4)))
+    assert dot(7, 3) == pytest.approx(dot(104, 100), rel=1e-4)
+    np.testing.assert_allclose(rope(q, pos(0), 1e4), q)
+
+
+def hlo_size(n_layers: int) -> int:
+    cfg = tiny("cola", n_layers=n_layers)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Model(cfg, rngs=nnx.Rngs(0))))
+    f = jax.jit(jax.grad(lambda p, t: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t})))
+    return len(f.lower(params, jax.ShapeDtypeStruct((2, 16), jnp.int32)).as_text().splitlines())
+
+
+def test_layers_are_scanned_so_program_size_does_not_grow_with_depth():
+    assert hlo_size(2) == hlo_size(16)
+
+
+@pytest.mark.parametrize("arch", ["dense", "lax"])
+def test_full_remat_gives_the_same_gradients(arch):
+    model = Model(tiny(arch), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    t = tokens()
+    grad = lambda mode: jax.jit(jax.grad(
+        lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, remat_mode=mode)))(params)
+    for a, b in zip(jax.tree.leaves(grad("none")), jax.tree.leaves(grad("full"))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_tied_embeddings_have_no_head():
+    model = Model(tiny("cola", tie_embeddings=True), rngs=nnx.Rngs(0))
+    assert not hasattr(model, "lm_head")
+    # The head is the embedding table: scaling the table scales the logits' dependence on it.
+    t = tokens()
+    _, grads = loss_and_grads(model, t)
+    assert float(jnp.abs(grads["embed"][...]).max()) > 0
