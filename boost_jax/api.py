@@ -51,10 +51,17 @@ def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
     cfg = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep)
-    step = step if step is not None else ckpt.latest_step()
-    if step is None:
-        raise ConfigError(f"{run_dir} has no checkpoint")
+    if not (run_dir / "checkpoints").is_dir():
+        raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, read_only=True)
+    steps = sorted(ckpt.all_steps())
+    if not steps:
+        ckpt.close()
+        raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        ckpt.close()
+        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
     mesh = jax.make_mesh((1, 1, 1), ("dp", "fsdp", "tp"), devices=jax.devices()[:1],
                          axis_types=(jax.sharding.AxisType.Auto,) * 3)
     run, like = setup(cfg, mesh, DATA_PARALLEL_RULES)

@@ -19,16 +19,19 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, keep: int):
+    def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only),
             item_names=("state", "meta"),
         )
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         self.manager.save(

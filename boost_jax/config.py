@@ -85,7 +85,7 @@ class ModelConfig:
 class TrainConfig:
     steps: int = 150
     batch_size: int = 16  # global, in sequences
-    seq_len: int = 256
+    seq_len: int = 128
     lr: float = 3e-3
     warmup_steps: int = 15  # clipped to the schedule horizon
     # Horizon of the cosine schedule; 0 = steps. Fix it to extend a run later with more steps

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -64,7 +63,7 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None, fo
     if out_dir.resolve() == run_dir.resolve():
         raise ExportError("OUT_DIR must not be the run dir")
     _check_out_dir(out_dir, force)  # before the slow restore
-    cfg, model, step = api.restore(run_dir, _checkpoint_step(run_dir, step))
+    cfg, model, step = api.restore(run_dir, step)
     export_model(cfg, model, out_dir, _run_tokenizer(run_dir, cfg), force=force)
     return step
 
@@ -136,21 +135,8 @@ def _check_out_dir(out_dir: Path, force: bool) -> None:
         raise ExportError(f"output folder {out_dir} is not empty; pass --force to overwrite the export in it")
 
 
-def _checkpoint_step(run_dir: Path, step: int | None) -> int:
-    """The step to restore. Checked here: api.restore would create an empty checkpoints/ folder, and
-    Orbax reports a step that does not exist as a damaged checkpoint."""
-    ckpt_dir = run_dir / "checkpoints"
-    steps = sorted(ocp.utils.checkpoint_steps(ckpt_dir)) if ckpt_dir.is_dir() else []
-    if not steps:
-        raise ExportError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
-    if step is not None and step not in steps:
-        raise ExportError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
-    return steps[-1] if step is None else step
-
-
 def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:
-    """A tokenizer.json saved in the run dir, else data.tokenizer_path; None when the run trained its
-    own (it lives in the data cache under a key of the corpus, which a run dir does not record)."""
+    """The tokenizer.json every training run saves in its run dir, else data.tokenizer_path."""
     paths = [run_dir / TOKENIZER]
     if cfg.data.tokenizer_path:
         paths.append(Path(cfg.data.tokenizer_path).expanduser())

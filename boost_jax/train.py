@@ -90,7 +90,9 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     if start:
         state, meta = ckpt.restore(start, state)
         assert meta["data_position"] == start * t.batch_size, meta
-    cfg.dump(run_dir / "config.yaml")
+    if jax.process_index() == 0:
+        cfg.dump(run_dir / "config.yaml")
+        data.tokenizer.save(str(run_dir / "tokenizer.json"))  # travels with the run (and its export)
 
     counts = count(cfg.model, t.seq_len)
     peak, peak_source = device_peak_flops(cfg.model.dtype, cfg.data.cache_dir or None)

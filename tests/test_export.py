@@ -199,7 +199,8 @@ def test_cli_exports_the_checkpoint(run_dir, tmp_path, capsys):
     _, model, _ = api.restore(run_dir)
     _, params = load_exported(tmp_path / "out")
     jax.tree.map(np.testing.assert_array_equal, params, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    assert not (tmp_path / "out" / "tokenizer.json").exists()  # trained into the cache: not findable
+    # The run saved the tokenizer it trained; the export carries it.
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (run_dir / "tokenizer.json").read_bytes()
 
 
 def test_cli_copies_a_findable_tokenizer(run_dir, tmp_path):
@@ -207,7 +208,8 @@ def test_cli_copies_a_findable_tokenizer(run_dir, tmp_path):
     tokenizer.write_text(Tokenizer(models.BPE()).to_str())
     in_run = shutil.copytree(run_dir, tmp_path / "a")  # a tokenizer saved in the run dir
     shutil.copy(tokenizer, in_run / "tokenizer.json")
-    given = shutil.copytree(run_dir, tmp_path / "b")  # a run trained with data.tokenizer_path
+    given = shutil.copytree(run_dir, tmp_path / "b")  # an older run dir, trained with data.tokenizer_path
+    (given / "tokenizer.json").unlink()
     saved = yaml.safe_load((given / "config.yaml").read_text())
     saved["data"]["tokenizer_path"] = str(tokenizer)
     (given / "config.yaml").write_text(yaml.safe_dump(saved))
@@ -222,7 +224,7 @@ def test_cli_refuses_a_non_empty_out_dir_unless_forced(run_dir, tmp_path):
         main([str(run_dir), str(tmp_path)])
     main([str(run_dir), str(tmp_path), "--force"])
     main([str(run_dir), str(tmp_path), "--force"])  # over its own export too
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors", "notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors", "notes.txt", "tokenizer.json"]
 
 
 def test_cli_errors(run_dir, tmp_path):
