@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.config import ModelConfig
+from boost_jax.data.cache import atomic_write
 
 
 @dataclass(frozen=True)
@@ -73,27 +74,25 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def device_peak_flops(dtype: str, cache_dir: str | Path | None = None) -> tuple[float, str]:
-    """(peak FLOP/s per device, where it came from). On CPU a matmul peak is measured once and cached."""
+def device_peak_flops(dtype: str, cache_dir: Path) -> tuple[float, str]:
+    """(peak FLOP/s per device, where it came from). On CPU a matmul peak is measured once and
+    cached in `cache_dir`."""
     dev = jax.devices()[0]
     if dev.platform != "cpu":
         for name, peak in sorted(PEAK_BF16_FLOPS.items(), key=lambda kv: -len(kv[0])):
             if name.lower() in dev.device_kind.lower():
+                # fp32 matmuls run as TF32 on tensor cores at JAX's default precision: half the bf16 peak.
                 return (peak if dtype == "bfloat16" else peak / 2, f"table:{name}")
         return measure_matmul_peak(dtype), f"measured:{dev.device_kind}"
     key = f"{platform.processor() or platform.machine()}-{os.cpu_count()}-{jax.__version__}-{dtype}"
-    path = Path(cache_dir or default_cache_dir()) / "cpu_peak.json"
-    cache = {}
+    path = Path(cache_dir) / "cpu_peak.json"
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
-        pass
+        cache = {}
     if key not in cache:
         cache[key] = measure_matmul_peak(dtype)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: f.write(json.dumps(cache).encode()))
     return cache[key], "measured:cpu"
 
 
@@ -108,7 +107,3 @@ def measure_matmul_peak(dtype: str, n: int = 2048, reps: int = 10) -> float:
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("BOOST_JAX_CACHE") or Path.home() / ".cache" / "boost_jax")

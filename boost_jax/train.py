@@ -69,6 +69,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
     from boost_jax.checkpoint import Checkpointer
     from boost_jax.data import build_data
+    from boost_jax.data.cache import cache_root
     from boost_jax.flops import count, device_peak_flops
     from boost_jax.log import RunLog
     from boost_jax.mesh import make_mesh
@@ -95,7 +96,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         data.tokenizer.save(str(run_dir / "tokenizer.json"))  # travels with the run (and its export)
 
     counts = count(cfg.model, t.seq_len)
-    peak, peak_source = device_peak_flops(cfg.model.dtype, cfg.data.cache_dir or None)
+    peak, peak_source = device_peak_flops(cfg.model.dtype, cache_root(cfg.data))
     n_dev = mesh.size
     pi, pc = jax.process_index(), jax.process_count()
     batch_at = lambda step: device_batch(data.train.batch(step, t.batch_size, pi, pc), run.batch_sharding)
