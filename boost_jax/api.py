@@ -15,7 +15,7 @@ import jax
 import yaml
 from flax import nnx
 
-from boost_jax.config import Config, ConfigError, from_dict, load_config
+from boost_jax.config import Config, ConfigError, ParallelConfig, from_dict, load_config
 from boost_jax.model import Model
 from boost_jax.presets import PRESETS
 
@@ -44,7 +44,7 @@ def forward(model: Model, tokens: jax.Array) -> jax.Array:
 def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model, int]:
     """(config, model with the checkpoint's parameters, step) from a run dir, on one device."""
     from boost_jax.checkpoint import Checkpointer
-    from boost_jax.sharding import DATA_PARALLEL_RULES
+    from boost_jax.mesh import make_mesh, sharding_rules
     from boost_jax.step import setup
 
     run_dir = Path(run_dir)
@@ -62,9 +62,8 @@ def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model
     if step not in steps:
         ckpt.close()
         raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
-    mesh = jax.make_mesh((1, 1, 1), ("dp", "fsdp", "tp"), devices=jax.devices()[:1],
-                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
-    run, like = setup(cfg, mesh, DATA_PARALLEL_RULES)
+    mesh = make_mesh(ParallelConfig(dp=1), jax.devices()[:1])
+    run, like = setup(cfg, mesh, sharding_rules(cfg, mesh))
     state, _ = ckpt.restore(step, like)
     ckpt.close()
     return cfg, nnx.merge(run.graphdef, state["params"]), step

@@ -125,6 +125,8 @@ class ParallelConfig:
     dp: int = -1  # -1 = all devices left over
     fsdp: int = 1
     tp: int = 1
+    # megatron (dense only) | vanilla | btp (low-rank archs); auto = megatron for dense, else btp
+    scheme: Literal["auto", "megatron", "vanilla", "btp"] = "auto"
     cpu_devices: int = 0  # >0: simulate this many host devices (set before JAX starts)
 
 
@@ -183,6 +185,9 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 def from_dict(raw: dict[str, Any]) -> Config:
     cfg = _build(Config, raw, "")
     cfg = dataclasses.replace(cfg, model=cfg.model.resolved())
+    if cfg.parallel.scheme == "auto":
+        scheme = "megatron" if cfg.model.arch == "dense" else "btp"
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, scheme=scheme))
     _validate(cfg)
     return cfg
 
@@ -296,6 +301,10 @@ def _validate(c: Config) -> None:
     _require(p.fsdp > 0, "parallel.fsdp", "must be > 0")
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
+    dense = c.model.arch == "dense"
+    _require(dense == (p.scheme == "megatron"), "parallel.scheme",
+             f"{p.scheme} does not apply to arch {c.model.arch}: use megatron for dense, "
+             "vanilla or btp for the low-rank archs")
     _require(c.log.every > 0, "log.every", "must be > 0")
     _require(bool(c.run_dir), "run_dir", "must not be empty")
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
-from boost_jax.config import ConfigError, ParallelConfig
-from boost_jax.sharding import MESH_AXES
+from boost_jax.config import Config, ConfigError, ParallelConfig
+from boost_jax.sharding import DP, FSDP, MESH_AXES, TP, Rules, scheme_rules
 
 
 def simulate_cpu_devices(n: int) -> None:
@@ -36,9 +36,39 @@ def mesh_shape(p: ParallelConfig, n_devices: int) -> tuple[int, int, int]:
 
 
 def make_mesh(p: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (dp, fsdp, tp) mesh over `devices` (default: all of them)."""
-    if p.tp != 1:
-        raise ConfigError("parallel.tp: tensor parallelism is not available yet; use parallel.tp=1")
+    """A (dp, fsdp, tp) mesh over `devices` (default: all of them); tp innermost, so a TP group
+    sits on neighbouring devices (one NVLink island on a GPU node)."""
     devices = list(devices or jax.devices())
     shape = mesh_shape(p, len(devices))
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def sharding_rules(cfg: Config, mesh: Mesh) -> Rules:
+    """The scheme's rules for this model on this mesh, after checking every split divides."""
+    m, scheme, tp, fsdp = cfg.model, cfg.parallel.scheme, mesh.shape[TP], mesh.shape[FSDP]
+    batch_shards = mesh.shape[DP] * fsdp
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"parallel: {what} (scheme={scheme}, dp={mesh.shape[DP]}, fsdp={fsdp}, tp={tp})")
+
+    need(cfg.train.batch_size % batch_shards == 0,
+         f"train.batch_size={cfg.train.batch_size} must divide by dp x fsdp = {batch_shards}")
+    need(m.vocab_size % tp == 0, f"model.vocab_size={m.vocab_size} must divide by tp={tp} (vocab-parallel head)")
+    need(m.vocab_size % fsdp == 0 and m.d_model % fsdp == 0,
+         f"model.vocab_size={m.vocab_size} and model.d_model={m.d_model} must divide by fsdp={fsdp}")
+    if scheme in ("megatron", "btp"):
+        need(m.n_heads % tp == 0, f"model.n_heads={m.n_heads} must divide by tp={tp}")
+        need(m.d_ff % tp == 0, f"model.d_ff={m.d_ff} must divide by tp={tp}")
+    if scheme == "btp":
+        need(m.d_model % tp == 0, f"model.d_model={m.d_model} must divide by tp={tp} (the residual is split on d)")
+    ranks = (m.attn_rank, m.mlp_rank)
+    if scheme == "vanilla":
+        need(all(r % tp == 0 for r in ranks), f"model.attn_rank/mlp_rank={ranks} must divide by tp={tp}")
+        need(all(n % fsdp == 0 for n in (m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim, m.d_ff)),
+             f"model head widths and d_ff={m.d_ff} must divide by fsdp={fsdp}")
+    if scheme == "btp" and m.arch != "dense":
+        need(all(r % fsdp == 0 for r in ranks), f"model.attn_rank/mlp_rank={ranks} must divide by fsdp={fsdp}")
+    if scheme == "megatron":
+        need(m.d_model % fsdp == 0, f"model.d_model={m.d_model} must divide by fsdp={fsdp}")
+    return scheme_rules(scheme, shard_kv_heads=m.n_kv_heads % tp == 0)

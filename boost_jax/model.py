@@ -45,7 +45,7 @@ class Model(nnx.Module):
         self.cfg = cfg
         pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         emb = cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), pdt)
-        self.embed = nnx.Param(emb, logical_axes=("vocab", "embed"))
+        self.embed = nnx.Param(emb, logical_axes=("vocab", "table_embed"))
 
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "logical_axes": "layers"})
@@ -53,15 +53,17 @@ class Model(nnx.Module):
             return Block(cfg, rngs)
 
         self.layers = make_layers(rngs)
-        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt)
+        # Runs on the gathered residual, so its scale is not split like the blocks' norms.
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dt, param_dtype=pdt, axis="final_norm")
         if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rank=0, arch="dense", axes=("embed", "vocab"),
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rank=0, arch="dense", axes=("table_embed", "vocab"),
                                   init_std=cfg.init_std, dtype=dt, param_dtype=pdt, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, remat_mode: str = "none") -> jax.Array:
         """tokens: int[B, S] -> fp32 logits [B, S, V]."""
         cfg = self.cfg
-        x = constrain(self.embed[...].astype(cfg.dtype)[tokens], RESIDUAL)
+        table = constrain(self.embed[...].astype(cfg.dtype), ("vocab", None))  # gather FSDP shards first
+        x = constrain(table[tokens], RESIDUAL)
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         latents = self._initial_latents(tokens.shape)
         graphdef, state = nnx.split(self.layers)
@@ -72,7 +74,7 @@ class Model(nnx.Module):
             return (x, latents), None
 
         (x, _), _ = jax.lax.scan(remat(layer, remat_mode), (x, latents), state)
-        x = self.final_norm(x)
+        x = self.final_norm(constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
         if cfg.tie_embeddings:
             logits = x @ self.embed[...].astype(cfg.dtype).T
         else:

@@ -7,8 +7,8 @@ to d_model/4. Any field can be overridden (`model.d_model=...`).
 _LLAMA = dict(vocab_size=32000)
 
 PRESETS: dict[str, dict] = {
-    # Tests: tiny, with GQA so every code path runs in a second.
-    "llama-tiny": dict(d_model=64, d_ff=160, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512),
+    # Tests: tiny, with GQA (8 heads, 2 kv heads: tp=8 replicates kv heads) so every path runs in seconds.
+    "llama-tiny": dict(d_model=64, d_ff=160, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=512),
     # Quickstart: trains on 2 CPU cores in about three minutes.
     "llama-mini": dict(d_model=256, d_ff=688, n_layers=4, n_heads=4, vocab_size=4096),
     # CoLA's 60M/130M configs keep the SwiGLU gate SiLU (BOOST.md section 1).

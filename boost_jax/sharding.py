@@ -1,9 +1,13 @@
-"""Logical axes -> mesh axes.
+"""Logical axes -> mesh axes: where each tensor-parallel scheme lives.
 
 Every parameter carries `logical_axes` metadata (one name per dimension, e.g. ("embed", "rank")),
 and activations are constrained with `constrain(x, ("batch", "seq", "act_embed"))`. A parallel
-scheme is only a table of rules mapping those names onto mesh axes; the model never names a mesh
-axis itself.
+scheme is a table of rules mapping those names onto mesh axes (`scheme_rules`); the model never
+names a mesh axis itself, and XLA's SPMD partitioner inserts the collectives the layouts imply.
+
+Parameter names: vocab, table_embed (d of the embedding table and LM head), embed (d inside the
+blocks), heads, kv_heads, mlp (d_ff), rank (r), norm, layers. Activation names: batch, seq,
+act_embed (the residual stream), act_heads, act_kv_heads, act_mlp, act_latent ([T, r]), act_vocab.
 """
 
 from __future__ import annotations
@@ -23,8 +27,31 @@ MESH_AXES = (DP, FSDP, TP)
 MeshAxes = str | tuple[str, ...] | None
 Rules = Mapping[str, MeshAxes]
 
-# Data parallelism only: the batch is split over dp and fsdp, every weight replicated.
-DATA_PARALLEL_RULES: Rules = {"batch": (DP, FSDP)}
+SCHEMES = ("megatron", "vanilla", "btp")
+
+
+def scheme_rules(scheme: str, *, shard_kv_heads: bool = True) -> Rules:
+    """The rules of a TP scheme (BOOST.md sections 2-3). Every scheme splits the batch over dp and
+    fsdp and shards each weight over fsdp on a dimension tp leaves alone (FSDP/ZeRO-3).
+    `shard_kv_heads=False` replicates kv heads when there are fewer than tp of them (GQA)."""
+    kv = TP if shard_kv_heads else None
+    common = {"batch": (DP, FSDP), "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
+    if scheme == "megatron":
+        # Column-parallel q/k/v/gate/up (split heads, d_ff), row-parallel o/down: attention and the
+        # SwiGLU product run on local heads/columns, two [T, d] all-reduces per layer.
+        return {**common, "embed": FSDP, "heads": TP, "kv_heads": kv, "mlp": TP,
+                "act_heads": TP, "act_kv_heads": kv, "act_mlp": TP}
+    if scheme == "vanilla":
+        # Megatron applied to each (A, B) pair: A split on r, B split on r, an all-reduce of the full
+        # width output after every B; attention and the MLP product run replicated.
+        return {**common, "rank": TP, "embed": FSDP, "heads": FSDP, "kv_heads": FSDP, "mlp": FSDP,
+                "act_latent": TP}
+    if scheme == "btp":
+        # Bottleneck-aware TP: the residual stream stays sharded on d; every A is row-parallel (one
+        # [T, r] all-reduce), every B column-parallel; latents replicated; r is never split.
+        return {**common, "embed": TP, "heads": TP, "kv_heads": kv, "mlp": TP, "norm": TP, "rank": FSDP,
+                "act_embed": TP, "act_heads": TP, "act_kv_heads": kv, "act_mlp": TP}
+    raise ValueError(f"unknown TP scheme {scheme!r}; choose one of {SCHEMES}")
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
     "boost_jax_sharding", default=None

@@ -87,11 +87,7 @@ def setup(cfg: Config, mesh: Mesh, rules: Rules) -> tuple[Setup, TrainState]:
     }
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_sharding = NamedSharding(mesh, spec(("batch", None), rules))
-    remat_mode = cfg.train.remat
-
-    def loss_of(params, batch):
-        with use_rules(mesh, rules):
-            return loss_fn(nnx.merge(graphdef, params), batch, remat_mode)
+    loss_of = sharded_loss(graphdef, mesh, rules, cfg.train.remat)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
@@ -114,6 +110,16 @@ def setup(cfg: Config, mesh: Mesh, rules: Rules) -> tuple[Setup, TrainState]:
     )
     jitted_eval = jax.jit(loss_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval), state
+
+
+def sharded_loss(graphdef: nnx.GraphDef, mesh: Mesh, rules: Rules, remat_mode: str = "none") -> Callable:
+    """loss(params, batch) with the scheme's activation layouts applied while tracing."""
+
+    def loss_of(params, batch):
+        with use_rules(mesh, rules):
+            return loss_fn(nnx.merge(graphdef, params), batch, remat_mode)
+
+    return loss_of
 
 
 def device_batch(host_batch: dict, sharding: NamedSharding) -> dict:

@@ -72,18 +72,15 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     from boost_jax.data.cache import cache_root
     from boost_jax.flops import count, device_peak_flops
     from boost_jax.log import RunLog
-    from boost_jax.mesh import make_mesh
-    from boost_jax.sharding import DATA_PARALLEL_RULES
+    from boost_jax.mesh import make_mesh, sharding_rules
     from boost_jax.step import device_batch, setup
 
     t, run_dir = cfg.train, Path(cfg.run_dir)
     saved = check_resume_compatible(cfg, run_dir)
     mesh = make_mesh(cfg.parallel, devices)
-    n_batch_shards = mesh.shape["dp"] * mesh.shape["fsdp"]
-    if t.batch_size % n_batch_shards:
-        raise ConfigError(f"train.batch_size={t.batch_size} must divide by dp x fsdp = {n_batch_shards}")
+    rules = sharding_rules(cfg, mesh)
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed)
-    run, state = setup(cfg, mesh, DATA_PARALLEL_RULES)
+    run, state = setup(cfg, mesh, rules)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep) if cfg.checkpoint.every else None
@@ -106,7 +103,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     log.line(
         f"model {m.preset} arch={m.arch} d={m.d_model} layers={m.n_layers} heads={m.n_heads}/{m.n_kv_heads} "
         f"ranks={m.attn_rank}/{m.mlp_rank} params={counts.params / 1e6:.2f}M "
-        f"| mesh {dict(mesh.shape)} on {n_dev} x {jax.devices()[0].device_kind} "
+        f"| {cfg.parallel.scheme} on mesh {dict(mesh.shape)} of {n_dev} x {jax.devices()[0].device_kind} "
         f"| data {data.stats.get('train_tokens', 0):,} train tokens "
         f"| peak {peak / 1e12:.2f} TFLOP/s/device ({peak_source})"
     )

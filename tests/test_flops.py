@@ -33,15 +33,15 @@ def test_param_count_tied(tie):
 def test_hand_counts():
     # LLaMA-7B as published: 6,738,415,616 parameters.
     assert count(ModelConfig(preset="llama-7b", arch="dense"), 4096).params == 6_738_415_616
-    # llama-tiny cola, by hand: d=64, d_ff=160, heads 4 (kv 2) x 16, r=16, vocab 512, 2 layers.
+    # llama-tiny cola, by hand: d=64, d_ff=160, heads 8 (kv 2) x 8, r=16, vocab 512, 2 layers.
     q = o = 16 * (64 + 64)
-    k = v = 16 * (64 + 32)
+    k = v = 16 * (64 + 16)
     gate = up = down = 16 * (64 + 160)
     layer = q + k + v + o + gate + up + down + 2 * 64
     assert count(ModelConfig(preset="llama-tiny", arch="cola"), 64).params == 2 * layer + 2 * 512 * 64 + 64
     # Forward FLOPs per token, by hand, at seq 64: 2 per MAC of every matmul + causal attention.
     matmul = 2 * (layer - 2 * 64) + 64 * 512
-    attention = 2 * 2 * 4 * 16 * 64  # layers * (QK^T + AV, causal half of 2*2*S*H*dh)
+    attention = 2 * 2 * 8 * 8 * 64  # layers * (QK^T + AV, causal half of 2*2*S*H*dh)
     c = count(ModelConfig(preset="llama-tiny", arch="cola"), 64)
     assert c.forward_flops_per_token == 2 * matmul + attention
     assert c.train_flops_per_token == 3 * c.forward_flops_per_token

@@ -112,14 +112,14 @@ def naive_attention(q, k, v):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_matches_naive_gqa(arch):
-    cfg = tiny(arch, n_layers=1)  # 4 heads, 2 kv heads
+    cfg = tiny(arch, n_layers=1)  # 8 heads, 2 kv heads
     attn = first_layer(Model(cfg, rngs=nnx.Rngs(0))).attn
     x = jax.random.normal(jax.random.key(4), (2, 12, 64))
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
     got = attn(x, pos, Crossing(arch, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
-    q = rope(attn.q(x).reshape(2, 12, 4, 16), pos, cfg.rope_theta)
-    k = rope(attn.k(x).reshape(2, 12, 2, 16), pos, cfg.rope_theta)
-    v = attn.v(x).reshape(2, 12, 2, 16)
+    q = rope(attn.q(x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
+    k = rope(attn.k(x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
+    v = attn.v(x).reshape(2, 12, 2, 8)
     want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 

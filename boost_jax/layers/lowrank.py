@@ -19,7 +19,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-LOW_RANK_ARCHS = ("svd", "cola", "lax")
+from boost_jax.sharding import constrain
+
+LATENT = ("batch", "seq", "act_latent")
 
 
 def cola_init_std(d_in: int, d_out: int, rank: int) -> float:
@@ -57,7 +59,7 @@ class Linear(nnx.Module):
         h = x.astype(self.dtype) @ self.a[...].astype(self.dtype)
         if self.arch in ("cola", "lax"):
             h = jax.nn.silu(h)
-        return checkpoint_name(h, "latent")
+        return checkpoint_name(constrain(h, LATENT), "latent")
 
     def project(self, h: jax.Array) -> jax.Array:
         """Up-projection B of a latent."""

@@ -13,9 +13,9 @@ def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype):
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, param_dtype: jnp.dtype, axis: str = "norm"):
         self.eps, self.dtype = eps, dtype
-        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=(axis,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return (rms_normalize(x, self.eps) * self.scale[...].astype(jnp.float32)).astype(self.dtype)

@@ -1,0 +1,113 @@
+"""Every TP scheme is the single-device model: same logits, loss and gradients on any mesh."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from boost_jax.config import ConfigError, load_config
+from boost_jax.mesh import make_mesh, sharding_rules
+from boost_jax.sharding import named, param_specs, spec, use_rules
+from boost_jax.step import abstract_model, init_params
+from boost_jax.train import train
+
+PAIRS = [("dense", "megatron"), ("svd", "vanilla"), ("svd", "btp"), ("cola", "vanilla"), ("cola", "btp"),
+         ("lax", "vanilla"), ("lax", "btp")]
+# (dp, fsdp, tp) on 8 devices; tp=8 replicates llama-tiny's 2 kv heads.
+MESHES = [(8, 1, 1), (2, 1, 4), (4, 1, 2), (1, 1, 8), (2, 2, 2)]
+
+
+def config(arch, scheme, dp=1, fsdp=1, tp=1, *extra):
+    return load_config(None, ["model.preset=llama-tiny", f"model.arch={arch}", f"parallel.scheme={scheme}",
+                              f"parallel.dp={dp}", f"parallel.fsdp={fsdp}", f"parallel.tp={tp}",
+                              "train.batch_size=8", *extra])
+
+
+def loss_logits_grads(cfg, devices):
+    mesh = make_mesh(cfg.parallel, devices)
+    rules = sharding_rules(cfg, mesh)
+    graphdef, abstract = abstract_model(cfg)
+    params = jax.device_put(init_params(cfg), named(mesh, param_specs(abstract, rules)))
+    tokens = jax.random.randint(jax.random.key(0), (8, 32), 0, cfg.model.vocab_size)
+    batch_sharding = NamedSharding(mesh, spec(("batch", None), rules))
+    inputs, targets = (jax.device_put(t, batch_sharding) for t in (tokens, jnp.roll(tokens, -1, 1)))
+
+    def loss(params):
+        with use_rules(mesh, rules):
+            logits = nnx.merge(graphdef, params)(inputs)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), logits
+
+    (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return jax.device_get((value, logits, grads))
+
+
+@functools.cache
+def reference(arch):
+    return loss_logits_grads(config(arch, "megatron" if arch == "dense" else "btp"), jax.devices()[:1])
+
+
+def assert_close(a, b, rtol):
+    """Relative to each tensor's scale: fp32 sums reordered across devices differ by ~1e-6."""
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert np.abs(x - y).max() <= rtol * np.abs(y).max(), (np.abs(x - y).max(), np.abs(y).max())
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "dp{}-fsdp{}-tp{}".format(*m))
+@pytest.mark.parametrize("arch, scheme", PAIRS)
+def test_scheme_equals_single_device(arch, scheme, mesh):
+    value, logits, grads = loss_logits_grads(config(arch, scheme, *mesh), jax.devices())
+    ref_value, ref_logits, ref_grads = reference(arch)
+    assert value == pytest.approx(ref_value, rel=1e-6)
+    assert_close(logits, ref_logits, 1e-5)
+    assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+    assert_close(grads, ref_grads, 1e-5)
+
+
+def test_parameter_init_does_not_depend_on_the_mesh():
+    cfg = config("cola", "btp", 1, 2, 4)
+    mesh = make_mesh(cfg.parallel)
+    graphdef, abstract = abstract_model(cfg)
+    sharded = jax.device_put(init_params(cfg), named(mesh, param_specs(abstract, sharding_rules(cfg, mesh))))
+    single = init_params(config("cola", "btp"))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(sharded), jax.device_get(single))
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["model.arch=cola", "parallel.scheme=megatron"], "megatron does not apply to arch cola"),
+    (["model.arch=dense", "parallel.scheme=btp"], "btp does not apply to arch dense"),
+    (["parallel.tp=3"], "does not divide the 8 devices"),
+    (["parallel.tp=4", "model.n_heads=2", "model.n_kv_heads=2", "model.head_dim=32"], "n_heads=2 must divide by tp=4"),
+    (["parallel.tp=8", "model.d_ff=100"], "d_ff=100 must divide by tp=8"),
+    (["parallel.tp=8", "parallel.scheme=vanilla", "model.attn_rank=12"], "attn_rank/mlp_rank=(12, 16) must divide by tp=8"),
+    (["parallel.tp=2", "model.vocab_size=511"], "vocab_size=511 must divide by tp=2"),
+    (["parallel.dp=8", "train.batch_size=4"], "batch_size=4 must divide by dp x fsdp = 8"),
+])
+def test_shapes_that_do_not_divide_fail_early(overrides, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        cfg = load_config(None, ["model.preset=llama-tiny", "train.batch_size=8", *overrides])
+        sharding_rules(cfg, make_mesh(cfg.parallel))
+
+
+def test_btp_training_tracks_one_device(tmp_path, tiny_overrides):
+    """20 steps of btp at tp=4 (x dp=2) follow the single-device losses step by step."""
+    common = [*tiny_overrides, "train.steps=20", "checkpoint.every=0", "train.eval_every=0"]
+    tp4 = train(load_config(None, [*common, f"run_dir={tmp_path / 'tp4'}", "parallel.tp=4"]))
+    one = train(load_config(None, [*common, f"run_dir={tmp_path / 'one'}"]), jax.devices()[:1])
+    np.testing.assert_allclose(tp4["losses"], one["losses"], atol=1e-4)
+    assert one["losses"][-1] < one["losses"][0] - 0.5
+
+
+def test_checkpoint_restores_onto_another_mesh(tmp_path, tiny_overrides):
+    """Saved at tp=4, resumed at tp=2 x dp=2 x fsdp=2: the next steps match an uninterrupted tp=4 run."""
+    common = [*tiny_overrides, "train.schedule_steps=6", "checkpoint.every=3", "train.eval_every=0"]
+    full = train(load_config(None, [*common, "train.steps=6", f"run_dir={tmp_path / 'full'}", "parallel.tp=4"]))
+    run_dir = f"run_dir={tmp_path / 'moved'}"
+    train(load_config(None, [*common, "train.steps=3", run_dir, "parallel.tp=4"]))
+    resumed = train(load_config(None, [*common, "train.steps=6", run_dir, "parallel.tp=2", "parallel.fsdp=2"]))
+    assert resumed["start_step"] == 3
+    np.testing.assert_allclose(resumed["losses"], full["losses"][3:], atol=1e-5)
