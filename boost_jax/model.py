@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from boost_jax.collectives import embed_lookup
 from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import Attention
 from boost_jax.layers.lowrank import Crossing, Linear
@@ -62,8 +63,7 @@ class Model(nnx.Module):
     def __call__(self, tokens: jax.Array, *, remat_mode: str = "none") -> jax.Array:
         """tokens: int[B, S] -> fp32 logits [B, S, V]."""
         cfg = self.cfg
-        table = constrain(self.embed[...].astype(cfg.dtype), ("vocab", None))  # gather FSDP shards first
-        x = constrain(table[tokens], RESIDUAL)
+        x = constrain(embed_lookup(self.embed[...].astype(cfg.dtype), tokens), RESIDUAL)
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         latents = self._initial_latents(tokens.shape)
         graphdef, state = nnx.split(self.layers)

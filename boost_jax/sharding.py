@@ -96,10 +96,15 @@ def use_rules(mesh: Mesh, rules: Rules) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+def active() -> tuple[Mesh, Rules] | None:
+    """The (mesh, rules) activated by `use_rules`, if any."""
+    return _ACTIVE.get()
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     """with_sharding_constraint by logical names; a no-op when no rules are active."""
-    active = _ACTIVE.get()
-    if active is None:
+    ctx = _ACTIVE.get()
+    if ctx is None:
         return x
-    mesh, rules = active
+    mesh, rules = ctx
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec(axes, rules)))

@@ -170,8 +170,17 @@ def _nbytes(dtype: str, dims: tuple[int, ...]) -> int:
 
 
 def canonical_groups(groups: str) -> str:
-    """Explicit "{{0,1},{2,3}}" form of replica groups given explicitly or in iota form
-    "[2,4]<=[4,2]T(1,0)" (iota over the bracketed dims, transposed, reshaped to [groups, size])."""
+    """Explicit "{{0,1},{2,3}}" form of replica groups given explicitly, in iota form
+    "[2,4]<=[4,2]T(1,0)" (iota over the bracketed dims, transposed, reshaped to [groups, size]) or
+    in mesh form "mesh['a'=2,'b'=4] {'b'}" (devices in iota order over the mesh; one group per
+    position along the axes not listed)."""
+    if mm := re.fullmatch(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", groups.strip()):
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", mm.group(1))}
+        axes, names = re.findall(r"'([^']+)'", mm.group(2)), list(sizes)
+        ids = np.arange(math.prod(sizes.values())).reshape([sizes[n] for n in names])
+        order = [names.index(a) for a in names if a not in axes] + [names.index(a) for a in axes]
+        ids = ids.transpose(order).reshape(-1, math.prod(sizes[a] for a in axes))
+        return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in ids.tolist()) + "}"
     m = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", groups.strip())
     if not m:
         return re.sub(r"\s+", "", groups)
@@ -184,7 +193,8 @@ def _groups(attrs: str, kind: str, n_dev: int) -> tuple[str, int]:
     if kind == "collective-permute":
         m = re.search(r"source_target_pairs=(\{[{}\d,\s]*\})", attrs)
         return (canonical_groups(m.group(1)) if m else "", 2)
-    m = re.search(r"replica_groups=(\{[{}\d,\s]*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
+    m = re.search(r"replica_groups=(\{[{}\d,\s]*\}|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?"
+                  r"|mesh\[[^\]]*\]\s*\{[^}]*\})", attrs)
     groups = canonical_groups(m.group(1)) if m else "{}"
     if groups == "{}":  # empty = one group of every device
         return groups, n_dev

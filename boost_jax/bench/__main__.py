@@ -1,0 +1,23 @@
+"""python -m boost_jax.bench {comm,step} [flags] [section.key=value ...]"""
+
+import sys
+
+COMMANDS = ("comm", "step")
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help")
+    cmd, argv = sys.argv[1], sys.argv[2:]
+    # Simulated host devices must be requested before JAX starts: enough for the largest mesh asked.
+    import jax
+
+    if jax.config.jax_platforms in (None, "", "cpu") and not any(a.startswith("parallel.cpu_devices") for a in argv):
+        jax.config.update("jax_num_cpu_devices", 8)
+    from importlib import import_module
+
+    import_module(f"boost_jax.bench.{cmd}").main(argv)
+
+
+if __name__ == "__main__":
+    main()

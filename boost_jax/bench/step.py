@@ -1,0 +1,97 @@
+"""`bench step`: measured train-step time, tokens/s and per-device peak memory on this machine.
+
+`--compare` builds dense/megatron, <arch>/vanilla and <arch>/btp and times them in interleaved
+repetitions (so machine noise hits all three alike), then prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from boost_jax.bench.common import add_model_flags, bench_config
+from boost_jax.config import Config
+from boost_jax.mesh import make_mesh, sharding_rules
+from boost_jax.step import device_batch, setup
+
+
+def peak_bytes(compiled) -> int:
+    """Per-device peak from XLA's compiled memory analysis: live arguments + outputs + temporaries
+    (donated arguments counted once)."""
+    m = compiled.memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+
+
+class Runner:
+    """One config's compiled train step with its own state and a fixed random batch."""
+
+    def __init__(self, cfg: Config):
+        n = cfg.parallel.dp * cfg.parallel.fsdp * cfg.parallel.tp
+        mesh = make_mesh(cfg.parallel, jax.devices()[:n])
+        run, self.state = setup(cfg, mesh, sharding_rules(cfg, mesh))
+        t = cfg.train
+        tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)
+        self.batch = device_batch({"inputs": tokens, "targets": tokens}, run.batch_sharding)
+        self.compiled = run.train_step.lower(self.state, self.batch).compile()
+        self.cfg, self.tokens, self.peak = cfg, t.batch_size * t.seq_len, peak_bytes(self.compiled)
+        self.times: list[float] = []
+        self.steps(2)  # warm up
+
+    def steps(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.state, metrics = self.compiled(self.state, self.batch)
+        jax.block_until_ready(metrics)
+        return (time.perf_counter() - t0) / n
+
+    def result(self) -> dict:
+        med = statistics.median(self.times)
+        m, p = self.cfg.model, self.cfg.parallel
+        return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "dp": p.dp,
+                "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
+                "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
+                "peak_bytes_per_device": self.peak}
+
+
+def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
+    runners = [Runner(c) for c in cfgs]
+    for _ in range(reps):
+        for r in runners:  # interleaved: each repetition times every variant once
+            r.times.append(r.steps(steps))
+    return [r.result() for r in runners]
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.bench step", description=__doc__)
+    add_model_flags(p)
+    p.set_defaults(model="llama-60m", batch=4, seq=256, dtype="fp32")
+    p.add_argument("--compare", action="store_true", help="dense/megatron vs <arch>/vanilla vs <arch>/btp")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
+    a = p.parse_args(argv)
+    if a.compare:
+        variants = [dict(arch="dense", scheme="megatron"), dict(scheme="vanilla"), dict(scheme="btp")]
+        cfgs = [bench_config(a, **v) for v in variants]
+    else:
+        cfgs = [bench_config(a)]
+    results = measure(cfgs, a.reps, a.steps)
+    if a.compare:
+        dense, vanilla, btp = (r["median_step_s"] for r in results)
+        ratios = {"btp_speedup_vs_dense": dense / btp, "btp_speedup_vs_vanilla": vanilla / btp,
+                  "vanilla_speedup_vs_dense": dense / vanilla}
+    if a.json:
+        print(json.dumps({"results": results, **({"ratios": ratios} if a.compare else {})}, indent=1))
+        return
+    print(f"{'variant':24s} {'median ms':>10s} {'tokens/s':>10s} {'peak MiB/dev':>13s}   ({a.reps} reps x {a.steps} steps, "
+          f"{jax.devices()[0].device_kind})")
+    for r in results:
+        name = f"{r['arch']}/{r['scheme']} tp={r['tp']}"
+        print(f"{name:24s} {1e3 * r['median_step_s']:10.1f} "
+              f"{r['tokens_per_s']:10,.0f} {r['peak_bytes_per_device'] / 2**20:13.1f}")
+    if a.compare:
+        print("  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))

@@ -1,0 +1,84 @@
+"""The communication pattern of each TP scheme, read from the compiled HLO (BOOST.md sections 2-3)."""
+
+import argparse
+
+import pytest
+
+from boost_jax.bench.comm import analytic_layer_forward_elements, measure
+from boost_jax.bench.common import bench_config, build
+
+B, S, TP = 4, 64, 4
+
+
+def args(arch, scheme, dtype="bf16", dp=1):
+    return argparse.Namespace(model="llama-tiny", arch=arch, scheme=scheme, tp=TP, dp=dp, batch=B, seq=S, dtype=dtype,
+                              overrides=["model.n_kv_heads=8"])  # MHA: no kv-head replication
+
+
+def comm(*a, **kw):
+    return measure(build(bench_config(args(*a, **kw))))
+
+
+@pytest.fixture(scope="module")
+def btp():
+    return comm("cola", "btp")
+
+
+def test_btp_layer_moves_only_latents(btp):
+    m = bench_config(args("cola", "btp")).model
+    latent_bytes = B * S * 7 * m.attn_rank * 2
+    stats_bytes = 2 * B * S * 4  # sync RMSNorm: one fp32 [T] sum of squares per norm
+    assert r_bytes(btp) == latent_bytes + stats_bytes
+    assert btp["analytic_layer_forward_bytes"] == latent_bytes
+    assert btp["layer_backward_bytes"] == btp["layer_forward_bytes"]  # backward mirrors forward
+    assert set(btp["by_kind"]["forward"]) == set(btp["by_kind"]["backward"]) == {"all-reduce"}
+    # The program issues 7 latent all-reduces + 2 norm statistics; XLA combines q|k|v and gate|up.
+    assert btp["layer_forward_collectives"] == 6
+    for op in btp["layer_forward_ops"]:
+        assert "over 4" in op  # tp groups only, never dp
+        assert all(shape.endswith(", 16]") or shape.count(",") == 1
+                   for shape in op.split(" over")[0].split(" ", 1)[1].split(" + ")), op  # width r=16 or [B, S] stats
+
+
+def r_bytes(report):
+    return report["layer_forward_bytes"]
+
+
+def test_btp_edges_are_vocab_parallel(btp):
+    kinds = btp["edges"]["forward"]["by_kind"]
+    assert kinds["reduce-scatter"]["count"] == 1  # the embedding: each rank keeps its d/p slice
+    assert kinds["all-gather"]["count"] == 1  # once, after the last layer
+    assert kinds["reduce-scatter"]["bytes"] == B * S * 64 * 2
+    # XLA hoists the final norm's upcast above the gather, so this one moves as f32.
+    assert kinds["all-gather"]["bytes"] in (B * S * 64 * 2, B * S * 64 * 4)
+
+
+def test_data_parallel_adds_only_gradient_all_reduces_over_dp(btp):
+    r = comm("cola", "btp", dp=2)
+    assert r["layer_forward_bytes"] == btp["layer_forward_bytes"]  # per replica, the same TP traffic
+    extra = [op for op in r["layer_backward_ops"] if "over 2" in op]
+    assert extra and all(op.startswith("all-reduce") for op in extra)  # weight gradients, dp groups
+
+
+@pytest.mark.parametrize("arch, scheme, count", [("dense", "megatron", 2), ("cola", "vanilla", 4)])
+def test_forward_volume_matches_analytic(arch, scheme, count):
+    r = comm(arch, scheme)
+    assert r["layer_forward_bytes"] == r["analytic_layer_forward_bytes"]
+    assert r["layer_forward_collectives"] == count  # vanilla's 7 all-reduces, XLA-combined into 4
+    assert set(r["by_kind"]["forward"]) == {"all-reduce"}
+
+
+def test_vanilla_moves_far_more_than_btp(btp):
+    vanilla = comm("cola", "vanilla")
+    assert vanilla["layer_forward_bytes"] > 5 * btp["analytic_layer_forward_bytes"]
+
+
+def test_fp32_payload_is_counted_at_fp32():
+    r = comm("cola", "btp", "fp32")
+    assert r["layer_forward_bytes"] == B * S * (7 * 16 + 2) * 4
+    assert r["backend_upcast_extra_bytes"]["forward"] == 0
+
+
+def test_bf16_upcast_is_reported_separately(btp):
+    # XLA's CPU backend moves bf16 all-reduces as f32; the program (and a GPU) moves bf16.
+    assert btp["backend_upcast_extra_bytes"]["forward"] == B * S * 7 * 16 * 2
