@@ -128,6 +128,12 @@ class ParallelConfig:
     # megatron (dense only) | vanilla | btp (low-rank archs); auto = megatron for dense, else btp
     scheme: Literal["auto", "megatron", "vanilla", "btp"] = "auto"
     cpu_devices: int = 0  # >0: simulate this many host devices (set before JAX starts)
+    # Multi-process runs on JAX's distributed runtime: "" = one process; "auto" = JAX's cluster
+    # detection (SLURM, Open MPI, ...); "host:port" = this coordinator with the two fields below.
+    # $BOOST_JAX_COORDINATOR, $BOOST_JAX_NUM_PROCESSES, $BOOST_JAX_PROCESS_ID fill unset values.
+    coordinator: str = ""
+    num_processes: int = 0
+    process_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -301,6 +307,7 @@ def _validate(c: Config) -> None:
     _require(p.fsdp > 0, "parallel.fsdp", "must be > 0")
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
+    _require(p.num_processes >= 0, "parallel.num_processes", "must be >= 0")
     dense = c.model.arch == "dense"
     _require(dense == (p.scheme == "megatron"), "parallel.scheme",
              f"{p.scheme} does not apply to arch {c.model.arch}: use megatron for dense, "

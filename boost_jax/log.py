@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,17 +13,21 @@ from boost_jax.config import LogConfig
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, cfg: LogConfig, *, total_steps: int, start_step: int):
+    """Writes only on the primary process (process 0 of a multi-process run)."""
+
+    def __init__(self, run_dir: Path, cfg: LogConfig, *, total_steps: int, start_step: int, primary: bool = True):
         self.path = run_dir / "metrics.jsonl"
-        self._truncate_after(start_step)  # a resumed run rewrites the steps it repeats
-        self.file = self.path.open("a")
+        self.primary = primary
+        if primary:
+            self._truncate_after(start_step)  # a resumed run rewrites the steps it repeats
+        self.file = self.path.open("a") if primary else open(os.devnull, "w")
         self.tb = None
-        if cfg.tensorboard:
+        if cfg.tensorboard and primary:
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                        disable=None if cfg.progress else True, file=sys.stderr)  # None: off unless a TTY
+                        disable=None if cfg.progress and primary else True, file=sys.stderr)  # None: off unless a TTY
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -38,6 +43,8 @@ class RunLog:
                     self.tb.add_scalar(k, v, row["step"])
 
     def line(self, text: str) -> None:
+        if not self.primary:
+            return
         if self.bar.disable:
             print(text, file=sys.stderr, flush=True)
         else:

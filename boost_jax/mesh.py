@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import jax
@@ -17,6 +18,25 @@ def simulate_cpu_devices(n: int) -> None:
     if n <= 0:
         return
     jax.config.update("jax_num_cpu_devices", n)
+
+
+def init_distributed(p: ParallelConfig) -> None:
+    """Join a multi-process run (before any other JAX call). Each process loads only its rows of
+    every batch; the mesh spans all processes' devices."""
+    coordinator = p.coordinator or os.environ.get("BOOST_JAX_COORDINATOR", "")
+    if not coordinator:
+        return
+    if jax.config.jax_platforms in (None, "", "cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator == "auto":
+        jax.distributed.initialize()
+        return
+    n = p.num_processes or int(os.environ.get("BOOST_JAX_NUM_PROCESSES", "0"))
+    pid = p.process_id if p.process_id >= 0 else int(os.environ.get("BOOST_JAX_PROCESS_ID", "-1"))
+    if n < 1 or not 0 <= pid < n:
+        raise ConfigError(f"parallel.coordinator={coordinator} needs parallel.num_processes >= 1 and "
+                          f"0 <= parallel.process_id < num_processes (got {n}, {pid})")
+    jax.distributed.initialize(coordinator, num_processes=n, process_id=pid)
 
 
 def mesh_shape(p: ParallelConfig, n_devices: int) -> tuple[int, int, int]:

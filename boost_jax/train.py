@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(path, args[1:] if path else args)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
-    from boost_jax.mesh import simulate_cpu_devices
+    from boost_jax.mesh import init_distributed, simulate_cpu_devices
 
-    simulate_cpu_devices(cfg.parallel.cpu_devices)
     try:
+        simulate_cpu_devices(cfg.parallel.cpu_devices)
+        init_distributed(cfg.parallel)
         train(cfg)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
@@ -95,10 +96,12 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     counts = count(cfg.model, t.seq_len)
     peak, peak_source = device_peak_flops(cfg.model.dtype, cache_root(cfg.data))
     n_dev = mesh.size
+    # Simulated CPU devices share the host's cores: the measured peak is per host, not per device.
+    peak_devices = jax.process_count() if jax.devices()[0].platform == "cpu" else n_dev
     pi, pc = jax.process_index(), jax.process_count()
     batch_at = lambda step: device_batch(data.train.batch(step, t.batch_size, pi, pc), run.batch_sharding)
 
-    log = RunLog(run_dir, cfg.log, total_steps=t.steps, start_step=start)
+    log = RunLog(run_dir, cfg.log, total_steps=t.steps, start_step=start, primary=pi == 0)
     m = cfg.model
     log.line(
         f"model {m.preset} arch={m.arch} d={m.d_model} layers={m.n_layers} heads={m.n_heads}/{m.n_kv_heads} "
@@ -143,7 +146,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                 at = done - len(rows) + i + 1
                 row = {"step": at, **{k: float(v) for k, v in r.items()},
                        "tokens_per_s": tok_s, "step_time_s": step_time,
-                       "tflops_per_s": flops_s / 1e12, "mfu": flops_s / (n_dev * peak), **evals.pop(at, {})}
+                       "tflops_per_s": flops_s / 1e12, "mfu": flops_s / (peak_devices * peak), **evals.pop(at, {})}
                 log.record(row)
                 losses.append(row["loss"])
             summary = row
