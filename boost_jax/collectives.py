@@ -6,10 +6,16 @@ Everything else is left to XLA's SPMD partitioner, which derives collectives fro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from boost_jax.sharding import active, spec
+from pallas_kernels import grouped_matmul, norm_down
 
 
 def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -38,3 +44,112 @@ def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
         local, mesh=mesh, in_specs=(spec(("vocab", None), rules), spec(("batch", "seq"), rules)),
         out_specs=out_spec,
     )(table, tokens)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def all_reduce(x: jax.Array, axis: str) -> jax.Array:
+    """psum without a collective in its backward (Megatron's g). The result leaves the shard_map
+    replicated and its cotangent arrives already summed (GSPMD all-reduces it at the column-parallel
+    B that consumes the latent); each partial's gradient is that cotangent. shard_map (check_vma=False)
+    hands every rank 1/p of a replicated output's cotangent, which a plain psum would all-reduce
+    again; scaling by p restores it locally."""
+    return jax.lax.psum(x, axis)
+
+
+all_reduce.defvjp(lambda x, axis: (jax.lax.psum(x, axis), None),
+                  lambda axis, _, g: (g * jax.lax.axis_size(axis),))
+
+
+def btp_active() -> bool:
+    """True when the active rules split the residual on d (btp), or when none are active (one
+    device: the degenerate btp with p = 1, so the same code runs everywhere)."""
+    ctx = active()
+    return ctx is None or ctx[1].get("act_embed") is not None
+
+
+def btp_down(
+    x: jax.Array,
+    weights: Sequence[jax.Array],
+    *,
+    x_axis: str,
+    w_axis: str,
+    gamma: jax.Array | None = None,
+    norm: str = "online",
+    grouping: bool = True,
+    kernels: str = "xla",
+    eps: float = 1e-6,
+) -> list[jax.Array]:
+    """Row-parallel down-projections of one BTP input: x [B, S, k] split on its last dim over tp,
+    each weight [k, r_i] split on its rows -> the replicated pre-activation latents [B, S, r_i].
+
+    With `gamma`, x is first RMS-normalised over its full (sharded) width: `online` computes each
+    rank's statistics beside its GEMM (pallas_kernels.norm_down) and sends them in the same
+    all-reduce as the latents (one buffer, one collective); `sync` all-reduces them first.
+    `grouping` concatenates the weights into one GEMM and one all-reduce; without it each weight
+    gets its own. Every collective here is an explicit psum, so the program issues exactly these.
+    """
+    ctx = active()
+    dtype = x.dtype
+    widths = [w.shape[1] for w in weights]
+
+    def local(x, gamma, *ws):
+        tp = ctx[1].get("act_embed") if ctx else None
+        reduce = (lambda v: all_reduce(v, tp)) if tp else (lambda v: v)
+        b, s, k = x.shape
+        x2 = x.reshape(b * s, k)
+        d_total = k * (jax.lax.axis_size(tp) if tp else 1)
+        groups = [list(ws)] if grouping else [[w] for w in ws]
+        outs, scale = [], None
+        if gamma is not None and norm == "sync":
+            ssq = reduce(jnp.sum(jnp.square(x2.astype(jnp.float32)), axis=-1, keepdims=True))
+            x2 = (x2 * jax.lax.rsqrt(ssq / d_total + eps) * gamma).astype(dtype)
+        for i, group in enumerate(groups):
+            a = jnp.concatenate([w.astype(dtype) for w in group], axis=1)
+            if gamma is not None and norm == "online":
+                h, ssq = norm_down(x2, gamma.astype(dtype), a, eps=eps, d_total=d_total, impl=kernels)
+                if i == 0:  # the statistics travel once, as one more column of the first latents
+                    buf = reduce(jnp.concatenate([h.astype(dtype), ssq[:, None].astype(dtype)], axis=-1))
+                    h, scale = buf[:, :-1], jax.lax.rsqrt(buf[:, -1:].astype(jnp.float32) / d_total + eps)
+                else:
+                    h = reduce(h.astype(dtype))
+                h = (h.astype(jnp.float32) * scale).astype(dtype)
+            else:
+                h = reduce(jnp.dot(x2, a, preferred_element_type=jnp.float32).astype(dtype))
+            outs += jnp.split(h, np.cumsum([w.shape[1] for w in group])[:-1], axis=-1)
+        return [o.reshape(b, s, o.shape[-1]) for o in outs]
+
+    gamma_arg = gamma if gamma is not None else jnp.ones((x.shape[-1],), dtype)
+    if ctx is None:
+        return local(x, gamma if gamma is not None else None, *weights)
+    mesh, rules = ctx
+    replicated_latent = spec(("batch", "seq", None), rules)
+    fn = jax.shard_map(
+        lambda x, g, *ws: local(x, g if gamma is not None else None, *ws),
+        mesh=mesh,
+        in_specs=(spec(("batch", "seq", x_axis), rules), spec((x_axis,), rules),
+                  *[spec((w_axis, None), rules)] * len(weights)),
+        out_specs=[replicated_latent] * len(widths),
+        check_vma=False,  # Pallas kernels inside carry no varying-axis types
+    )
+    return fn(x, gamma_arg, *weights)
+
+
+def grouped_up(latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str, y_axis: str,
+               kernels: str = "xla") -> list[jax.Array]:
+    """Column-parallel up-projections of same-width outputs as one batched GEMM:
+    z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul)."""
+    z = jnp.stack(latents)
+    b = jnp.stack([w.astype(z.dtype) for w in weights])
+    c, bsz, s, r = z.shape
+    ctx = active()
+    if ctx is None or kernels == "xla":
+        y = grouped_matmul(z.reshape(c, bsz * s, r), b, impl=kernels)
+    else:
+        mesh, rules = ctx
+        batch = spec(("batch",), rules)[0]
+        y = jax.shard_map(
+            lambda z, b: grouped_matmul(z, b, impl=kernels), mesh=mesh,
+            in_specs=(P(None, batch, None), spec((None, None, w_axis), rules)),
+            out_specs=spec((None, "batch", y_axis), rules), check_vma=False,
+        )(z.reshape(c, bsz * s, r), b)
+    return list(y.reshape(c, bsz, s, -1))

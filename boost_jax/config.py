@@ -49,6 +49,10 @@ class ModelConfig:
     init_std: float = 0.02
     dtype: DType = "float32"
     param_dtype: DType = "float32"
+    # BOOST's optimizations (low-rank archs under btp; BOOST.md sections 4-5):
+    norm: Literal["online", "sync"] = "online"  # online: RMSNorm statistics ride the latent all-reduce
+    grouping: bool = True  # q|k|v and gate|up down-projections as one GEMM + one all-reduce; batched up-projections
+    kernels: Literal["xla", "pallas"] = "xla"  # fused norm+down-projection and grouped matmul as Pallas kernels
 
     def resolved(self) -> ModelConfig:
         """Fill every None from the preset and the arch; the result has no None left."""
@@ -97,7 +101,7 @@ class TrainConfig:
     b1: float = 0.9
     b2: float = 0.95
     seed: int = 0
-    remat: Literal["none", "full"] = "none"
+    remat: Literal["none", "full", "lowrank"] = "none"
     eval_every: int = 50  # 0 disables
     eval_batches: int = 4
 

@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.collectives import embed_lookup
 from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import Attention
-from boost_jax.layers.lowrank import Crossing, Linear
+from boost_jax.layers.lowrank import Linear, Projector
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
 from boost_jax.remat import remat
@@ -26,18 +27,22 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         dtypes = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
         linear_kwargs = dict(arch=cfg.arch, init_std=cfg.init_std, **dtypes)
-        self.arch = cfg.arch
+        self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
         self.attn = Attention(cfg, linear_kwargs, rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
         self.mlp = MLP(cfg, linear_kwargs, rngs)
 
     def __call__(self, x, positions, latents):
-        apply = Crossing(self.arch, latents)
-        x = x + self.attn(self.attn_norm(x), positions, apply)
-        x = constrain(x, RESIDUAL)
-        x = x + self.mlp(self.mlp_norm(x), apply)
-        return constrain(x, RESIDUAL), apply.new
+        apply = Projector(self.cfg, latents)
+        x = residual(x + self.attn(x, self.attn_norm, positions, apply))
+        x = residual(x + self.mlp(x, self.mlp_norm, apply))
+        return x, apply.new
+
+
+def residual(x: jax.Array) -> jax.Array:
+    """The residual stream at a chunk boundary: its layout, and a name low-rank checkpointing saves."""
+    return checkpoint_name(constrain(x, RESIDUAL), "residual")
 
 
 class Model(nnx.Module):

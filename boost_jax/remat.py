@@ -11,6 +11,9 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
     # Keep only each layer's input (the scan carry); recompute the layer in backward.
     "full": jax.checkpoint_policies.nothing_saveable,
+    # BOOST's low-rank checkpointing: keep the rank-r latents (post all-reduce under btp, so
+    # recomputation never repeats a collective) and the residual at chunk boundaries.
+    "lowrank": jax.checkpoint_policies.save_only_these_names("latent", "residual"),
 }
 
 

@@ -4,15 +4,16 @@ import argparse
 
 import pytest
 
-from boost_jax.bench.comm import analytic_layer_forward_elements, measure
+from boost_jax.analysis.issued import issued
+from boost_jax.bench.comm import measure
 from boost_jax.bench.common import bench_config, build
 
 B, S, TP = 4, 64, 4
 
 
-def args(arch, scheme, dtype="bf16", dp=1):
+def args(arch, scheme, dtype="bf16", dp=1, *overrides):
     return argparse.Namespace(model="llama-tiny", arch=arch, scheme=scheme, tp=TP, dp=dp, batch=B, seq=S, dtype=dtype,
-                              overrides=["model.n_kv_heads=8"])  # MHA: no kv-head replication
+                              overrides=["model.n_kv_heads=8", *overrides])  # MHA: no kv-head replication
 
 
 def comm(*a, **kw):
@@ -27,17 +28,17 @@ def btp():
 def test_btp_layer_moves_only_latents(btp):
     m = bench_config(args("cola", "btp")).model
     latent_bytes = B * S * 7 * m.attn_rank * 2
-    stats_bytes = 2 * B * S * 4  # sync RMSNorm: one fp32 [T] sum of squares per norm
+    stats_bytes = 2 * B * S * 2  # online RMSNorm: one more bf16 column in the q|k|v and gate|up buffers
     assert r_bytes(btp) == latent_bytes + stats_bytes
     assert btp["analytic_layer_forward_bytes"] == latent_bytes
-    assert btp["layer_backward_bytes"] == btp["layer_forward_bytes"]  # backward mirrors forward
-    assert set(btp["by_kind"]["forward"]) == set(btp["by_kind"]["backward"]) == {"all-reduce"}
-    # The program issues 7 latent all-reduces + 2 norm statistics; XLA combines q|k|v and gate|up.
-    assert btp["layer_forward_collectives"] == 6
-    for op in btp["layer_forward_ops"]:
-        assert "over 4" in op  # tp groups only, never dp
-        assert all(shape.endswith(", 16]") or shape.count(",") == 1
-                   for shape in op.split(" over")[0].split(" ", 1)[1].split(" + ")), op  # width r=16 or [B, S] stats
+    assert btp["layer_forward_issued"] == {"all-reduce": 4}  # q|k|v (+stats), o, gate|up (+stats), down
+    assert btp["layer_forward_collectives"] == 4
+    widths = sorted(int(op.split("]")[0].rsplit(", ", 1)[1]) for op in btp["layer_forward_ops"])
+    assert widths == [16, 16, 2 * 16 + 1, 3 * 16 + 1]  # no collective wider than the latents (+1 stat)
+    assert all("over 4" in op for op in btp["layer_forward_ops"])  # tp groups only
+    # Backward: the latents' gradients, all-reduced once each at the column-parallel B.
+    assert btp["layer_backward_collectives"] == 4
+    assert set(btp["by_kind"]["backward"]) == {"all-reduce"}
 
 
 def r_bytes(report):
@@ -75,10 +76,17 @@ def test_vanilla_moves_far_more_than_btp(btp):
 
 def test_fp32_payload_is_counted_at_fp32():
     r = comm("cola", "btp", "fp32")
-    assert r["layer_forward_bytes"] == B * S * (7 * 16 + 2) * 4
+    assert r["layer_forward_bytes"] == B * S * (7 * 16 + 2) * 4  # 7 latents + 2 statistics columns
     assert r["backend_upcast_extra_bytes"]["forward"] == 0
 
 
 def test_bf16_upcast_is_reported_separately(btp):
     # XLA's CPU backend moves bf16 all-reduces as f32; the program (and a GPU) moves bf16.
-    assert btp["backend_upcast_extra_bytes"]["forward"] == B * S * 7 * 16 * 2
+    assert btp["backend_upcast_extra_bytes"]["forward"] == btp["layer_forward_bytes"]
+
+
+@pytest.mark.parametrize("norm, grouping, count", [("online", True, 4), ("sync", True, 6),
+                                                   ("online", False, 7), ("sync", False, 9)])
+def test_online_norm_and_grouping_all_reduce_counts(norm, grouping, count):
+    prog = build(bench_config(args("cola", "btp", "bf16", 1, f"model.norm={norm}", f"model.grouping={grouping}")))
+    assert dict(issued(prog.loss, prog.params, prog.batch)["layer"]) == {"all-reduce": count}

@@ -8,7 +8,7 @@ from flax import nnx
 
 from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import rope
-from boost_jax.layers.lowrank import Crossing, cola_init_std
+from boost_jax.layers.lowrank import Projector, cola_init_std
 from boost_jax.model import Model, loss_fn
 
 ARCHS = ("dense", "svd", "cola", "lax")
@@ -82,7 +82,7 @@ def test_lax_crosses_latents_between_layers():
 def test_lax_adds_previous_latent_before_up_projection():
     layer = first_layer(Model(tiny("lax", n_layers=1), rngs=nnx.Rngs(0)))
     x, prev = jax.random.normal(jax.random.key(2), (3, 64)), jax.random.normal(jax.random.key(3), (3, 16))
-    apply = Crossing("lax", {"q": prev})
+    apply = Projector(tiny("lax"), {"q": prev})
     a, b = layer.attn.q.a[...], layer.attn.q.b[...]
     np.testing.assert_allclose(apply("q", layer.attn.q, x), (jax.nn.silu(x @ a) + prev) @ b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(apply.new["q"], jax.nn.silu(x @ a), rtol=1e-6)
@@ -113,10 +113,12 @@ def naive_attention(q, k, v):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_matches_naive_gqa(arch):
     cfg = tiny(arch, n_layers=1)  # 8 heads, 2 kv heads
-    attn = first_layer(Model(cfg, rngs=nnx.Rngs(0))).attn
+    layer = first_layer(Model(cfg, rngs=nnx.Rngs(0)))
+    attn = layer.attn
     x = jax.random.normal(jax.random.key(4), (2, 12, 64))
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
-    got = attn(x, pos, Crossing(arch, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
+    got = attn(x, layer.attn_norm, pos, Projector(cfg, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
+    x = layer.attn_norm(x)
     q = rope(attn.q(x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
     k = rope(attn.k(x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
     v = attn.v(x).reshape(2, 12, 2, 8)

@@ -254,11 +254,12 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
 
 
 def collectives(hlo_text: str) -> list[Collective]:
-    """Every collective of an HLO module's text (reachable from ENTRY), in textual order."""
+    """Every collective of an HLO module's text (reachable from ENTRY), in textual order. Ops whose
+    groups hold one device (left behind for a mesh axis of size 1) move nothing and are skipped."""
     comps, entry, n_dev = _parse_module(hlo_text)
     ctx = _contexts(comps, entry)
     return [c for comp in comps.values() if comp.name in ctx for ins in comp.instrs.values()
-            if (c := _collective(comps, comp, ins, ctx, n_dev))]
+            if (c := _collective(comps, comp, ins, ctx, n_dev)) and c.group_size > 1]
 
 
 def summarize(cols: list[Collective], *, in_loop: bool | None = None) -> dict:

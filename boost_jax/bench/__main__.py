@@ -2,7 +2,7 @@
 
 import sys
 
-COMMANDS = ("comm", "step")
+COMMANDS = ("comm", "step", "kernels")
 
 
 def main() -> None:

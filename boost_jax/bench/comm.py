@@ -13,6 +13,7 @@ import json
 import jax
 
 from boost_jax.analysis.hlo import Collective, audit, summarize
+from boost_jax.analysis.issued import issued
 from boost_jax.bench.common import Program, add_model_flags, bench_config, build
 from boost_jax.config import ModelConfig
 
@@ -38,6 +39,7 @@ def _diff(total: dict, part: dict) -> dict:
 
 
 def measure(prog: Program) -> dict:
+    program_issues = issued(prog.loss, prog.params, prog.batch)
     fwd = audit(prog.loss, prog.params, prog.batch)
     both = audit(jax.grad(prog.loss), prog.params, prog.batch)
     layer_fwd, layer_all = summarize(fwd, in_loop=True), summarize(both, in_loop=True)
@@ -50,9 +52,11 @@ def measure(prog: Program) -> dict:
     return {
         "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": cfg.parallel.tp,
         "dp": cfg.parallel.dp, "batch": cfg.train.batch_size // cfg.parallel.dp, "seq": cfg.train.seq_len,
-        "dtype": m.dtype, "layers": m.n_layers,
+        "dtype": m.dtype, "layers": m.n_layers, "norm": m.norm, "grouping": m.grouping, "kernels": m.kernels,
         "layer_forward_bytes": layer_fwd["bytes"], "layer_backward_bytes": layer_bwd["bytes"],
         "layer_forward_collectives": layer_fwd["count"], "layer_backward_collectives": layer_bwd["count"],
+        # Explicit (shard_map) collectives per layer as the program issues them, before XLA combines any.
+        "layer_forward_issued": dict(program_issues["layer"]),
         "analytic_layer_forward_bytes": analytic,
         "forward_over_analytic": layer_fwd["bytes"] / analytic,
         "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
@@ -77,8 +81,9 @@ def _describe(c: Collective) -> str:
 
 
 def print_table(r: dict) -> None:
-    print(f"{r['model']} {r['arch']} {r['scheme']} tp={r['tp']} dp={r['dp']} b={r['batch']} s={r['seq']} {r['dtype']}")
-    print(f"  per decoder layer, per device:")
+    print(f"{r['model']} {r['arch']} {r['scheme']} tp={r['tp']} dp={r['dp']} b={r['batch']} s={r['seq']} {r['dtype']} "
+          f"norm={r['norm']} grouping={r['grouping']} kernels={r['kernels']}")
+    print("  per decoder layer, per device (compiled HLO, after XLA combines independent collectives):")
     for phase in ("forward", "backward"):
         kinds = ", ".join(f"{k} x{v['count']} {v['bytes'] / GIB:.4f} GiB" for k, v in sorted(r["by_kind"][phase].items()))
         print(f"    {phase:8s} {r[f'layer_{phase}_collectives']:3d} collectives {r[f'layer_{phase}_bytes'] / GIB:8.4f} GiB  ({kinds})")
@@ -86,6 +91,9 @@ def print_table(r: dict) -> None:
           f"(measured / analytic = {r['forward_over_analytic']:.4f})")
     for op in r["layer_forward_ops"]:
         print(f"      fwd: {op}")
+    if r["layer_forward_issued"]:
+        issued_ops = ", ".join(f"{k} x{v}" for k, v in r["layer_forward_issued"].items())
+        print(f"    forward as the program issues them (explicit shard_map collectives): {issued_ops}")
     up = r["backend_upcast_extra_bytes"]["forward"]
     if up:
         print(f"  note: this backend upcast bf16 all-reduces to f32 (+{up / GIB:.4f} GiB per layer forward as compiled);"

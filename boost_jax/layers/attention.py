@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.lowrank import Crossing, Linear
+from boost_jax.layers.lowrank import Linear, Projector
 from boost_jax.sharding import constrain
 
 
@@ -32,13 +32,18 @@ class Attention(nnx.Module):
         self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
         self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
 
-    def __call__(self, x: jax.Array, positions: jax.Array, apply: Crossing) -> jax.Array:
+    def __call__(self, x: jax.Array, norm, positions: jax.Array, apply: Projector) -> jax.Array:
+        """x: the residual stream; `norm` is applied to it first (fused into q/k/v under btp)."""
         b, s, _ = x.shape
-        q = apply("q", self.q, x).reshape(b, s, self.n_heads, self.head_dim)
-        k = apply("k", self.k, x).reshape(b, s, self.n_kv_heads, self.head_dim)
-        v = apply("v", self.v, x).reshape(b, s, self.n_kv_heads, self.head_dim)
+        kv = ("kv_heads", "act_kv_heads")
+        qkv = apply.normed(x, norm, {"q": self.q, "k": self.k, "v": self.v},
+                           {"q": ("heads", "act_heads"), "k": kv, "v": kv})
+        q = qkv["q"].reshape(b, s, self.n_heads, self.head_dim)
+        k = qkv["k"].reshape(b, s, self.n_kv_heads, self.head_dim)
+        v = qkv["v"].reshape(b, s, self.n_kv_heads, self.head_dim)
         q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
         k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
         out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        return apply("o", self.o, out.reshape(b, s, self.n_heads * self.head_dim))
+        out = constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
+        return apply("o", self.o, out, ("act_heads", "heads"))

@@ -1,11 +1,13 @@
 """The one linear layer of every arch: dense `x @ W`, or a bottleneck pair A: [d_in, r], B: [r, d_out].
 
-| arch  | output                        | latent h (checkpoint name "latent") |
-|-------|-------------------------------|-------------------------------------|
-| dense | x @ W                         | -                                   |
-| svd   | (x @ A) @ B                   | x @ A                               |
-| cola  | silu(x @ A) @ B               | silu(x @ A)                         |
-| lax   | (h + h_prev) @ B, h as cola   | silu(x @ A)                         |
+| arch  | output                        | latent h      |
+|-------|-------------------------------|---------------|
+| dense | x @ W                         | -             |
+| svd   | (x @ A) @ B                   | x @ A         |
+| cola  | silu(x @ A) @ B               | silu(x @ A)   |
+| lax   | (h + h_prev) @ B, h as cola   | silu(x @ A)   |
+
+The checkpoint name "latent" tags x @ A (after its all-reduce under btp), before the SiLU.
 
 For lax, h_prev is the latent of the same projection in the previous decoder layer (zero in the
 first), so shapes always match and the crossing rides along the layer scan as carry.
@@ -19,6 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from boost_jax.collectives import btp_active, btp_down, grouped_up
+from boost_jax.config import ModelConfig
 from boost_jax.sharding import constrain
 
 LATENT = ("batch", "seq", "act_latent")
@@ -56,10 +60,13 @@ class Linear(nnx.Module):
 
     def latent(self, x: jax.Array) -> jax.Array:
         """The rank-r latent h (low-rank archs only)."""
-        h = x.astype(self.dtype) @ self.a[...].astype(self.dtype)
-        if self.arch in ("cola", "lax"):
-            h = jax.nn.silu(h)
-        return checkpoint_name(constrain(h, LATENT), "latent")
+        return self.activate(x.astype(self.dtype) @ self.a[...].astype(self.dtype))
+
+    def activate(self, h: jax.Array) -> jax.Array:
+        """The latent from the down-projection's output (under btp: after its all-reduce). That
+        value is what low-rank checkpointing saves, so recomputation never repeats a collective."""
+        h = checkpoint_name(constrain(h, LATENT), "latent")
+        return jax.nn.silu(h) if self.arch in ("cola", "lax") else h
 
     def project(self, h: jax.Array) -> jax.Array:
         """Up-projection B of a latent."""
@@ -71,18 +78,62 @@ class Linear(nnx.Module):
         return self.project(self.latent(x))
 
 
-class Crossing:
-    """Applies a block's linears, threading LaX latents (a no-op wrapper for the other archs).
+class Projector:
+    """Applies a block's linears: threads LaX latents, and for the low-rank archs under btp runs
+    BOOST's fused path (boost_jax/collectives.py): norm + grouped down-projection in one
+    all-reduce, grouped up-projections.
 
-    `prev` holds the previous layer's latents by projection name; `new` collects this layer's.
+    `prev` holds the previous layer's latents by projection name (lax); `new` collects this layer's.
     """
 
-    def __init__(self, arch: str, prev: dict[str, jax.Array]):
-        self.arch, self.prev, self.new = arch, prev, {}
+    def __init__(self, cfg: ModelConfig, prev: dict[str, jax.Array]):
+        self.cfg, self.prev, self.new = cfg, prev, {}
+        self.fused = cfg.arch != "dense" and btp_active()
 
-    def __call__(self, name: str, linear: Linear, x: jax.Array) -> jax.Array:
-        if self.arch != "lax":
+    def normed(self, x: jax.Array, norm, linears: dict[str, Linear], out_axes: dict[str, tuple[str, str]]):
+        """{name: linear(norm(x))} for linears sharing the input x (the residual stream).
+        out_axes: name -> (weight axis, activation axis) of each output, for the grouped GEMM."""
+        if not self.fused:
+            x = norm(x)
+            return {name: self(name, lin, x) for name, lin in linears.items()}
+        c = self.cfg
+        pre = btp_down(x, [lin.a[...] for lin in linears.values()], x_axis="act_embed", w_axis="embed",
+                       gamma=norm.scale[...], norm=c.norm, grouping=c.grouping, kernels=c.kernels, eps=c.norm_eps)
+        hs = {name: self._cross(name, lin.activate(h)) for (name, lin), h in zip(linears.items(), pre)}
+        return self._up(hs, linears, out_axes)
+
+    def __call__(self, name: str, linear: Linear, x: jax.Array, x_axes: tuple[str, str] | None = None) -> jax.Array:
+        """One linear. Under the fused path, x_axes (activation axis, weight axis) says how x is split."""
+        if self.cfg.arch == "dense":
             return linear(x)
-        h = linear.latent(x)
+        if self.fused and x_axes is not None:
+            c = self.cfg
+            pre = btp_down(x, [linear.a[...]], x_axis=x_axes[0], w_axis=x_axes[1], kernels=c.kernels)[0]
+            h = linear.activate(pre)
+        else:
+            h = linear.latent(x)
+        return linear.project(self._cross(name, h))
+
+    def _cross(self, name: str, h: jax.Array) -> jax.Array:
+        if self.cfg.arch != "lax":
+            return h
         self.new[name] = h
-        return linear.project(h + self.prev[name].astype(h.dtype))
+        return h + self.prev[name].astype(h.dtype)
+
+    def _up(self, hs: dict[str, jax.Array], linears: dict[str, Linear], out_axes) -> dict[str, jax.Array]:
+        """Up-projections; with grouping, those of equal width as one batched GEMM (GQA: q alone)."""
+        if not self.cfg.grouping:
+            return {name: linears[name].project(h) for name, h in hs.items()}
+        out = {}
+        by_width: dict[int, list[str]] = {}
+        for name in hs:
+            by_width.setdefault(linears[name].b.shape[-1], []).append(name)
+        for names in by_width.values():
+            if len(names) == 1:
+                out[names[0]] = linears[names[0]].project(hs[names[0]])
+                continue
+            w_axis, y_axis = out_axes[names[0]]
+            ys = grouped_up([hs[n] for n in names], [linears[n].b[...] for n in names],
+                            w_axis=w_axis, y_axis=y_axis, kernels=self.cfg.kernels)
+            out.update(zip(names, ys))
+        return out

@@ -6,7 +6,7 @@ import jax
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.lowrank import Crossing, Linear
+from boost_jax.layers.lowrank import Linear, Projector
 from boost_jax.sharding import constrain
 
 
@@ -19,9 +19,10 @@ class MLP(nnx.Module):
         self.up = lin(d, f, ("embed", "mlp"))
         self.down = lin(f, d, ("mlp", "embed"))
 
-    def __call__(self, x: jax.Array, apply: Crossing) -> jax.Array:
-        g = apply("gate", self.gate, x)
-        if self.gate_silu:
-            g = jax.nn.silu(g)
-        h = constrain(g * apply("up", self.up, x), ("batch", "seq", "act_mlp"))
-        return apply("down", self.down, h)
+    def __call__(self, x: jax.Array, norm, apply: Projector) -> jax.Array:
+        """x: the residual stream; `norm` is applied to it first (fused into gate/up under btp)."""
+        mlp = ("mlp", "act_mlp")
+        gu = apply.normed(x, norm, {"gate": self.gate, "up": self.up}, {"gate": mlp, "up": mlp})
+        g = jax.nn.silu(gu["gate"]) if self.gate_silu else gu["gate"]
+        h = constrain(g * gu["up"], ("batch", "seq", "act_mlp"))
+        return apply("down", self.down, h, ("act_mlp", "mlp"))
