@@ -15,6 +15,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.sharding import active, spec
+from jax.ad_checkpoint import checkpoint_name
+
 from pallas_kernels import grouped_matmul, norm_down
 
 
@@ -48,11 +50,12 @@ def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
 
 @partial(jax.custom_vjp, nondiff_argnums=(1,))
 def all_reduce(x: jax.Array, axis: str) -> jax.Array:
-    """psum without a collective in its backward (Megatron's g). The result leaves the shard_map
-    replicated and its cotangent arrives already summed (GSPMD all-reduces it at the column-parallel
-    B that consumes the latent); each partial's gradient is that cotangent. shard_map (check_vma=False)
-    hands every rank 1/p of a replicated output's cotangent, which a plain psum would all-reduce
-    again; scaling by p restores it locally."""
+    """psum without a collective in its backward (Megatron's g), for a result that only feeds
+    replicated computation leaving the shard_map: its cotangent arrives already summed (GSPMD
+    all-reduces it at the column-parallel B that consumes the latent), and each partial's gradient
+    is that cotangent. shard_map (check_vma=False) hands every rank 1/p of a replicated output's
+    cotangent, which a plain psum would all-reduce again; scaling by p restores it locally. The
+    equivalence tests (tests/test_parallel.py) pin this convention."""
     return jax.lax.psum(x, axis)
 
 
@@ -94,14 +97,18 @@ def btp_down(
 
     def local(x, gamma, *ws):
         tp = ctx[1].get("act_embed") if ctx else None
-        reduce = (lambda v: all_reduce(v, tp)) if tp else (lambda v: v)
+        # Every all-reduce output is a "latent" for low-rank checkpointing: saving exactly these
+        # means the backward pass recomputes everything after them and no collective.
+        reduce = lambda v: checkpoint_name(all_reduce(v, tp) if tp else v, "latent")
+        # The sync statistic feeds each rank's own shard, so its gradient must be summed: plain psum.
+        reduce_stat = lambda v: checkpoint_name(jax.lax.psum(v, tp) if tp else v, "latent")
         b, s, k = x.shape
         x2 = x.reshape(b * s, k)
         d_total = k * (jax.lax.axis_size(tp) if tp else 1)
         groups = [list(ws)] if grouping else [[w] for w in ws]
         outs, scale = [], None
         if gamma is not None and norm == "sync":
-            ssq = reduce(jnp.sum(jnp.square(x2.astype(jnp.float32)), axis=-1, keepdims=True))
+            ssq = reduce_stat(jnp.sum(jnp.square(x2.astype(jnp.float32)), axis=-1, keepdims=True))
             x2 = (x2 * jax.lax.rsqrt(ssq / d_total + eps) * gamma).astype(dtype)
         for i, group in enumerate(groups):
             a = jnp.concatenate([w.astype(dtype) for w in group], axis=1)

@@ -111,3 +111,21 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path, tiny_overrides):
     resumed = train(load_config(None, [*common, "train.steps=6", run_dir, "parallel.tp=2", "parallel.fsdp=2"]))
     assert resumed["start_step"] == 3
     np.testing.assert_allclose(resumed["losses"], full["losses"][3:], atol=1e-5)
+
+
+def test_pallas_kernels_match_xla_in_a_btp_model():
+    """The whole model with the Pallas kernels (interpreted on CPU) inside its shard_map blocks."""
+    xla = loss_logits_grads(config("cola", "btp", 2, 1, 4, "model.kernels=xla"), jax.devices())
+    pallas = loss_logits_grads(config("cola", "btp", 2, 1, 4, "model.kernels=pallas"), jax.devices())
+    assert pallas[0] == pytest.approx(xla[0], rel=1e-6)
+    assert_close(pallas[1:], xla[1:], 1e-5)
+
+
+@pytest.mark.parametrize("norm, grouping", [("sync", True), ("online", False), ("sync", False)])
+def test_norm_and_grouping_switches_keep_the_math(norm, grouping):
+    value, logits, grads = loss_logits_grads(
+        config("lax", "btp", 2, 1, 4, f"model.norm={norm}", f"model.grouping={grouping}"), jax.devices())
+    ref_value, ref_logits, ref_grads = reference("lax")
+    assert value == pytest.approx(ref_value, rel=1e-6)
+    assert_close(logits, ref_logits, 1e-5)
+    assert_close(grads, ref_grads, 1e-5)

@@ -2,7 +2,7 @@
 
 import sys
 
-COMMANDS = ("comm", "step", "kernels")
+COMMANDS = ("comm", "step", "memory", "kernels")
 
 
 def main() -> None:

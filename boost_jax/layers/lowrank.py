@@ -62,10 +62,12 @@ class Linear(nnx.Module):
         """The rank-r latent h (low-rank archs only)."""
         return self.activate(x.astype(self.dtype) @ self.a[...].astype(self.dtype))
 
-    def activate(self, h: jax.Array) -> jax.Array:
-        """The latent from the down-projection's output (under btp: after its all-reduce). That
-        value is what low-rank checkpointing saves, so recomputation never repeats a collective."""
-        h = checkpoint_name(constrain(h, LATENT), "latent")
+    def activate(self, h: jax.Array, tag: bool = True) -> jax.Array:
+        """The latent from the down-projection's output x @ A, tagged "latent" for low-rank
+        checkpointing (the fused btp path tags its all-reduce outputs itself: tag=False)."""
+        h = constrain(h, LATENT)
+        if tag:
+            h = checkpoint_name(h, "latent")
         return jax.nn.silu(h) if self.arch in ("cola", "lax") else h
 
     def project(self, h: jax.Array) -> jax.Array:
@@ -99,7 +101,7 @@ class Projector:
         c = self.cfg
         pre = btp_down(x, [lin.a[...] for lin in linears.values()], x_axis="act_embed", w_axis="embed",
                        gamma=norm.scale[...], norm=c.norm, grouping=c.grouping, kernels=c.kernels, eps=c.norm_eps)
-        hs = {name: self._cross(name, lin.activate(h)) for (name, lin), h in zip(linears.items(), pre)}
+        hs = {name: self._cross(name, lin.activate(h, tag=False)) for (name, lin), h in zip(linears.items(), pre)}
         return self._up(hs, linears, out_axes)
 
     def __call__(self, name: str, linear: Linear, x: jax.Array, x_axes: tuple[str, str] | None = None) -> jax.Array:
@@ -109,7 +111,7 @@ class Projector:
         if self.fused and x_axes is not None:
             c = self.cfg
             pre = btp_down(x, [linear.a[...]], x_axis=x_axes[0], w_axis=x_axes[1], kernels=c.kernels)[0]
-            h = linear.activate(pre)
+            h = linear.activate(pre, tag=False)
         else:
             h = linear.latent(x)
         return linear.project(self._cross(name, h))

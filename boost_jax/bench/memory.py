@@ -1,0 +1,64 @@
+"""`bench memory`: per-device peak memory of the train step under each remat mode, from XLA's
+compiled memory analysis of an abstract compile (nothing allocated: llama-7b works on a laptop),
+and, with `--time`, the measured step time and BOOST's efficiency metric: memory saved per
+millisecond of recomputation, against remat=none (BOOST.md section 6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import jax
+
+from boost_jax.bench.common import add_model_flags, bench_config, build
+from boost_jax.bench.step import measure as measure_steps, peak_bytes
+
+MODES = ("none", "full", "lowrank")
+MIB = 2**20
+
+
+def compiled_peak(cfg) -> dict:
+    prog = build(cfg)
+    compiled = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
+    # AdamW keeps two fp32 moments per parameter, sharded like the parameter.
+    shard_bytes = sum(4 * math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(prog.params))
+    return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": 2 * shard_bytes}
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.bench memory", description=__doc__)
+    add_model_flags(p)
+    p.add_argument("--remat", default="all", choices=["all", *MODES])
+    p.add_argument("--compare", action="store_true", help="vanilla and btp side by side")
+    p.add_argument("--time", action="store_true", help="also run the steps here (small models only)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2)
+    a = p.parse_args(argv)
+    modes = MODES if a.remat == "all" else ("none", a.remat) if a.remat != "none" else ("none",)
+    schemes = ("vanilla", "btp") if a.compare else (a.scheme,)
+    rows = []
+    for scheme in schemes:
+        cfgs = [bench_config(a, scheme=scheme, overrides=[*a.overrides, f"train.remat={m}"]) for m in modes]
+        times = [r["median_step_s"] for r in measure_steps(cfgs, a.reps, a.steps)] if a.time else [None] * len(cfgs)
+        for mode, cfg, t in zip(modes, cfgs, times):
+            rows.append({"scheme": cfg.parallel.scheme, "remat": mode, **compiled_peak(cfg), "step_s": t})
+    for row in rows:  # BOOST's metric, against the same scheme without remat
+        base = next(r for r in rows if r["scheme"] == row["scheme"] and r["remat"] == "none")
+        saved = (base["fwd_bwd_peak_bytes"] - row["fwd_bwd_peak_bytes"]) / MIB
+        row["saved_mib"] = saved
+        added_ms = None if row["step_s"] is None else 1e3 * (row["step_s"] - base["step_s"])
+        row["added_ms"] = added_ms
+        row["mib_saved_per_ms"] = saved / added_ms if added_ms and added_ms > 0 and row["remat"] != "none" else None
+    if a.json:
+        print(json.dumps({"model": a.model, "arch": a.arch, "tp": a.tp, "batch": a.batch, "seq": a.seq,
+                          "dtype": a.dtype, "rows": rows}, indent=1))
+        return
+    print(f"{a.model} {a.arch} tp={a.tp} b={a.batch} s={a.seq} {a.dtype}: per-device memory (compiled memory analysis)")
+    print(f"{'scheme':8s} {'remat':8s} {'fwd+bwd peak MiB':>17s} {'+AdamW MiB':>11s} {'saved MiB':>10s} "
+          f"{'step ms':>9s} {'MiB saved/ms':>13s}")
+    for r in rows:
+        fmt = lambda v, f: "-" if v is None else format(v, f)
+        print(f"{r['scheme']:8s} {r['remat']:8s} {r['fwd_bwd_peak_bytes'] / MIB:17.1f} {r['optimizer_state_bytes'] / MIB:11.1f} "
+              f"{r['saved_mib']:10.1f} {fmt(r['step_s'] and 1e3 * r['step_s'], '9.1f'):>9s} {fmt(r['mib_saved_per_ms'], '13.1f'):>13s}")
