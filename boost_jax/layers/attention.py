@@ -21,6 +21,16 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Softmax attention over [B, S, heads, head_dim]. On GPU, cuDNN's fused (flash) kernel when it
+    applies; elsewhere XLA's, which materialises the S x S scores, so there they are recomputed in
+    the backward pass instead of being kept for every layer (what a flash kernel does too)."""
+    attend = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    if jax.default_backend() == "gpu":
+        return attend(q, k, v)
+    return jax.checkpoint(attend, policy=jax.checkpoint_policies.nothing_saveable)(q, k, v)
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
@@ -44,6 +54,6 @@ class Attention(nnx.Module):
         q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
         k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        out = causal_attention(q, k, v)
         out = constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
         return apply("o", self.o, out, ("act_heads", "heads"))
