@@ -93,7 +93,6 @@ def btp_down(
     """
     ctx = active()
     dtype = x.dtype
-    widths = [w.shape[1] for w in weights]
 
     def local(x, gamma, *ws):
         tp = ctx[1].get("act_embed") if ctx else None
@@ -125,20 +124,19 @@ def btp_down(
             outs += jnp.split(h, np.cumsum([w.shape[1] for w in group])[:-1], axis=-1)
         return [o.reshape(b, s, o.shape[-1]) for o in outs]
 
-    gamma_arg = gamma if gamma is not None else jnp.ones((x.shape[-1],), dtype)
     if ctx is None:
-        return local(x, gamma if gamma is not None else None, *weights)
+        return local(x, gamma, *weights)
     mesh, rules = ctx
-    replicated_latent = spec(("batch", "seq", None), rules)
+    with_norm = gamma is not None
     fn = jax.shard_map(
-        lambda x, g, *ws: local(x, g if gamma is not None else None, *ws),
+        (lambda x, *rest: local(x, *rest)) if with_norm else (lambda x, *ws: local(x, None, *ws)),
         mesh=mesh,
-        in_specs=(spec(("batch", "seq", x_axis), rules), spec((x_axis,), rules),
+        in_specs=(spec(("batch", "seq", x_axis), rules), *[spec((x_axis,), rules)] * with_norm,
                   *[spec((w_axis, None), rules)] * len(weights)),
-        out_specs=[replicated_latent] * len(widths),
+        out_specs=[spec(("batch", "seq", None), rules)] * len(weights),
         check_vma=False,  # Pallas kernels inside carry no varying-axis types
     )
-    return fn(x, gamma_arg, *weights)
+    return fn(x, *([gamma] * with_norm), *weights)
 
 
 def grouped_up(latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str, y_axis: str,
