@@ -68,7 +68,7 @@ def _get(d, keys):
 
 def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
-    from boost_jax.checkpoint import Checkpointer
+    from boost_jax.checkpoint import CheckpointError, Checkpointer
     from boost_jax.data import build_data
     from boost_jax.data.cache import cache_root
     from boost_jax.flops import count, device_peak_flops
@@ -88,7 +88,9 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     start = (ckpt.latest_step() or 0) if ckpt else 0
     if start:
         state, meta = ckpt.restore(start, state)
-        assert meta["data_position"] == start * t.batch_size, meta
+        if meta.get("data_position") != start * t.batch_size:
+            raise CheckpointError(f"checkpoint step {start} in {ckpt.directory} records data position "
+                                  f"{meta.get('data_position')}, expected {start * t.batch_size}")
     if jax.process_index() == 0:
         cfg.dump(run_dir / "config.yaml")
         data.tokenizer.save(str(run_dir / "tokenizer.json"))  # travels with the run (and its export)
@@ -97,7 +99,8 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     peak, peak_source = device_peak_flops(cfg.model.dtype, cache_root(cfg.data))
     n_dev = mesh.size
     # Simulated CPU devices share the host's cores: the measured peak is per host, not per device.
-    peak_devices = jax.process_count() if jax.devices()[0].platform == "cpu" else n_dev
+    on_cpu = jax.devices()[0].platform == "cpu"
+    peak_devices = jax.process_count() if on_cpu else n_dev
     pi, pc = jax.process_index(), jax.process_count()
     batch_at = lambda step: device_batch(data.train.batch(step, t.batch_size, pi, pc), run.batch_sharding)
 
@@ -108,7 +111,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         f"ranks={m.attn_rank}/{m.mlp_rank} params={counts.params / 1e6:.2f}M "
         f"| {cfg.parallel.scheme} on mesh {dict(mesh.shape)} of {n_dev} x {jax.devices()[0].device_kind} "
         f"| data {data.stats.get('train_tokens', 0):,} train tokens "
-        f"| peak {peak / 1e12:.2f} TFLOP/s/device ({peak_source})"
+        f"| peak {peak / 1e12:.2f} TFLOP/s per {'host' if on_cpu else 'device'} ({peak_source})"
     )
     if saved and saved["train"]["steps"] != t.steps and not t.schedule_steps:
         log.line(f"note: train.steps changed {saved['train']['steps']} -> {t.steps}: the LR schedule "

@@ -129,3 +129,12 @@ def test_norm_and_grouping_switches_keep_the_math(norm, grouping):
     assert value == pytest.approx(ref_value, rel=1e-6)
     assert_close(logits, ref_logits, 1e-5)
     assert_close(grads, ref_grads, 1e-5)
+
+
+def test_online_norm_equals_sync_norm_in_bf16():
+    """Online RMSNorm is exact in bf16 too: same logits as sync within bf16 rounding, at tp=4."""
+    run = lambda norm: loss_logits_grads(
+        config("cola", "btp", 2, 1, 4, "model.dtype=bfloat16", f"model.norm={norm}"), jax.devices())
+    online, sync = run("online"), run("sync")
+    assert online[0] == pytest.approx(sync[0], rel=2e-3)
+    assert_close(online[1], sync[1], 2e-2)
