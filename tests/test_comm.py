@@ -69,6 +69,13 @@ def test_forward_volume_matches_analytic(arch, scheme, count):
     assert set(r["by_kind"]["forward"]) == {"all-reduce"}
 
 
+def test_megatron_backward_all_reduces_each_input_gradient_once():
+    # q|k|v and gate|up run as stacked GEMMs, so each block's input gradient is one partial sum.
+    r = comm("dense", "megatron")
+    assert r["layer_backward_collectives"] == 2
+    assert r["layer_backward_bytes"] == r["layer_forward_bytes"] == r["analytic_layer_forward_bytes"]
+
+
 def test_vanilla_moves_far_more_than_btp(btp):
     vanilla = comm("cola", "vanilla")
     assert vanilla["layer_forward_bytes"] > 5 * btp["analytic_layer_forward_bytes"]

@@ -95,6 +95,8 @@ class Projector:
     def normed(self, x: jax.Array, norm, linears: dict[str, Linear], out_axes: dict[str, tuple[str, str]]):
         """{name: linear(norm(x))} for linears sharing the input x (the residual stream).
         out_axes: name -> (weight axis, activation axis) of each output, for the grouped GEMM."""
+        if self.cfg.arch == "dense" and self.cfg.grouping:
+            return self._stacked_dense(norm(x), linears)
         if not self.fused:
             x = norm(x)
             return {name: self(name, lin, x) for name, lin in linears.items()}
@@ -116,6 +118,17 @@ class Projector:
             h = linear.latent(x)
         return linear.project(self._cross(name, h))
 
+    def _stacked_dense(self, x: jax.Array, linears: dict[str, Linear]) -> dict[str, jax.Array]:
+        """Dense projections of one input and equal width as one stacked GEMM (Megatron's fused QKV):
+        under column parallelism the input's gradient is then ONE partial sum, all-reduced once,
+        where separate GEMMs leave XLA one all-reduce per projection."""
+        out = {}
+        for names in _by_width(linears).values():
+            w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
+            y = jnp.einsum("bsd,dcn->bscn", x.astype(w.dtype), w)
+            out.update({n: y[:, :, i] for i, n in enumerate(names)})
+        return out
+
     def _cross(self, name: str, h: jax.Array) -> jax.Array:
         if self.cfg.arch != "lax":
             return h
@@ -127,10 +140,7 @@ class Projector:
         if not self.cfg.grouping:
             return {name: linears[name].project(h) for name, h in hs.items()}
         out = {}
-        by_width: dict[int, list[str]] = {}
-        for name in hs:
-            by_width.setdefault(linears[name].b.shape[-1], []).append(name)
-        for names in by_width.values():
+        for names in _by_width({n: linears[n] for n in hs}).values():
             if len(names) == 1:
                 out[names[0]] = linears[names[0]].project(hs[names[0]])
                 continue
@@ -139,3 +149,11 @@ class Projector:
                             w_axis=w_axis, y_axis=y_axis, kernels=self.cfg.kernels)
             out.update(zip(names, ys))
         return out
+
+
+def _by_width(linears: dict[str, Linear]) -> dict[int, list[str]]:
+    """Projection names grouped by output width (GQA: q apart from k and v)."""
+    groups: dict[int, list[str]] = {}
+    for name, lin in linears.items():
+        groups.setdefault((lin.w if lin.arch == "dense" else lin.b).shape[-1], []).append(name)
+    return groups
