@@ -51,7 +51,7 @@ class ModelConfig:
     param_dtype: DType = "float32"
     # BOOST's optimizations (low-rank archs under btp; BOOST.md sections 4-5):
     norm: Literal["online", "sync"] = "online"  # online: RMSNorm statistics ride the latent all-reduce
-    grouping: bool = True  # q|k|v and gate|up down-projections as one GEMM + one all-reduce; batched up-projections
+    grouping: bool = True  # q|k|v and gate|up as one GEMM + one all-reduce each (dense: stacked GEMMs)
     kernels: Literal["xla", "pallas"] = "xla"  # fused norm+down-projection and grouped matmul as Pallas kernels
 
     def resolved(self) -> ModelConfig:

@@ -125,7 +125,7 @@ class Projector:
         out = {}
         for names in _by_width(linears).values():
             w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
-            y = jnp.einsum("bsd,dcn->bscn", x.astype(w.dtype), w)
+            y = jnp.einsum("bsd,dcn->bscn", x, w)
             out.update({n: y[:, :, i] for i, n in enumerate(names)})
         return out
 
