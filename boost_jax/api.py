@@ -54,16 +54,16 @@ def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model
     if not (run_dir / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, read_only=True)
-    steps = sorted(ckpt.all_steps())
-    if not steps:
+    try:
+        steps = sorted(ckpt.all_steps())
+        if not steps:
+            raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
+        mesh = make_mesh(ParallelConfig(dp=1), jax.devices()[:1])
+        run, like = setup(cfg, mesh, sharding_rules(cfg, mesh))
+        state, _ = ckpt.restore(step, like)
+    finally:
         ckpt.close()
-        raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        ckpt.close()
-        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
-    mesh = make_mesh(ParallelConfig(dp=1), jax.devices()[:1])
-    run, like = setup(cfg, mesh, sharding_rules(cfg, mesh))
-    state, _ = ckpt.restore(step, like)
-    ckpt.close()
     return cfg, nnx.merge(run.graphdef, state["params"]), step

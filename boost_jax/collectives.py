@@ -12,7 +12,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from boost_jax.sharding import active, spec
 from jax.ad_checkpoint import checkpoint_name
@@ -143,18 +142,17 @@ def grouped_up(latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_
                kernels: str = "xla") -> list[jax.Array]:
     """Column-parallel up-projections of same-width outputs as one batched GEMM:
     z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul)."""
-    z = jnp.stack(latents)
+    c, bsz, s, r = len(latents), *latents[0].shape
+    z = jnp.stack(latents).reshape(c, bsz * s, r)
     b = jnp.stack([w.astype(z.dtype) for w in weights])
-    c, bsz, s, r = z.shape
     ctx = active()
     if ctx is None or kernels == "xla":
-        y = grouped_matmul(z.reshape(c, bsz * s, r), b, impl=kernels)
+        y = grouped_matmul(z, b, impl=kernels)
     else:
         mesh, rules = ctx
-        batch = spec(("batch",), rules)[0]
         y = jax.shard_map(
             lambda z, b: grouped_matmul(z, b, impl=kernels), mesh=mesh,
-            in_specs=(P(None, batch, None), spec((None, None, w_axis), rules)),
+            in_specs=(spec((None, "batch", None), rules), spec((None, None, w_axis), rules)),
             out_specs=spec((None, "batch", y_axis), rules), check_vma=False,
-        )(z.reshape(c, bsz * s, r), b)
+        )(z, b)
     return list(y.reshape(c, bsz, s, -1))

@@ -89,6 +89,4 @@ def sharding_rules(cfg: Config, mesh: Mesh) -> Rules:
              f"model head widths and d_ff={m.d_ff} must divide by fsdp={fsdp}")
     if scheme == "btp" and m.arch != "dense":
         need(all(r % fsdp == 0 for r in ranks), f"model.attn_rank/mlp_rank={ranks} must divide by fsdp={fsdp}")
-    if scheme == "megatron":
-        need(m.d_model % fsdp == 0, f"model.d_model={m.d_model} must divide by fsdp={fsdp}")
     return scheme_rules(scheme, shard_kv_heads=m.n_kv_heads % tp == 0)

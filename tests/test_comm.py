@@ -29,7 +29,7 @@ def test_btp_layer_moves_only_latents(btp):
     m = bench_config(args("cola", "btp")).model
     latent_bytes = B * S * 7 * m.attn_rank * 2
     stats_bytes = 2 * B * S * 2  # online RMSNorm: one more bf16 column in the q|k|v and gate|up buffers
-    assert r_bytes(btp) == latent_bytes + stats_bytes
+    assert btp["layer_forward_bytes"] == latent_bytes + stats_bytes
     assert btp["analytic_layer_forward_bytes"] == latent_bytes
     assert btp["layer_forward_issued"] == {"all-reduce": 4}  # q|k|v (+stats), o, gate|up (+stats), down
     assert btp["layer_forward_collectives"] == 4
@@ -39,10 +39,6 @@ def test_btp_layer_moves_only_latents(btp):
     # Backward: the latents' gradients, all-reduced once each at the column-parallel B.
     assert btp["layer_backward_collectives"] == 4
     assert set(btp["by_kind"]["backward"]) == {"all-reduce"}
-
-
-def r_bytes(report):
-    return report["layer_forward_bytes"]
 
 
 def test_btp_edges_are_vocab_parallel(btp):

@@ -49,6 +49,7 @@ def measure(prog: Program) -> dict:
     itemsize = 2 if m.dtype == "bfloat16" else 4
     analytic = analytic_layer_forward_elements(m, cfg.parallel.scheme, tokens) * itemsize
     upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in cols if c.loop_depth and c.upcast_from)
+    fwd_ops = [_describe(c) for c in fwd if c.loop_depth]
     return {
         "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": cfg.parallel.tp,
         "dp": cfg.parallel.dp, "batch": cfg.train.batch_size // cfg.parallel.dp, "seq": cfg.train.seq_len,
@@ -62,8 +63,8 @@ def measure(prog: Program) -> dict:
         "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
-        "layer_forward_ops": [_describe(c) for c in fwd if c.loop_depth],
-        "layer_backward_ops": _minus([_describe(c) for c in both if c.loop_depth], [_describe(c) for c in fwd if c.loop_depth]),
+        "layer_forward_ops": fwd_ops,
+        "layer_backward_ops": _minus([_describe(c) for c in both if c.loop_depth], fwd_ops),
     }
 
 
