@@ -105,7 +105,7 @@ def _parse_instr(line: str) -> _Instr | None:
     return _Instr(name, shape, op, re.findall(r"%([\w.\-]+)", arg), arg, rest[close:])
 
 
-def _parse_module(text: str) -> tuple[dict[str, _Comp], str, int]:
+def parse_module(text: str) -> tuple[dict[str, _Comp], str, int]:
     """Computations by name, the entry's name, and the device count (num_partitions x replicas)."""
     comps, entry, cur = {}, None, None
     for line in text.splitlines():
@@ -137,7 +137,7 @@ def _callees(ins: _Instr) -> list[str]:
     return names
 
 
-def _contexts(comps: dict[str, _Comp], entry: str) -> dict[str, tuple[int, int, bool]]:
+def loop_contexts(comps: dict[str, _Comp], entry: str) -> dict[str, tuple[int, int, bool]]:
     """(loop_depth, trip_count, trip_count_known) of each computation reachable from the entry.
 
     After XLA's call-graph flattening each computation has one call site, so first visit wins.
@@ -158,13 +158,13 @@ def _contexts(comps: dict[str, _Comp], entry: str) -> dict[str, tuple[int, int, 
     return ctx
 
 
-def _arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
     """The (dtype, dims) leaves of an HLO shape string; layouts ({1,0}) are skipped."""
     return [(dt, tuple(int(d) for d in dims.split(",") if d))
             for dt, dims in re.findall(r"([a-z]\w*)\[([\d,]*)\]", shape)]
 
 
-def _nbytes(dtype: str, dims: tuple[int, ...]) -> int:
+def nbytes(dtype: str, dims: tuple[int, ...]) -> int:
     bits = 8 if dtype == "pred" else int(re.search(r"\d+", dtype).group())
     return math.ceil(math.prod(dims) * bits / 8)
 
@@ -213,14 +213,14 @@ def _narrowed_to(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, index: int) 
     for gte in gtes:
         for user in _users(comp, gte):
             if user.op == "convert":
-                return _arrays(user.shape)[0][0]
+                return arrays(user.shape)[0][0]
             fused = comps.get(_attr(user.attrs, "calls") or "")
             if user.op != "fusion" or fused is None:
                 continue
             k = str(user.operands.index(gte))
             for param in (p for p in fused.instrs.values() if p.op == "parameter" and p.arg == k):
                 for conv in (u for u in _users(fused, param.name) if u.op == "convert"):
-                    return _arrays(conv.shape)[0][0]
+                    return arrays(conv.shape)[0][0]
     return None
 
 
@@ -231,7 +231,7 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
         return None
     attrs = comp.instrs[ins.operands[0]].attrs if ins.op != kind else ins.attrs
     groups, size = _groups(attrs, kind, n_dev)
-    compiled = _arrays(ins.shape)
+    compiled = arrays(ins.shape)
     promoted = "_promoted" in (_attr(attrs, "to_apply") or "")
     parts = []
     for i, (dt, dims) in enumerate(compiled):
@@ -245,19 +245,19 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
     depth, trips, known = ctx[comp.name]
     return Collective(
         kind=kind, dtype=parts[0][0], shape=parts[0][1],
-        bytes=scale * sum(_nbytes(dt, dims) for dt, dims in parts),
+        bytes=scale * sum(nbytes(dt, dims) for dt, dims in parts),
         replica_groups=groups, group_size=size, computation=comp.name, loop_depth=depth,
         trip_count=trips, trip_count_known=known,
         upcast_from=next((c for (c, _), (p, _) in zip(compiled, parts) if c != p), None),
-        parts=tuple(parts), bytes_as_compiled=scale * sum(_nbytes(dt, dims) for dt, dims in compiled),
+        parts=tuple(parts), bytes_as_compiled=scale * sum(nbytes(dt, dims) for dt, dims in compiled),
         name=ins.name)
 
 
 def collectives(hlo_text: str) -> list[Collective]:
     """Every collective of an HLO module's text (reachable from ENTRY), in textual order. Ops whose
     groups hold one device (left behind for a mesh axis of size 1) move nothing and are skipped."""
-    comps, entry, n_dev = _parse_module(hlo_text)
-    ctx = _contexts(comps, entry)
+    comps, entry, n_dev = parse_module(hlo_text)
+    ctx = loop_contexts(comps, entry)
     return [c for comp in comps.values() if comp.name in ctx for ins in comp.instrs.values()
             if (c := _collective(comps, comp, ins, ctx, n_dev)) and c.group_size > 1]
 

@@ -1,8 +1,8 @@
-"""python -m boost_jax.bench {comm,step} [flags] [section.key=value ...]"""
+"""python -m boost_jax.bench {comm,step,memory,kernels,paper,report} [flags] [section.key=value ...]"""
 
 import sys
 
-COMMANDS = ("comm", "step", "memory", "kernels")
+COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report")
 
 
 def main() -> None:

@@ -38,12 +38,17 @@ def _diff(total: dict, part: dict) -> dict:
     return {"count": total["count"] - part["count"], "bytes": total["bytes"] - part["bytes"], "by_kind": by_kind}
 
 
+def layer_split(fwd: list[Collective], both: list[Collective]) -> tuple[dict, dict]:
+    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives."""
+    layer_fwd = summarize(fwd, in_loop=True)
+    return layer_fwd, _diff(summarize(both, in_loop=True), layer_fwd)
+
+
 def measure(prog: Program) -> dict:
     program_issues = issued(prog.loss, prog.params, prog.batch)
     fwd = audit(prog.loss, prog.params, prog.batch)
     both = audit(jax.grad(prog.loss), prog.params, prog.batch)
-    layer_fwd, layer_all = summarize(fwd, in_loop=True), summarize(both, in_loop=True)
-    layer_bwd = _diff(layer_all, layer_fwd)
+    layer_fwd, layer_bwd = layer_split(fwd, both)
     m, cfg = prog.cfg.model, prog.cfg
     tokens = cfg.train.batch_size // cfg.parallel.dp * cfg.train.seq_len
     itemsize = 2 if m.dtype == "bfloat16" else 4

@@ -16,6 +16,7 @@ import numpy as np
 
 from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.config import Config
+from boost_jax.flops import count
 from boost_jax.mesh import make_mesh, sharding_rules
 from boost_jax.step import device_batch, setup
 
@@ -52,9 +53,11 @@ class Runner:
     def result(self) -> dict:
         med = statistics.median(self.times)
         m, p = self.cfg.model, self.cfg.parallel
+        flops = count(m, self.cfg.train.seq_len).train_flops_per_token * self.tokens
         return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "dp": p.dp,
                 "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
+                "model_flops_per_s": flops / med,  # analytic training FLOPs (flops.py), all devices together
                 "peak_bytes_per_device": self.peak}
 
 

@@ -1,0 +1,148 @@
+"""Compute work of a compiled XLA program, per device: every GEMM (dot) with its shape and how often
+it runs, and the bytes moved by the memory-bound instructions around them. The performance model
+(`boost_jax/bench/perf_model.py`) turns these into seconds.
+
+GEMMs: each `dot` (standalone or inside a fusion) as (batch, m, n, k), FLOPs = 2 * batch * m * n * k,
+run trip_count times (the scanned decoder stack is one while loop). A dot with two of m, n, k equal
+to the sequence length is attention's score or value matmul (`attention=True`): a GPU runs those
+inside a flash-attention kernel, so the model prices them separately.
+
+Memory-bound traffic: for each executed instruction that is not a GEMM, a collective or pure
+bookkeeping, the bytes it reads plus the bytes it writes. Floating-point values are counted at the
+program's compute width (`itemsize`): the CPU backend keeps f32 copies of bf16 elementwise work
+that a GPU does not. Instructions on [.., s, s] attention scores are left out (flash attention
+keeps them on chip), an in-place dynamic-update-slice counts only the slice it writes, and pure
+dtype conversions, fills and layout copies are CPU artifacts that are left out. This part is the
+roughest of the model: it follows XLA:CPU's fusion decisions, not a GPU's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from boost_jax.analysis.hlo import KINDS, arrays, loop_contexts, nbytes, parse_module
+
+# Instructions that move no data of their own (or whose cost is accounted elsewhere).
+# `copy` is a layout change or a copy XLA:CPU inserts around loop-carried scan stacks; a GPU's
+# layout assignment differs, so copies are not priced.
+_FREE = {"copy", "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional",
+         "after-all", "partition-id", "replica-id", "iota", "opt-barrier", "custom-call", "domain"}
+# Pure dtype changes and fills: CPU artifacts of bf16 programs (XLA:CPU computes bf16 in f32).
+_DTYPE_AND_FILL = {"convert", "bitcast", "broadcast", "constant", "reshape"}
+_SLICES = ("dynamic-slice", "slice", "gather")
+_COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
+
+
+@dataclass(frozen=True)
+class Gemm:
+    batch: int
+    m: int
+    n: int
+    k: int
+    trip_count: int  # executions per program run
+    in_loop: bool  # inside the scanned decoder stack
+    attention: bool  # attention's S x S score / value matmul
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Traffic:
+    bytes: int  # per execution
+    trip_count: int
+    in_loop: bool
+
+
+def _dims(attrs: str, key: str) -> tuple[int, ...]:
+    m = re.search(rf"{key}=\{{([\d,]*)\}}", attrs)
+    return tuple(int(v) for v in m.group(1).split(",") if v) if m else ()
+
+
+def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, seq: int, trips: int, depth: int) -> Gemm:
+    lb, lc, rb, rc = (_dims(attrs, k) for k in ("lhs_batch_dims", "lhs_contracting_dims",
+                                                    "rhs_batch_dims", "rhs_contracting_dims"))
+    batch = math.prod(lhs[i] for i in lb)
+    k = math.prod(lhs[i] for i in lc)
+    m = math.prod(s for i, s in enumerate(lhs) if i not in lb + lc)
+    n = math.prod(s for i, s in enumerate(rhs) if i not in rb + rc)
+    # Attention's S x S matmuls (QK^T, PV and their gradients): two of m, n, k are the sequence.
+    attention = seq > 1 and [m, n, k].count(seq) >= 2 and batch > 1
+    return Gemm(batch, m, n, k, trips, depth > 0, attention)
+
+
+def _scaled_bytes(shape: str, itemsize: int, seq: int) -> int | None:
+    """Bytes of an HLO shape with floats at `itemsize`; None for attention-score shaped values."""
+    total = 0
+    for dt, dims in arrays(shape):
+        if seq > 1 and len(dims) >= 2 and dims[-1] == seq and dims[-2] == seq:
+            return None
+        total += math.prod(dims) * itemsize if dt in ("f32", "bf16", "f16", "f64") else nbytes(dt, dims)
+    return total
+
+
+def _callee(attrs: str) -> str | None:
+    m = re.search(r"\bcalls=%?([\w.\-]+)", attrs)
+    return m.group(1) if m else None
+
+
+def _read_bytes(comps: dict, comp, ins, body, index: int, itemsize: int, seq: int) -> int | None:
+    """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
+    (e.g. the stacked weights of every layer) is used through slices alone."""
+    full = _scaled_bytes(comp.instrs[ins.operands[index]].shape, itemsize, seq)
+    if body is None:
+        return full
+    params = [p for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)]
+    users = [u for p in params for u in body.instrs.values() if p.name in u.operands]
+    if users and all(u.op in _SLICES and u.operands[0] in {p.name for p in params} for u in users):
+        return sum(_scaled_bytes(u.shape, itemsize, seq) or 0 for u in users)
+    return full
+
+
+def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list[Traffic]]:
+    """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`)."""
+    comps, entry, _ = parse_module(hlo_text)
+    ctx = loop_contexts(comps, entry)
+    fusion_bodies = {_callee(ins.attrs) for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
+    gemms, traffic, has_dot = [], [], set()
+    for comp in comps.values():
+        if comp.name not in ctx:
+            continue
+        depth, trips, _ = ctx[comp.name]
+        for ins in comp.instrs.values():
+            if ins.op == "dot":
+                lhs, rhs = (arrays(comp.instrs[o].shape)[0][1] for o in ins.operands[:2])
+                gemms.append(_gemm(lhs, rhs, ins.attrs, seq, trips, depth))
+                has_dot.add(comp.name)
+    for comp in comps.values():
+        if comp.name not in ctx or comp.name in fusion_bodies:
+            continue  # fusion bodies are priced as their fusion instruction
+        depth, trips, _ = ctx[comp.name]
+        for ins in comp.instrs.values():
+            if ins.op in _FREE or ins.op in _COLLECTIVE_OPS or ins.op == "dot":
+                continue
+            body = comps.get(_callee(ins.attrs) or "") if ins.op == "fusion" else None
+            if body is not None and body.name in has_dot:
+                continue  # a GEMM with its prologue/epilogue fused in
+            ops = {i.op for i in body.instrs.values()} - {"parameter"} if body is not None else {ins.op}
+            if ops <= _DTYPE_AND_FILL:
+                continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
+            dus = next((i for i in body.instrs.values() if i.op == "dynamic-update-slice"), None) \
+                if body is not None else (ins if ins.op == "dynamic-update-slice" else None)
+            out = _scaled_bytes(ins.shape, itemsize, seq)
+            reads = [_read_bytes(comps, comp, ins, body, i, itemsize, seq)
+                     for i, o in enumerate(ins.operands) if o in comp.instrs]
+            if out is None or any(b is None for b in reads):
+                continue
+            if dus is not None:  # in place into a scan stack: reads and writes the update only
+                upd = (body or comp).instrs[dus.operands[1]].shape
+                moved = 2 * (_scaled_bytes(upd, itemsize, seq) or 0)
+            elif ins.op in _SLICES:
+                moved = 2 * out
+            else:
+                moved = out + sum(reads)
+            traffic.append(Traffic(moved, trips, depth > 0))
+    return gemms, traffic

@@ -1,0 +1,207 @@
+"""`bench paper`: the paper's benchmark (BOOST.md section 7) at its settings, from abstract compiles.
+
+For llama-1b .. 30b at bf16, seq 4096, micro-batch 4 and the paper's (TP, PP), each variant
+(dense/megatron and every low-rank arch under vanilla TP and BTP) is compiled here without
+allocating anything. From the compiled train step we measure, per device: collectives per decoder
+layer (forward and backward), GEMM and attention FLOPs (next to the analytic count and XLA's own
+cost analysis), and peak memory. The performance model (`perf_model.py`, constants in
+`configs/hardware.yaml`) turns them into seconds per iteration on A100, H100 and H200 nodes,
+printed beside the paper's measurements.
+
+Pipeline stages are represented as in `perf_model.py`: one stage (n_layers / pp decoder layers plus
+embedding and head) is compiled at the paper's TP degree, and the pipeline schedule is applied by
+the model. The default is one micro-batch per iteration (`--microbatches`); the paper does not
+state its schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from types import SimpleNamespace
+
+import jax
+
+from boost_jax.analysis.hlo import collectives, summarize
+from boost_jax.analysis.work import analyze
+from boost_jax.bench.comm import layer_split
+from boost_jax.bench.common import bench_config, build
+from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, load_hardware, predict
+from boost_jax.bench.step import peak_bytes
+from boost_jax.flops import count
+
+GIB = 2**30
+# The paper's table: GPUs as (TP, PP), seconds per iteration of full-rank Megatron TP / vanilla
+# low-rank TP / BOOST, all CoLA (BOOST.md section 7).
+PAPER = {
+    "llama-1b": {"tp": 1, "pp": 1, "dense/megatron": 0.85, "cola/vanilla": 0.56, "cola/btp": 0.59},
+    "llama-3b": {"tp": 2, "pp": 1, "dense/megatron": 1.14, "cola/vanilla": 1.41, "cola/btp": 0.78},
+    "llama-7b": {"tp": 4, "pp": 1, "dense/megatron": 1.06, "cola/vanilla": 1.64, "cola/btp": 0.72,
+                 "svd/vanilla": 1.57, "svd/btp": 0.70, "lax/vanilla": 1.72, "lax/btp": 0.75},
+    "llama-13b": {"tp": 4, "pp": 2, "dense/megatron": 2.07, "cola/vanilla": 2.42, "cola/btp": 1.30},
+    "llama-30b": {"tp": 4, "pp": 4, "dense/megatron": 2.43, "cola/vanilla": 2.58, "cola/btp": 1.27},
+}
+# LLaMA-7B, b=4, s=4096, TP=4: measured per-layer forward communication time (BOOST.md section 3).
+PAPER_LAYER_COMM_7B_S = {"dense/megatron": 2.01e-3, "cola/vanilla": 9.87e-3, "cola/btp": 1.85e-3}
+PAPER_GEMM_UTILIZATION_7B = {"cola/vanilla": "~59%", "cola/btp": "70-75%"}
+VARIANTS = ("dense/megatron", "cola/vanilla", "cola/btp", "svd/vanilla", "svd/btp", "lax/vanilla", "lax/btp")
+
+
+def measure(model: str, variant: str, *, tp: int, pp: int, batch: int, seq: int, dtype: str,
+            overrides: tuple[str, ...] = ()) -> tuple[dict, Work, list]:
+    """Measured quantities of one variant's train step (one pipeline stage), its Work, and the
+    collectives of one decoder layer's forward."""
+    arch, scheme = variant.split("/")
+    flags = SimpleNamespace(model=model, arch=arch, scheme=scheme, tp=tp, dp=1, batch=batch, seq=seq,
+                            dtype=dtype, overrides=list(overrides))
+    layers = bench_config(flags).model.n_layers
+    if layers % pp or layers // pp < 2:
+        # XLA unrolls a one-trip loop: per-layer figures need the scanned stack to stay a loop.
+        raise SystemExit(f"{model}: n_layers={layers} must split into pp={pp} stages of at least 2 layers")
+    cfg = bench_config(flags, overrides=[*overrides, f"model.n_layers={layers // pp}"])
+    prog = build(cfg)
+    fwd = collectives(jax.jit(prog.loss).lower(prog.params, prog.batch).compile().as_text())
+    step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
+    text = step.as_text()
+    both = collectives(text)
+    itemsize = 2 if dtype == "bf16" else 4
+    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize)
+    params = sum(math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(prog.params))
+    tokens = batch * seq
+    m = cfg.model
+    work = Work(gemms, traffic, both, itemsize, params,
+                p2p_bytes=tokens * m.d_model * itemsize // (tp if scheme == "btp" else 1))
+    c = count(m, seq)
+    layer_fwd, layer_bwd = layer_split(fwd, both)
+    flops = lambda attention: sum(g.flops * g.trip_count for g in gemms if g.attention == attention)
+    cost = step.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {
+        "model": model, "variant": variant, "tp": tp, "pp": pp, "layers_per_stage": m.n_layers,
+        "batch": batch, "seq": seq, "dtype": dtype,
+        "layer_forward_bytes": layer_fwd["bytes"], "layer_forward_collectives": layer_fwd["count"],
+        "layer_backward_bytes": layer_bwd["bytes"], "layer_backward_collectives": layer_bwd["count"],
+        "step_collective_bytes": summarize(both)["bytes"],
+        "gemm_flops_hlo": flops(False),
+        # Training matmul FLOPs of the stage's weights (6 per parameter per token), split over TP.
+        "gemm_flops_analytic": 6 * c.matmul_params * tokens / tp,
+        "attention_flops_hlo": flops(True),  # full S x S, as the compiled program computes it
+        "attention_flops_analytic_causal": (c.train_flops_per_token - 6 * c.matmul_params) * tokens / tp,
+        "xla_cost_analysis_flops": float(cost.get("flops", 0.0)),  # counts a while body once
+        "peak_bytes": peak_bytes(step), "adamw_bytes": 8 * params, "params_per_device": params,
+    }, work, [c for c in fwd if c.loop_depth]
+
+
+def run(models: list[str], variants: tuple[str, ...], hardware: dict, *, microbatches: int, batch: int,
+        seq: int, dtype: str, log=print) -> dict:
+    rows = []
+    for model in models:
+        setting = PAPER[model]
+        for variant in variants:
+            t0 = time.perf_counter()
+            row, work, layer_fwd = measure(model, variant, tp=setting["tp"], pp=setting["pp"], batch=batch,
+                                           seq=seq, dtype=dtype)
+            row["predicted"] = {name: predict(work, hw, pp=setting["pp"], microbatches=microbatches)
+                                | {"layer_forward_comm_s": sum(collective_seconds(c, hw) for c in layer_fwd)}
+                                for name, hw in hardware.items()}
+            row["paper_seconds"] = setting.get(variant)
+            row["compile_s"] = time.perf_counter() - t0
+            rows.append(row)
+            log(f"  {model} {variant}: compiled and analysed in {row['compile_s']:.0f} s")
+    return {"settings": {"batch": batch, "seq": seq, "dtype": dtype, "microbatches": microbatches,
+                         "jax": jax.__version__, "backend": jax.default_backend()},
+            "hardware": {name: vars(hw) for name, hw in hardware.items()}, "rows": rows}
+
+
+def _row(result: dict, model: str, variant: str) -> dict | None:
+    return next((r for r in result["rows"] if r["model"] == model and r["variant"] == variant), None)
+
+
+def print_report(result: dict) -> None:
+    rows = result["rows"]
+    print("\nMeasured here, per device, from the compiled train step (one pipeline stage):")
+    print(f"{'model':10s} {'variant':15s} {'TP,PP':6s} {'layer fwd GiB (ops)':>20s} {'layer bwd GiB (ops)':>20s} "
+          f"{'GEMM TFLOP hlo/analytic':>24s} {'attn TFLOP hlo':>15s} {'XLA cost TFLOP':>15s} {'peak GiB':>9s} {'+AdamW':>7s}")
+    for r in rows:
+        print(f"{r['model']:10s} {r['variant']:15s} {r['tp']},{r['pp']:<4d} "
+              f"{r['layer_forward_bytes'] / GIB:12.4f} ({r['layer_forward_collectives']:2d})   "
+              f"{r['layer_backward_bytes'] / GIB:12.4f} ({r['layer_backward_collectives']:2d})   "
+              f"{r['gemm_flops_hlo'] / 1e12:9.2f} / {r['gemm_flops_analytic'] / 1e12:8.2f}    "
+              f"{r['attention_flops_hlo'] / 1e12:12.2f}   {r['xla_cost_analysis_flops'] / 1e12:12.2f}   "
+              f"{r['peak_bytes'] / GIB:8.1f} {r['adamw_bytes'] / GIB:7.1f}")
+    s = result["settings"]
+    for hw in result["hardware"]:
+        print(f"\nPredicted seconds per iteration on {hw} ({result['hardware'][hw]['description']}), "
+              f"{s['microbatches']} micro-batch(es) of {s['batch']} x {s['seq']}, next to the paper (A100):")
+        print(f"{'model':10s} {'TP,PP':6s} " + " ".join(f"{v:>22s}" for v in ("full (dense/megatron)", "vanilla (cola)", "BOOST (cola/btp)"))
+              + f" {'vs full':>14s} {'vs vanilla':>14s}")
+        for model in dict.fromkeys(r["model"] for r in rows):
+            trio = [_row(result, model, v) for v in ("dense/megatron", "cola/vanilla", "cola/btp")]
+            if None in trio:
+                continue
+            pred = [t["predicted"][hw]["seconds"] for t in trio]
+            paper = [t["paper_seconds"] for t in trio]
+            cells = [f"{p:6.2f} / {q:4.2f} ({p / q:4.2f}x)" for p, q in zip(pred, paper)]
+            speed = [f"{pred[0] / pred[2]:4.2f}x / {paper[0] / paper[2]:4.2f}x", f"{pred[1] / pred[2]:4.2f}x / {paper[1] / paper[2]:4.2f}x"]
+            print(f"{model:10s} {trio[0]['tp']},{trio[0]['pp']:<4d} " + " ".join(f"{c:>22s}" for c in cells)
+                  + " " + " ".join(f"{c:>14s}" for c in speed))
+        print("  cells: predicted / paper (predicted over paper); speedups of BOOST: predicted / paper")
+    a100 = next(iter(result["hardware"]))
+    seven = [r for r in rows if r["model"] == "llama-7b"]
+    if seven:
+        print(f"\nllama-7b on {a100}, where the time goes (seconds per iteration):")
+        parts = list(seven[0]["predicted"][a100]["parts"])
+        print(f"{'variant':15s} {'total':>7s} {'paper':>6s} " + " ".join(f"{p:>13s}" for p in parts) + f" {'GEMM util':>10s} {'paper':>7s}")
+        for r in seven:
+            p = r["predicted"][a100]
+            paper = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
+            print(f"{r['variant']:15s} {p['seconds']:7.3f} {paper:>6s} " + " ".join(f"{p['parts'][k]:13.3f}" for k in parts)
+                  + f" {100 * p['gemm_utilization']:9.0f}% {PAPER_GEMM_UTILIZATION_7B.get(r['variant'], '-'):>7s}")
+        print(f"\nllama-7b per-layer forward communication time on {a100}: predicted from the measured bytes / paper's measurement")
+        for r in seven:
+            if r["variant"] in PAPER_LAYER_COMM_7B_S:
+                t = r["predicted"][a100]["layer_forward_comm_s"]
+                print(f"  {r['variant']:15s} {r['layer_forward_bytes'] / GIB:.4f} GiB in {r['layer_forward_collectives']} all-reduces: "
+                      f"{1e3 * t:.2f} ms / {1e3 * PAPER_LAYER_COMM_7B_S[r['variant']]:.2f} ms")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default=",".join(PAPER), help=f"comma-separated, from {', '.join(PAPER)}")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated arch/scheme pairs")
+    p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
+    p.add_argument("--hardware", default="all", help="comma-separated names from the hardware file, or all")
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per iteration (pipeline schedule)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+
+
+def from_flags(a: argparse.Namespace, log=print) -> dict:
+    models = a.models.split(",")
+    if bad := [m for m in models if m not in PAPER]:
+        raise SystemExit(f"--models: unknown {bad}; the paper's are {list(PAPER)}")
+    variants = tuple(a.variants.split(","))
+    if bad := [v for v in variants if v not in VARIANTS]:
+        raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+    hardware = load_hardware(a.hardware_file)
+    if a.hardware != "all":
+        names = a.hardware.split(",")
+        if bad := [n for n in names if n not in hardware]:
+            raise SystemExit(f"--hardware: unknown {bad}; {a.hardware_file} has {list(hardware)}")
+        hardware = {n: hardware[n] for n in names}
+    if a.microbatches < 1:
+        raise SystemExit("--microbatches must be at least 1")
+    return run(models, variants, hardware, microbatches=a.microbatches, batch=a.batch, seq=a.seq, dtype=a.dtype, log=log)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.bench paper", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    a = p.parse_args(argv)
+    result = from_flags(a, log=lambda s: print(s, file=sys.stderr))
+    print(json.dumps(result, indent=1)) if a.json else print_report(result)

@@ -1,0 +1,162 @@
+"""Predicted seconds per training iteration on named GPUs, from what the compiled program does.
+
+Inputs are measured on this machine from one abstract compile of the train step (per device): its
+GEMMs and memory-bound traffic (`analysis/work.py`) and its collectives (`analysis/hlo.py`).
+Hardware constants come from `configs/hardware.yaml`. Nothing is fitted to the paper.
+
+The model, per device, with no overlap of compute and tensor-parallel communication (Megatron,
+vanilla TP and BOOST all block on their all-reduces):
+
+  GEMM        max(FLOPs / (peak * gemm_efficiency * wave), bytes / (HBM * memory_efficiency)) + overhead
+              wave = tiles / (ceil(tiles / SMs) * SMs): the last partial wave of output tiles idles SMs
+  attention   the S x S matmuls as a causal flash-attention kernel: FLOPs / 2 / (peak * attention_efficiency)
+  memory      non-GEMM traffic / (HBM * memory_efficiency)
+  collective  latency + f(group) * bytes / (link * collective_efficiency), ring algorithms:
+              all-reduce f = 2(g-1)/g; all-gather, reduce-scatter, all-to-all f = (g-1)/g; permute f = 1
+  optimizer   AdamW over this device's fp32 parameters: 28 bytes per parameter through HBM
+
+Pipeline parallelism (the paper's 13B and 30B runs): each stage is compiled as a model with
+n_layers / pp decoder layers plus the embedding and head, and an iteration of m micro-batches under
+1F1B costs  (m - 1) * (layers + edge) + pp * layers + edge  (edge = embedding, head and loss, which
+only the first and last stages run), plus 2 (pp - 1) m point-to-point sends of one micro-batch's
+residual over the inter-node link: [T, d] per rank, [T, d/p] under BTP whose residual is sharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from boost_jax.analysis.hlo import Collective
+from boost_jax.analysis.work import Gemm, Traffic
+from boost_jax.config import ConfigError
+
+HARDWARE_FILE = Path(__file__).resolve().parents[2] / "configs" / "hardware.yaml"
+ADAMW_BYTES_PER_PARAM = 28  # read param, grad, m, v and write param, m, v, all fp32
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    peak_flops: float
+    sms: int
+    gemm_tile: tuple[int, int]
+    gemm_efficiency: float
+    attention_efficiency: float
+    hbm_bytes_per_s: float
+    memory_efficiency: float
+    kernel_overhead_s: float
+    hbm_bytes: float
+    gpus_per_node: int
+    node_link_bytes_per_s: float
+    net_bytes_per_s: float
+    collective_efficiency: float
+    collective_latency_s: float
+    p2p_latency_s: float
+
+
+def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
+    """Every machine in a hardware YAML, validated: a missing or unknown key names the machine."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"hardware file not found: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    fields = {f.name for f in dataclasses.fields(Hardware)} - {"name"}
+    out = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{path}: {name}: expected a mapping of constants")
+        if missing := fields - set(spec):
+            raise ConfigError(f"{path}: {name}: missing {', '.join(sorted(missing))}")
+        if unknown := set(spec) - fields:
+            raise ConfigError(f"{path}: {name}: unknown {', '.join(sorted(unknown))} (known: {', '.join(sorted(fields))})")
+        values = {k: (tuple(v) if k == "gemm_tile" else v) for k, v in spec.items()}
+        for k, v in values.items():
+            if k not in ("description", "gemm_tile") and not (isinstance(v, (int, float)) and v > 0):
+                raise ConfigError(f"{path}: {name}.{k} must be a positive number, got {v!r}")
+        out[name] = Hardware(name=name, **values)
+    return out
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def gemm_seconds(g: Gemm, hw: Hardware, itemsize: int) -> float:
+    tm, tn = hw.gemm_tile
+    tiles = g.batch * math.ceil(g.m / tm) * math.ceil(g.n / tn)
+    wave = tiles / (math.ceil(tiles / hw.sms) * hw.sms)
+    compute = g.flops / (hw.peak_flops * hw.gemm_efficiency * wave)
+    memory = g.batch * (g.m * g.k + g.k * g.n + g.m * g.n) * itemsize / (hw.hbm_bytes_per_s * hw.memory_efficiency)
+    return max(compute, memory) + hw.kernel_overhead_s
+
+
+def attention_seconds(g: Gemm, hw: Hardware) -> float:
+    # Causal: a flash kernel skips the blocks above the diagonal, half of the S x S work.
+    return g.flops / 2 / (hw.peak_flops * hw.attention_efficiency)
+
+
+_RING_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+                "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n,
+                "collective-permute": lambda n: 1.0}
+
+
+def collective_seconds(c: Collective, hw: Hardware) -> float:
+    link = hw.node_link_bytes_per_s if c.group_size <= hw.gpus_per_node else hw.net_bytes_per_s
+    return hw.collective_latency_s + _RING_FACTOR[c.kind](c.group_size) * c.bytes / (link * hw.collective_efficiency)
+
+
+# ----------------------------------------------------------------------------- prediction
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one device does in one micro-batch's train step (one pipeline stage), as compiled."""
+
+    gemms: list[Gemm]
+    traffic: list[Traffic]
+    collectives: list[Collective]
+    itemsize: int  # bytes per element of the compute dtype
+    params_per_device: int
+    p2p_bytes: int  # residual activation one rank sends to the next pipeline stage per micro-batch
+
+
+def _split(items, cost) -> tuple[float, float]:
+    """(inside the scanned decoder stack, outside it) seconds per program run."""
+    inside = sum(cost(x) * x.trip_count for x in items if _in_loop(x))
+    return inside, sum(cost(x) * x.trip_count for x in items if not _in_loop(x))
+
+
+def _in_loop(x) -> bool:
+    return x.loop_depth > 0 if isinstance(x, Collective) else x.in_loop
+
+
+def predict(work: Work, hw: Hardware, *, pp: int = 1, microbatches: int = 1) -> dict:
+    """Seconds per iteration and its parts. Each part is split into the decoder layers of a stage
+    (`*_layers`) and the edge (embedding, head, loss) so pipelining can be applied."""
+    gemms = [g for g in work.gemms if not g.attention]
+    parts = {
+        "gemm": _split(gemms, lambda g: gemm_seconds(g, hw, work.itemsize)),
+        "attention": _split([g for g in work.gemms if g.attention], lambda g: attention_seconds(g, hw)),
+        "memory": _split(work.traffic, lambda t: t.bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency)),
+        "communication": _split(work.collectives, lambda c: collective_seconds(c, hw)),
+    }
+    layers = sum(v[0] for v in parts.values())
+    edge = sum(v[1] for v in parts.values())
+    m = microbatches
+    compute = (m - 1) * (layers + edge) + pp * layers + edge
+    p2p = 2 * (pp - 1) * m * (hw.p2p_latency_s + work.p2p_bytes / hw.net_bytes_per_s) if pp > 1 else 0.0
+    optimizer = work.params_per_device * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
+    gemm_flops = sum(g.flops * g.trip_count for g in gemms)
+    # Pipelining repeats the stage's parts: scale each the way `compute` scales the stage.
+    scale = lambda inside, outside: (m - 1) * (inside + outside) + pp * inside + outside
+    return {
+        "seconds": compute + p2p + optimizer,
+        "parts": {k: scale(*v) for k, v in parts.items()} | {"pipeline_p2p": p2p, "optimizer": optimizer},
+        "stage_layers_s": layers, "stage_edge_s": edge,
+        "gemm_utilization": gemm_flops / (sum(parts["gemm"]) * hw.peak_flops) if gemm_flops else 0.0,
+    }

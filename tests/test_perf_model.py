@@ -1,0 +1,133 @@
+"""The work analysis of compiled programs, the performance model, and `bench paper` / `bench report`."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from boost_jax.analysis.hlo import Collective
+from boost_jax.analysis.work import Gemm, Traffic
+from boost_jax.bench import paper, report
+from boost_jax.bench.perf_model import (HARDWARE_FILE, Work, collective_seconds, gemm_seconds, load_hardware,
+                                        predict)
+from boost_jax.config import ConfigError
+
+SEQ = 40  # unlike every model dimension of llama-tiny, so attention matmuls are told apart by shape
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return load_hardware()["a100-80gb"]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """llama-tiny variants at TP=2, two pipeline stages of two layers each, fp32."""
+    return {v: paper.measure("llama-tiny", v, tp=2, pp=2, batch=2, seq=SEQ, dtype="fp32",
+                             overrides=("model.n_kv_heads=8", "model.n_layers=4"))
+            for v in ("dense/megatron", "cola/vanilla", "cola/btp")}
+
+
+@pytest.mark.parametrize("variant", ["dense/megatron", "cola/vanilla", "cola/btp"])
+def test_compiled_gemm_flops_equal_the_analytic_count(measured, variant):
+    row, work, _ = measured[variant]
+    assert row["layers_per_stage"] == 2
+    assert row["gemm_flops_hlo"] == row["gemm_flops_analytic"] > 0
+    attention = [g for g in work.gemms if g.attention]
+    assert attention and all(g.in_loop for g in attention)
+    # Full S x S matmuls, 7 of them (2 forward, 5 backward with the score recompute), against the causal count.
+    heads = 8 if variant == "cola/vanilla" else 4  # vanilla replicates attention on every TP rank
+    per_matmul = 2 * 2 * heads * SEQ * SEQ * 8
+    assert row["attention_flops_hlo"] == 2 * 7 * per_matmul
+    assert row["attention_flops_analytic_causal"] == 2 * 3 * 2 * 8 * 8 * SEQ * (2 * SEQ) / 2  # 3 x 2 H dh s per token / TP
+
+
+def test_btp_moves_less_and_sends_a_residual_shard(measured):
+    btp, vanilla = measured["cola/btp"][0], measured["cola/vanilla"][0]
+    assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3
+    assert measured["cola/btp"][1].p2p_bytes * 2 == measured["cola/vanilla"][1].p2p_bytes == 2 * SEQ * 64 * 4
+
+
+def test_traffic_scales_with_layers_not_with_their_square():
+    """Stacked weights and saved activations are read and written a slice per layer, not whole."""
+    per_layer = []
+    for layers in (2, 6):
+        row, work, _ = paper.measure("llama-tiny", "cola/btp", tp=2, pp=1, batch=2, seq=SEQ, dtype="bf16",
+                                     overrides=(f"model.n_layers={layers}",))
+        per_layer.append(sum(t.bytes * t.trip_count for t in work.traffic if t.in_loop) / layers)
+    assert per_layer[1] == pytest.approx(per_layer[0], rel=0.05)
+
+
+def test_gemm_time_has_waves_and_a_memory_roof(a100):
+    tm, tn = a100.gemm_tile
+    assert a100.sms == 12 * 9
+    full = Gemm(1, 12 * tm, 9 * tn, 8192, 1, True, False)  # exactly one wave of output tiles, compute-bound
+    one_more = dataclasses.replace(full, m=13 * tm)  # 117 tiles: two waves, 13/12 of the work
+    assert gemm_seconds(one_more, a100, 2) - a100.kernel_overhead_s == pytest.approx(
+        2 * (gemm_seconds(full, a100, 2) - a100.kernel_overhead_s))
+    thin = Gemm(1, 8192, 8192, 1, 1, True, False)  # k=1: pure memory traffic
+    assert gemm_seconds(thin, a100, 2) == pytest.approx(
+        2 * (2 * 8192 + 8192 * 8192) / (a100.hbm_bytes_per_s * a100.memory_efficiency) + a100.kernel_overhead_s)
+
+
+def test_ring_collective_times(a100):
+    col = lambda kind, size, nbytes: Collective(kind, "bf16", (1,), nbytes, "", size, "c", 1, 1, None)
+    bw = a100.node_link_bytes_per_s * a100.collective_efficiency
+    assert collective_seconds(col("all-reduce", 4, 10**9), a100) == pytest.approx(a100.collective_latency_s + 1.5e9 / bw)
+    assert collective_seconds(col("all-gather", 4, 10**9), a100) == pytest.approx(a100.collective_latency_s + 0.75e9 / bw)
+    # A group wider than a node crosses the network.
+    wide = collective_seconds(col("all-reduce", 8, 10**9), a100)
+    assert wide == pytest.approx(a100.collective_latency_s + 1.75e9 / (a100.net_bytes_per_s * a100.collective_efficiency))
+
+
+def test_pipeline_schedule(a100):
+    layer = Gemm(1, 4096, 4096, 4096, 3, True, False)
+    head = Gemm(1, 4096, 32000, 4096, 1, False, False)
+    work = Work([layer, head], [Traffic(10**8, 3, True)], [], 2, 10**6, p2p_bytes=4096 * 4096 * 2)
+    one = predict(work, a100)
+    t_l, t_e = one["stage_layers_s"], one["stage_edge_s"]
+    assert one["seconds"] == pytest.approx(t_l + t_e + one["parts"]["optimizer"])
+    four = predict(work, a100, pp=4, microbatches=1)
+    p2p = 2 * 3 * (a100.p2p_latency_s + 4096 * 4096 * 2 / a100.net_bytes_per_s)
+    assert four["seconds"] == pytest.approx(4 * t_l + t_e + p2p + one["parts"]["optimizer"])
+    eight = predict(work, a100, pp=4, microbatches=8)
+    assert eight["seconds"] == pytest.approx(7 * (t_l + t_e) + 4 * t_l + t_e + 8 * p2p + one["parts"]["optimizer"])
+    assert sum(eight["parts"].values()) == pytest.approx(eight["seconds"])
+
+
+def test_shipped_hardware_file_and_its_errors(tmp_path):
+    hw = load_hardware()
+    assert {"a100-80gb", "h100-80gb", "h200-141gb"} <= set(hw)
+    assert hw["a100-80gb"].peak_flops == 312e12 and hw["h200-141gb"].hbm_bytes == 141e9
+    text = HARDWARE_FILE.read_text()
+    bad = tmp_path / "hw.yaml"
+    for broken, message in [(text.replace("  sms: 108\n", ""), "a100-80gb: missing sms"),
+                            (text.replace("  sms: 108\n", "  sms: 108\n  smz: 1\n"), "unknown smz"),
+                            (text.replace("peak_flops: 312.0e+12", "peak_flops: 312.0e12"), "a100-80gb.peak_flops must be a positive number")]:
+        bad.write_text(broken)
+        with pytest.raises(ConfigError, match=message):
+            load_hardware(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_hardware(tmp_path / "missing.yaml")
+
+
+def test_report_writes_page_plots_and_json(tmp_path):
+    """`bench report` end to end, on the paper's 1B row and llama-tiny for the measured part."""
+    report.main(["--models", "llama-1b", "--variants", "dense/megatron,cola/vanilla,cola/btp", "--hardware", "a100-80gb",
+                 "--step-model", "llama-tiny", "--step-seq", "32", "--single-models", "llama-tiny",
+                 "--reps", "2", "--steps", "1", "--out", str(tmp_path)])
+    page = (tmp_path / "results.md").read_text()
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = result["paper"]["rows"]
+    assert [r["variant"] for r in rows] == ["dense/megatron", "cola/vanilla", "cola/btp"]
+    assert all(r["gemm_flops_hlo"] == r["gemm_flops_analytic"] for r in rows)
+    dense = rows[0]["predicted"]["a100-80gb"]["seconds"]
+    assert f"| llama-1b | 1,1 | {dense:.2f} / 0.85" in page
+    assert len(result["step_compare"]["rows"]["cola/btp"]["step_times_s"]) == 2
+    assert 0 < result["single_device"]["rows"][0]["fraction_of_matmul_peak"] < 2
+    for png in ("paper_vs_model.png", "layer_comm.png", "cpu_measured.png"):
+        data = (tmp_path / "img" / png).read_bytes()
+        assert data[:4] == b"\x89PNG" and len(data) > 10_000
+        assert f"(img/{png})" in page
+    assert math.isfinite(result["paper"]["rows"][2]["predicted"]["a100-80gb"]["gemm_utilization"])
