@@ -1,4 +1,4 @@
-"""Static analyses of compiled programs (communication audit of the HLO)."""
+"""Static analyses of compiled programs: the collectives of the HLO (hlo.py), its GEMMs and memory traffic (work.py)."""
 
 from boost_jax.analysis.hlo import Collective, audit, collectives, summarize
 

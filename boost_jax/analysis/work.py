@@ -89,7 +89,7 @@ def _callee(attrs: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _read_bytes(comps: dict, comp, ins, body, index: int, itemsize: int, seq: int) -> int | None:
+def _read_bytes(comp, ins, body, index: int, itemsize: int, seq: int) -> int | None:
     """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
     (e.g. the stacked weights of every layer) is used through slices alone."""
     full = _scaled_bytes(comp.instrs[ins.operands[index]].shape, itemsize, seq)
@@ -127,13 +127,15 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list
             body = comps.get(_callee(ins.attrs) or "") if ins.op == "fusion" else None
             if body is not None and body.name in has_dot:
                 continue  # a GEMM with its prologue/epilogue fused in
-            ops = {i.op for i in body.instrs.values()} - {"parameter"} if body is not None else {ins.op}
+            if body is not None:
+                ops = {i.op for i in body.instrs.values()} - {"parameter"}
+                dus = next((i for i in body.instrs.values() if i.op == "dynamic-update-slice"), None)
+            else:
+                ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
-            dus = next((i for i in body.instrs.values() if i.op == "dynamic-update-slice"), None) \
-                if body is not None else (ins if ins.op == "dynamic-update-slice" else None)
             out = _scaled_bytes(ins.shape, itemsize, seq)
-            reads = [_read_bytes(comps, comp, ins, body, i, itemsize, seq)
+            reads = [_read_bytes(comp, ins, body, i, itemsize, seq)
                      for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
