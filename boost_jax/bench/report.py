@@ -172,7 +172,7 @@ def _save(fig, path: Path) -> str:
 # ----------------------------------------------------------------------------- page
 
 
-def page(result: dict, images: list[str], img_dir: str, commands: list[str]) -> str:
+def page(result: dict, images: list[str], img_dir: str) -> str:
     pr, mc = result["paper"], result["machine"]
     hw_names = list(pr["hardware"])
     models = list(dict.fromkeys(r["model"] for r in pr["rows"]))
@@ -195,7 +195,7 @@ def page(result: dict, images: list[str], img_dir: str, commands: list[str]) -> 
         "Commands (the report runs the equivalent of each):",
         "",
         "```",
-        *commands,
+        *result["commands"],
         "```",
         "",
         "## 1. The paper's benchmark, compiled here",
@@ -238,7 +238,12 @@ def page(result: dict, images: list[str], img_dir: str, commands: list[str]) -> 
         "roofline GEMMs with wave quantization, causal flash attention at a stated efficiency, memory-bound traffic at HBM speed, "
         "ring collectives at NCCL bus bandwidth plus a per-op latency, no compute/communication overlap, AdamW as HBM traffic, "
         f"and a 1F1B pipeline with {s['microbatches']} micro-batch(es) per iteration. Constants are datasheet values and stated "
-        "efficiencies in `configs/hardware.yaml`; **none was fitted to the paper**.",
+        "efficiencies in `configs/hardware.yaml`; **none was fitted to the paper**:",
+        "",
+        "| constant | " + " | ".join(hw_names) + " |",
+        "|---|" + "---|" * len(hw_names),
+        *(f"| {k} | " + " | ".join(_fmt(pr["hardware"][h][k]) for h in hw_names) + " |"
+          for k in pr["hardware"][hw_names[0]] if k not in ("name", "description")),
         "",
     ]
     for hw in hw_names:
@@ -317,6 +322,12 @@ def page(result: dict, images: list[str], img_dir: str, commands: list[str]) -> 
     return "\n".join(L) + "\n"
 
 
+def _fmt(v) -> str:
+    if isinstance(v, float) and (v >= 1e4 or v < 1e-2):
+        return f"{v:.3g}"
+    return "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
 def differences(pr: dict) -> list[str]:
     """Rows where the model is more than 15% from the paper, and the model's known blind spots."""
     hw = next(iter(pr["hardware"]))
@@ -381,9 +392,20 @@ def main(argv: list[str]) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="docs", help="folder for results.md (plots go to <out>/img)")
+    p.add_argument("--rerender", metavar="RESULTS_JSON", help="redraw the page and plots from a saved results.json, measuring nothing")
     a = p.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)
     out = Path(a.out)
+    result = json.loads(Path(a.rerender).read_text()) if a.rerender else measure_all(a, argv, log)
+    images = plot(result, out / "img")
+    (out / "results.md").write_text(page(result, images, "img"))
+    if not a.rerender:
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+    log(f"wrote {out / 'results.md'} and {len(images)} plots in {out / 'img'}"
+        + ("" if a.rerender else f"; the measurements in {out / 'results.json'}"))
+
+
+def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
     if a.paper_json:
         pr = json.loads(Path(a.paper_json).read_text())
         paper_cmd = f"(paper results read from {a.paper_json})"
@@ -396,7 +418,6 @@ def main(argv: list[str]) -> None:
     sc = step_compare(a.step_model, 4, a.step_batch, a.step_seq, a.reps, a.steps)
     log(f"single device: {a.single_models}")
     sd = single_device(a.single_models.split(","), a.step_batch, a.step_seq, a.reps, a.steps)
-    result = {"machine": machine(), "paper": pr, "step_compare": sc, "single_device": sd}
     commands = [
         paper_cmd,
         f"python -m boost_jax.bench step --compare --model {a.step_model} --tp 4 --batch {a.step_batch} --seq {a.step_seq} "
@@ -405,7 +426,4 @@ def main(argv: list[str]) -> None:
           f"--dtype fp32 --reps {a.reps} --steps {a.steps}" for m in a.single_models.split(",") for arch in ("dense", "cola")),
         "python -m boost_jax.bench report" + "".join(f" {x}" for x in argv),
     ]
-    images = plot(result, out / "img")
-    (out / "results.md").write_text(page(result, images, "img", commands))
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    log(f"wrote {out / 'results.md'}, {out / 'results.json'} and {len(images)} plots in {out / 'img'}")
+    return {"machine": machine(), "commands": commands, "paper": pr, "step_compare": sc, "single_device": sd}
