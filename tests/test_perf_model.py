@@ -131,3 +131,6 @@ def test_report_writes_page_plots_and_json(tmp_path):
         assert data[:4] == b"\x89PNG" and len(data) > 10_000
         assert f"(img/{png})" in page
     assert math.isfinite(result["paper"]["rows"][2]["predicted"]["a100-80gb"]["gemm_utilization"])
+    # The page is a pure function of the saved measurements.
+    report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
+    assert (tmp_path / "again" / "results.md").read_text() == page

@@ -31,6 +31,7 @@ from boost_jax.bench.comm import layer_split
 from boost_jax.bench.common import bench_config, build
 from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, load_hardware, predict
 from boost_jax.bench.step import peak_bytes
+from boost_jax.config import ConfigError
 from boost_jax.flops import count
 
 GIB = 2**30
@@ -186,7 +187,10 @@ def from_flags(a: argparse.Namespace, log=print) -> dict:
     variants = tuple(a.variants.split(","))
     if bad := [v for v in variants if v not in VARIANTS]:
         raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
-    hardware = load_hardware(a.hardware_file)
+    try:
+        hardware = load_hardware(a.hardware_file)
+    except ConfigError as e:
+        raise SystemExit(f"--hardware-file: {e}") from None
     if a.hardware != "all":
         names = a.hardware.split(",")
         if bad := [n for n in names if n not in hardware]:

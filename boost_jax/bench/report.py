@@ -115,7 +115,7 @@ def plot(result: dict, out: Path) -> list[str]:
     for i, v in enumerate(TRIO):
         rows = [row(m, v) for m in models]
         ax.bar(x + (i - 1) * 0.27, [(r["layer_forward_bytes"] + r["layer_backward_bytes"]) / GIB for r in rows], 0.27, label=LABELS[v])
-    ax.set_xticks(x, [m.removeprefix("llama-") for m in models])
+    ax.set_xticks(x, [f"{m.removeprefix('llama-')}\nTP={row(m, TRIO[0])['tp']}" for m in models])
     ax.set_ylabel("GiB per layer per device (fwd + bwd)")
     ax.set_title("Collectives per decoder layer, compiled HLO (bf16, b=4, s=4096)")
     ax.legend()
@@ -269,7 +269,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
               "|---|---|---|" + "---|" * len(parts) + "---|"]
         for r in seven:
             p = r["predicted"][hw]
-            L.append(f"| {r['variant']} | {p['seconds']:.3f} | {r['paper_seconds'] or '-'} | "
+            paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
+            L.append(f"| {r['variant']} | {p['seconds']:.3f} | {paper_s} | "
                      + " | ".join(f"{p['parts'][k]:.3f}" for k in parts)
                      + f" | {100 * p['gemm_utilization']:.0f}% ({paper.PAPER_GEMM_UTILIZATION_7B.get(r['variant'], '-')}) |")
         L += ["", f"Per-layer forward communication time of llama-7b, TP=4 ({hw}): the model applied to the measured bytes, "
