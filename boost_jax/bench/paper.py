@@ -48,6 +48,7 @@ PAPER = {
 # LLaMA-7B, b=4, s=4096, TP=4: measured per-layer forward communication time (BOOST.md section 3).
 PAPER_LAYER_COMM_7B_S = {"dense/megatron": 2.01e-3, "cola/vanilla": 9.87e-3, "cola/btp": 1.85e-3}
 PAPER_GEMM_UTILIZATION_7B = {"cola/vanilla": "~59%", "cola/btp": "70-75%"}
+COLUMNS = ("dense/megatron", "cola/vanilla", "cola/btp")  # the paper's table: full rank, vanilla, BOOST
 VARIANTS = ("dense/megatron", "cola/vanilla", "cola/btp", "svd/vanilla", "svd/btp", "lax/vanilla", "lax/btp")
 
 
@@ -117,7 +118,7 @@ def run(models: list[str], variants: tuple[str, ...], hardware: dict, *, microba
             "hardware": {name: vars(hw) for name, hw in hardware.items()}, "rows": rows}
 
 
-def _row(result: dict, model: str, variant: str) -> dict | None:
+def find_row(result: dict, model: str, variant: str) -> dict | None:
     return next((r for r in result["rows"] if r["model"] == model and r["variant"] == variant), None)
 
 
@@ -140,7 +141,7 @@ def print_report(result: dict) -> None:
         print(f"{'model':10s} {'TP,PP':6s} " + " ".join(f"{v:>22s}" for v in ("full (dense/megatron)", "vanilla (cola)", "BOOST (cola/btp)"))
               + f" {'vs full':>14s} {'vs vanilla':>14s}")
         for model in dict.fromkeys(r["model"] for r in rows):
-            trio = [_row(result, model, v) for v in ("dense/megatron", "cola/vanilla", "cola/btp")]
+            trio = [find_row(result, model, v) for v in COLUMNS]
             if None in trio:
                 continue
             pred = [t["predicted"][hw]["seconds"] for t in trio]

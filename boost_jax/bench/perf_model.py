@@ -136,8 +136,8 @@ def _in_loop(x) -> bool:
 
 
 def predict(work: Work, hw: Hardware, *, pp: int = 1, microbatches: int = 1) -> dict:
-    """Seconds per iteration and its parts. Each part is split into the decoder layers of a stage
-    (`*_layers`) and the edge (embedding, head, loss) so pipelining can be applied."""
+    """Seconds per iteration, its parts (each through the pipeline schedule), and one stage's
+    decoder-layer and edge (embedding, head, loss) seconds for one micro-batch."""
     gemms = [g for g in work.gemms if not g.attention]
     parts = {
         "gemm": _split(gemms, lambda g: gemm_seconds(g, hw, work.itemsize)),
@@ -147,16 +147,14 @@ def predict(work: Work, hw: Hardware, *, pp: int = 1, microbatches: int = 1) -> 
     }
     layers = sum(v[0] for v in parts.values())
     edge = sum(v[1] for v in parts.values())
-    m = microbatches
-    compute = (m - 1) * (layers + edge) + pp * layers + edge
-    p2p = 2 * (pp - 1) * m * (hw.p2p_latency_s + work.p2p_bytes / hw.net_bytes_per_s) if pp > 1 else 0.0
+    # 1F1B over pp stages: the slowest stage (layers + edge) per extra micro-batch, one pass through all stages.
+    schedule = lambda inside, outside: (microbatches - 1) * (inside + outside) + pp * inside + outside
+    p2p = 2 * (pp - 1) * microbatches * (hw.p2p_latency_s + work.p2p_bytes / hw.net_bytes_per_s)
     optimizer = work.params_per_device * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
     gemm_flops = sum(g.flops * g.trip_count for g in gemms)
-    # Pipelining repeats the stage's parts: scale each the way `compute` scales the stage.
-    scale = lambda inside, outside: (m - 1) * (inside + outside) + pp * inside + outside
     return {
-        "seconds": compute + p2p + optimizer,
-        "parts": {k: scale(*v) for k, v in parts.items()} | {"pipeline_p2p": p2p, "optimizer": optimizer},
+        "seconds": schedule(layers, edge) + p2p + optimizer,
+        "parts": {k: schedule(*v) for k, v in parts.items()} | {"pipeline_p2p": p2p, "optimizer": optimizer},
         "stage_layers_s": layers, "stage_edge_s": edge,
         "gemm_utilization": gemm_flops / (sum(parts["gemm"]) * hw.peak_flops) if gemm_flops else 0.0,
     }

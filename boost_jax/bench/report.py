@@ -28,7 +28,7 @@ from boost_jax.flops import PEAK_BF16_FLOPS, count, measure_matmul_peak
 
 GIB = 2**30
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
-TRIO = ("dense/megatron", "cola/vanilla", "cola/btp")
+TRIO = paper.COLUMNS
 LABELS = {"dense/megatron": "full rank (Megatron TP)", "cola/vanilla": "vanilla low-rank TP", "cola/btp": "BOOST (BTP)"}
 
 
@@ -90,7 +90,7 @@ def plot(result: dict, out: Path) -> list[str]:
     pr = result["paper"]
     hw_names = list(pr["hardware"])
     models = list(dict.fromkeys(r["model"] for r in pr["rows"]))
-    row = lambda m, v: paper._row(pr, m, v)
+    row = lambda m, v: paper.find_row(pr, m, v)
     files = []
 
     # 1. seconds per iteration: the model on each GPU beside the paper (A100).
@@ -176,7 +176,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     pr, mc = result["paper"], result["machine"]
     hw_names = list(pr["hardware"])
     models = list(dict.fromkeys(r["model"] for r in pr["rows"]))
-    row = lambda m, v: paper._row(pr, m, v)
+    row = lambda m, v: paper.find_row(pr, m, v)
     s = pr["settings"]
     L = [
         "# Results",
