@@ -124,14 +124,14 @@ def parse_module(text: str) -> tuple[dict[str, _Comp], str, int]:
     return comps, entry or next(iter(comps)), n_dev
 
 
-def _attr(attrs: str, key: str) -> str | None:
+def attr(attrs: str, key: str) -> str | None:
     m = re.search(rf"\b{key}=%?([\w.\-]+)", attrs)
     return m.group(1) if m else None
 
 
 def _callees(ins: _Instr) -> list[str]:
     keys = _CALLEE_ATTRS + (("to_apply",) if ins.op == "call" else ())
-    names = [c for k in keys if (c := _attr(ins.attrs, k))]
+    names = [c for k in keys if (c := attr(ins.attrs, k))]
     if m := re.search(r"branch_computations=\{([^}]*)\}", ins.attrs):
         names += re.findall(r"%?([\w.\-]+)", m.group(1))
     return names
@@ -201,25 +201,25 @@ def _groups(attrs: str, kind: str, n_dev: int) -> tuple[str, int]:
     return groups, len(re.match(r"\{\{([\d,]*)\}", groups).group(1).split(","))
 
 
-def _users(comp: _Comp, name: str) -> list[_Instr]:
+def users(comp: _Comp, name: str) -> list[_Instr]:
     return [i for i in comp.instrs.values() if name in i.operands]
 
 
 def _narrowed_to(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, index: int) -> str | None:
     """Dtype that part `index` of the tuple-shaped `ins` is converted to right after the collective,
     looking through its get-tuple-element and into the fusion that consumes it."""
-    gtes = [u.name for u in _users(comp, ins.name)
-            if u.op == "get-tuple-element" and _attr(u.attrs, "index") == str(index)]
+    gtes = [u.name for u in users(comp, ins.name)
+            if u.op == "get-tuple-element" and attr(u.attrs, "index") == str(index)]
     for gte in gtes:
-        for user in _users(comp, gte):
+        for user in users(comp, gte):
             if user.op == "convert":
                 return arrays(user.shape)[0][0]
-            fused = comps.get(_attr(user.attrs, "calls") or "")
+            fused = comps.get(attr(user.attrs, "calls") or "")
             if user.op != "fusion" or fused is None:
                 continue
             k = str(user.operands.index(gte))
             for param in (p for p in fused.instrs.values() if p.op == "parameter" and p.arg == k):
-                for conv in (u for u in _users(fused, param.name) if u.op == "convert"):
+                for conv in (u for u in users(fused, param.name) if u.op == "convert"):
                     return arrays(conv.shape)[0][0]
     return None
 
@@ -232,7 +232,7 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
     attrs = comp.instrs[ins.operands[0]].attrs if ins.op != kind else ins.attrs
     groups, size = _groups(attrs, kind, n_dev)
     compiled = arrays(ins.shape)
-    promoted = "_promoted" in (_attr(attrs, "to_apply") or "")
+    promoted = "_promoted" in (attr(attrs, "to_apply") or "")
     parts = []
     for i, (dt, dims) in enumerate(compiled):
         orig = _PROMOTED_FROM.get(dt) if promoted else None

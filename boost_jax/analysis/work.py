@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from boost_jax.analysis.hlo import KINDS, arrays, loop_contexts, nbytes, parse_module
+from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, parse_module, users
 
 # Instructions that move no data of their own (or whose cost is accounted elsewhere).
 # `copy` is a layout change or a copy XLA:CPU inserts around loop-carried scan stacks; a GPU's
@@ -84,21 +84,16 @@ def _scaled_bytes(shape: str, itemsize: int, seq: int) -> int | None:
     return total
 
 
-def _callee(attrs: str) -> str | None:
-    m = re.search(r"\bcalls=%?([\w.\-]+)", attrs)
-    return m.group(1) if m else None
-
-
 def _read_bytes(comp, ins, body, index: int, itemsize: int, seq: int) -> int | None:
     """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
     (e.g. the stacked weights of every layer) is used through slices alone."""
     full = _scaled_bytes(comp.instrs[ins.operands[index]].shape, itemsize, seq)
     if body is None:
         return full
-    params = [p for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)]
-    users = [u for p in params for u in body.instrs.values() if p.name in u.operands]
-    if users and all(u.op in _SLICES and u.operands[0] in {p.name for p in params} for u in users):
-        return sum(_scaled_bytes(u.shape, itemsize, seq) or 0 for u in users)
+    params = {p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)}
+    readers = [u for p in params for u in users(body, p)]
+    if readers and all(u.op in _SLICES and u.operands[0] in params for u in readers):
+        return sum(_scaled_bytes(u.shape, itemsize, seq) or 0 for u in readers)
     return full
 
 
@@ -106,7 +101,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list
     """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`)."""
     comps, entry, _ = parse_module(hlo_text)
     ctx = loop_contexts(comps, entry)
-    fusion_bodies = {_callee(ins.attrs) for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
+    fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
     gemms, traffic, has_dot = [], [], set()
     for comp in comps.values():
         if comp.name not in ctx:
@@ -124,7 +119,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list
         for ins in comp.instrs.values():
             if ins.op in _FREE or ins.op in _COLLECTIVE_OPS or ins.op == "dot":
                 continue
-            body = comps.get(_callee(ins.attrs) or "") if ins.op == "fusion" else None
+            body = comps.get(attr(ins.attrs, "calls") or "") if ins.op == "fusion" else None
             if body is not None and body.name in has_dot:
                 continue  # a GEMM with its prologue/epilogue fused in
             if body is not None:

@@ -1,1 +1,1 @@
-"""`python -m boost_jax.bench {comm,step} ...`: measurements, each on abstract or real programs."""
+"""`python -m boost_jax.bench {comm,step,memory,kernels,paper,report} ...`: measurements, each on abstract or real programs."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +31,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.n_layers=2")
 
 
+def bench_flags(model: str, arch: str, scheme: str = "auto", *, tp: int, batch: int, seq: int, dtype: str,
+                dp: int = 1, overrides: tuple[str, ...] = ()) -> argparse.Namespace:
+    """The flags of `add_model_flags`, for benchmarks that build configs in code."""
+    return argparse.Namespace(model=model, arch=arch, scheme=scheme, tp=tp, dp=dp, batch=batch, seq=seq, dtype=dtype,
+                              overrides=list(overrides))
+
+
 def bench_config(a: argparse.Namespace, **changes) -> Config:
     v = {**vars(a), **changes}
     return load_config(None, [
@@ -51,6 +59,11 @@ class Program:
     params: dict  # ShapeDtypeStructs carrying their shardings
     batch: dict
     loss: Callable
+
+    @property
+    def params_per_device(self) -> int:
+        """Parameter elements each device holds (its shard of every weight)."""
+        return sum(math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(self.params))
 
 
 def build(cfg: Config) -> Program:

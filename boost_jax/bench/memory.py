@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import jax
 
@@ -23,8 +22,7 @@ def compiled_peak(cfg) -> dict:
     prog = build(cfg)
     compiled = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
     # AdamW keeps two fp32 moments per parameter, sharded like the parameter.
-    shard_bytes = sum(4 * math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(prog.params))
-    return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": 2 * shard_bytes}
+    return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": 2 * 4 * prog.params_per_device}
 
 
 def main(argv: list[str]) -> None:

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
-from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.work import analyze
 from boost_jax.bench.comm import layer_split
-from boost_jax.bench.common import bench_config, build
+from boost_jax.bench.common import bench_config, bench_flags, build
 from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, load_hardware, predict
 from boost_jax.bench.step import peak_bytes
 from boost_jax.config import ConfigError
@@ -57,8 +56,7 @@ def measure(model: str, variant: str, *, tp: int, pp: int, batch: int, seq: int,
     """Measured quantities of one variant's train step (one pipeline stage), its Work, and the
     collectives of one decoder layer's forward."""
     arch, scheme = variant.split("/")
-    flags = SimpleNamespace(model=model, arch=arch, scheme=scheme, tp=tp, dp=1, batch=batch, seq=seq,
-                            dtype=dtype, overrides=list(overrides))
+    flags = bench_flags(model, arch, scheme, tp=tp, batch=batch, seq=seq, dtype=dtype, overrides=overrides)
     layers = bench_config(flags).model.n_layers
     if layers % pp or layers // pp < 2:
         # XLA unrolls a one-trip loop: per-layer figures need the scanned stack to stay a loop.
@@ -69,11 +67,11 @@ def measure(model: str, variant: str, *, tp: int, pp: int, batch: int, seq: int,
     step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
     text = step.as_text()
     both = collectives(text)
-    itemsize = 2 if dtype == "bf16" else 4
-    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize)
-    params = sum(math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(prog.params))
-    tokens = batch * seq
     m = cfg.model
+    itemsize = jnp.dtype(m.dtype).itemsize
+    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize)
+    params = prog.params_per_device
+    tokens = batch * seq
     work = Work(gemms, traffic, both, itemsize, params,
                 p2p_bytes=tokens * m.d_model * itemsize // (tp if scheme == "btp" else 1))
     c = count(m, seq)
@@ -122,52 +120,77 @@ def find_row(result: dict, model: str, variant: str) -> dict | None:
     return next((r for r in result["rows"] if r["model"] == model and r["variant"] == variant), None)
 
 
+def measured_table(result: dict) -> list[str]:
+    """Markdown: what was measured per variant (per device, one pipeline stage)."""
+    lines = ["| model | variant | TP,PP | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic "
+             "| attention TFLOP HLO / analytic causal | XLA cost_analysis TFLOP | peak GiB + AdamW GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['model']} | {r['variant']} | {r['tp']},{r['pp']} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
+                     f"| {r['layer_backward_bytes'] / GIB:.4f} ({r['layer_backward_collectives']}) "
+                     f"| {r['gemm_flops_hlo'] / 1e12:.2f} / {r['gemm_flops_analytic'] / 1e12:.2f} "
+                     f"| {r['attention_flops_hlo'] / 1e12:.2f} / {r['attention_flops_analytic_causal'] / 1e12:.2f} "
+                     f"| {r['xla_cost_analysis_flops'] / 1e12:.2f} | {r['peak_bytes'] / GIB:.1f} + {r['adamw_bytes'] / GIB:.1f} |")
+    return lines
+
+
+def prediction_table(result: dict, hw: str) -> list[str]:
+    """Markdown: predicted seconds per iteration on `hw` beside the paper's, with BOOST's speedups."""
+    lines = ["| model | TP,PP | full: model / paper | vanilla: model / paper | BOOST: model / paper "
+             "| BOOST vs full: model / paper | BOOST vs vanilla: model / paper |",
+             "|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in result["rows"]):
+        trio = [find_row(result, model, v) for v in COLUMNS]
+        if None in trio:
+            continue
+        p = [t["predicted"][hw]["seconds"] for t in trio]
+        q = [t["paper_seconds"] for t in trio]
+        cells = [f"{a:.2f} / {b:.2f} ({a / b:.2f}x)" for a, b in zip(p, q)]
+        lines.append(f"| {model} | {trio[0]['tp']},{trio[0]['pp']} | " + " | ".join(cells)
+                     + f" | {p[0] / p[2]:.2f}x / {q[0] / q[2]:.2f}x | {p[1] / p[2]:.2f}x / {q[1] / q[2]:.2f}x |")
+    return lines
+
+
+def breakdown_table(result: dict, hw: str) -> list[str]:
+    """Markdown: llama-7b's predicted seconds by part on `hw` (empty without llama-7b rows)."""
+    seven = [r for r in result["rows"] if r["model"] == "llama-7b"]
+    if not seven:
+        return []
+    parts = list(seven[0]["predicted"][hw]["parts"])
+    lines = ["| variant | model | paper | " + " | ".join(parts) + " | GEMM utilization (paper) |",
+             "|---|---|---|" + "---|" * len(parts) + "---|"]
+    for r in seven:
+        p = r["predicted"][hw]
+        paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
+        lines.append(f"| {r['variant']} | {p['seconds']:.3f} | {paper_s} | "
+                     + " | ".join(f"{p['parts'][k]:.3f}" for k in parts)
+                     + f" | {100 * p['gemm_utilization']:.0f}% ({PAPER_GEMM_UTILIZATION_7B.get(r['variant'], '-')}) |")
+    return lines
+
+
+def layer_comm_table(result: dict, hw: str) -> list[str]:
+    """Markdown: llama-7b's per-layer forward communication time on `hw` beside the paper's measurement."""
+    rows = [r for r in result["rows"] if r["model"] == "llama-7b" and r["variant"] in PAPER_LAYER_COMM_7B_S]
+    if not rows:
+        return []
+    return ["| variant | measured GiB (ops) | model ms | paper ms |", "|---|---|---|---|"] + [
+        f"| {r['variant']} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) | "
+        f"{1e3 * r['predicted'][hw]['layer_forward_comm_s']:.2f} | {1e3 * PAPER_LAYER_COMM_7B_S[r['variant']]:.2f} |"
+        for r in rows]
+
+
 def print_report(result: dict) -> None:
-    rows = result["rows"]
-    print("\nMeasured here, per device, from the compiled train step (one pipeline stage):")
-    print(f"{'model':10s} {'variant':15s} {'TP,PP':6s} {'layer fwd GiB (ops)':>20s} {'layer bwd GiB (ops)':>20s} "
-          f"{'GEMM TFLOP hlo/analytic':>24s} {'attn TFLOP hlo':>15s} {'XLA cost TFLOP':>15s} {'peak GiB':>9s} {'+AdamW':>7s}")
-    for r in rows:
-        print(f"{r['model']:10s} {r['variant']:15s} {r['tp']},{r['pp']:<4d} "
-              f"{r['layer_forward_bytes'] / GIB:12.4f} ({r['layer_forward_collectives']:2d})   "
-              f"{r['layer_backward_bytes'] / GIB:12.4f} ({r['layer_backward_collectives']:2d})   "
-              f"{r['gemm_flops_hlo'] / 1e12:9.2f} / {r['gemm_flops_analytic'] / 1e12:8.2f}    "
-              f"{r['attention_flops_hlo'] / 1e12:12.2f}   {r['xla_cost_analysis_flops'] / 1e12:12.2f}   "
-              f"{r['peak_bytes'] / GIB:8.1f} {r['adamw_bytes'] / GIB:7.1f}")
-    s = result["settings"]
+    s, first = result["settings"], next(iter(result["hardware"]))
+    print("\nMeasured here, per device, from the compiled train step (one pipeline stage):", *measured_table(result), sep="\n")
     for hw in result["hardware"]:
         print(f"\nPredicted seconds per iteration on {hw} ({result['hardware'][hw]['description']}), "
-              f"{s['microbatches']} micro-batch(es) of {s['batch']} x {s['seq']}, next to the paper (A100):")
-        print(f"{'model':10s} {'TP,PP':6s} " + " ".join(f"{v:>22s}" for v in ("full (dense/megatron)", "vanilla (cola)", "BOOST (cola/btp)"))
-              + f" {'vs full':>14s} {'vs vanilla':>14s}")
-        for model in dict.fromkeys(r["model"] for r in rows):
-            trio = [find_row(result, model, v) for v in COLUMNS]
-            if None in trio:
-                continue
-            pred = [t["predicted"][hw]["seconds"] for t in trio]
-            paper = [t["paper_seconds"] for t in trio]
-            cells = [f"{p:6.2f} / {q:4.2f} ({p / q:4.2f}x)" for p, q in zip(pred, paper)]
-            speed = [f"{pred[0] / pred[2]:4.2f}x / {paper[0] / paper[2]:4.2f}x", f"{pred[1] / pred[2]:4.2f}x / {paper[1] / paper[2]:4.2f}x"]
-            print(f"{model:10s} {trio[0]['tp']},{trio[0]['pp']:<4d} " + " ".join(f"{c:>22s}" for c in cells)
-                  + " " + " ".join(f"{c:>14s}" for c in speed))
-        print("  cells: predicted / paper (predicted over paper); speedups of BOOST: predicted / paper")
-    a100 = next(iter(result["hardware"]))
-    seven = [r for r in rows if r["model"] == "llama-7b"]
-    if seven:
-        print(f"\nllama-7b on {a100}, where the time goes (seconds per iteration):")
-        parts = list(seven[0]["predicted"][a100]["parts"])
-        print(f"{'variant':15s} {'total':>7s} {'paper':>6s} " + " ".join(f"{p:>13s}" for p in parts) + f" {'GEMM util':>10s} {'paper':>7s}")
-        for r in seven:
-            p = r["predicted"][a100]
-            paper = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
-            print(f"{r['variant']:15s} {p['seconds']:7.3f} {paper:>6s} " + " ".join(f"{p['parts'][k]:13.3f}" for k in parts)
-                  + f" {100 * p['gemm_utilization']:9.0f}% {PAPER_GEMM_UTILIZATION_7B.get(r['variant'], '-'):>7s}")
-        print(f"\nllama-7b per-layer forward communication time on {a100}: predicted from the measured bytes / paper's measurement")
-        for r in seven:
-            if r["variant"] in PAPER_LAYER_COMM_7B_S:
-                t = r["predicted"][a100]["layer_forward_comm_s"]
-                print(f"  {r['variant']:15s} {r['layer_forward_bytes'] / GIB:.4f} GiB in {r['layer_forward_collectives']} all-reduces: "
-                      f"{1e3 * t:.2f} ms / {1e3 * PAPER_LAYER_COMM_7B_S[r['variant']]:.2f} ms")
+              f"{s['microbatches']} micro-batch(es) of {s['batch']} x {s['seq']}, next to the paper (A100):",
+              *prediction_table(result, hw), sep="\n")
+    if table := breakdown_table(result, first):
+        print(f"\nllama-7b on {first}, where the time goes (seconds per iteration):", *table, sep="\n")
+    if table := layer_comm_table(result, first):
+        print(f"\nllama-7b per-layer forward communication on {first}: the model on the measured bytes / the paper's measurement:",
+              *table, sep="\n")
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

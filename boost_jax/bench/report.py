@@ -16,14 +16,13 @@ import os
 import platform
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import jax
 
 from boost_jax.bench import paper
-from boost_jax.bench.common import bench_config
-from boost_jax.bench.step import measure as measure_steps
+from boost_jax.bench.common import bench_config, bench_flags
+from boost_jax.bench.step import compare_configs, measure as measure_steps
 from boost_jax.flops import PEAK_BF16_FLOPS, count, measure_matmul_peak
 
 GIB = 2**30
@@ -36,8 +35,7 @@ LABELS = {"dense/megatron": "full rank (Megatron TP)", "cola/vanilla": "vanilla 
 
 
 def step_compare(model: str, tp: int, batch: int, seq: int, reps: int, steps: int) -> dict:
-    flags = Namespace(model=model, arch="cola", scheme="auto", tp=tp, dp=1, batch=batch, seq=seq, dtype="fp32", overrides=[])
-    cfgs = [bench_config(flags, arch=v.split("/")[0], scheme=v.split("/")[1]) for v in TRIO]
+    cfgs = compare_configs(bench_flags(model, "cola", tp=tp, batch=batch, seq=seq, dtype="fp32"))
     results = measure_steps(cfgs, reps, steps)
     return {"model": model, "tp": tp, "batch": batch, "seq": seq, "reps": reps, "steps": steps,
             "rows": dict(zip(TRIO, results))}
@@ -46,8 +44,7 @@ def step_compare(model: str, tp: int, batch: int, seq: int, reps: int, steps: in
 def single_device(models: list[str], batch: int, seq: int, reps: int, steps: int) -> dict:
     """Training throughput on one device next to the best fp32 matmul FLOP/s, measured before and after."""
     peak_before = measure_matmul_peak("float32")
-    cfgs = [bench_config(Namespace(model=m, arch=a, scheme="auto", tp=1, dp=1, batch=batch, seq=seq, dtype="fp32",
-                                   overrides=[])) for m in models for a in ("dense", "cola")]
+    cfgs = [bench_config(bench_flags(m, a, tp=1, batch=batch, seq=seq, dtype="fp32")) for m in models for a in ("dense", "cola")]
     rows = measure_steps(cfgs, reps, steps)
     peak = max(peak_before, measure_matmul_peak("float32"))
     for r in rows:
@@ -175,8 +172,6 @@ def _save(fig, path: Path) -> str:
 def page(result: dict, images: list[str], img_dir: str) -> str:
     pr, mc = result["paper"], result["machine"]
     hw_names = list(pr["hardware"])
-    models = list(dict.fromkeys(r["model"] for r in pr["rows"]))
-    row = lambda m, v: paper.find_row(pr, m, v)
     s = pr["settings"]
     L = [
         "# Results",
@@ -204,15 +199,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "every variant is an abstract compile of the full train step (forward + backward) of one pipeline stage "
         "(n_layers / PP decoder layers plus embedding and head), per device. Nothing is allocated.",
         "",
-        "| model | variant | TP,PP | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic | attention TFLOP HLO / analytic causal | XLA cost_analysis TFLOP | peak GiB + AdamW GiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *paper.measured_table(pr),
     ]
-    for r in pr["rows"]:
-        L.append(f"| {r['model']} | {r['variant']} | {r['tp']},{r['pp']} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
-                 f"| {r['layer_backward_bytes'] / GIB:.4f} ({r['layer_backward_collectives']}) "
-                 f"| {r['gemm_flops_hlo'] / 1e12:.2f} / {r['gemm_flops_analytic'] / 1e12:.2f} "
-                 f"| {r['attention_flops_hlo'] / 1e12:.2f} / {r['attention_flops_analytic_causal'] / 1e12:.2f} "
-                 f"| {r['xla_cost_analysis_flops'] / 1e12:.2f} | {r['peak_bytes'] / GIB:.1f} + {r['adamw_bytes'] / GIB:.1f} |")
     L += [
         "",
         "How to read it:",
@@ -248,39 +236,13 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     ]
     for hw in hw_names:
         L += [f"### {hw}: {pr['hardware'][hw]['description']}", "",
-              "| model | TP,PP | full: model / paper | vanilla: model / paper | BOOST: model / paper | BOOST vs full: model / paper | BOOST vs vanilla: model / paper |",
-              "|---|---|---|---|---|---|---|"]
-        for m in models:
-            trio = [row(m, v) for v in TRIO]
-            if None in trio:
-                continue
-            p = [t["predicted"][hw]["seconds"] for t in trio]
-            q = [t["paper_seconds"] for t in trio]
-            cells = [f"{a:.2f} / {b:.2f} ({a / b:.2f}x)" for a, b in zip(p, q)]
-            L.append(f"| {m} | {trio[0]['tp']},{trio[0]['pp']} | " + " | ".join(cells)
-                     + f" | {p[0] / p[2]:.2f}x / {q[0] / q[2]:.2f}x | {p[1] / p[2]:.2f}x / {q[1] / q[2]:.2f}x |")
+              *paper.prediction_table(pr, hw)]
         L += ["", "The paper measured A100s only: on H100/H200 the paper column is the same A100 figure, for scale.", ""]
-    seven = [r for r in pr["rows"] if r["model"] == "llama-7b"]
-    if seven:
-        hw = hw_names[0]
-        parts = list(seven[0]["predicted"][hw]["parts"])
-        L += [f"### Where llama-7b's time goes ({hw}, seconds per iteration)", "",
-              "| variant | model | paper | " + " | ".join(parts) + " | GEMM utilization (paper) |",
-              "|---|---|---|" + "---|" * len(parts) + "---|"]
-        for r in seven:
-            p = r["predicted"][hw]
-            paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
-            L.append(f"| {r['variant']} | {p['seconds']:.3f} | {paper_s} | "
-                     + " | ".join(f"{p['parts'][k]:.3f}" for k in parts)
-                     + f" | {100 * p['gemm_utilization']:.0f}% ({paper.PAPER_GEMM_UTILIZATION_7B.get(r['variant'], '-')}) |")
-        L += ["", f"Per-layer forward communication time of llama-7b, TP=4 ({hw}): the model applied to the measured bytes, "
-              "against the paper's measured all-reduce time (BOOST.md section 3):", "",
-              "| variant | measured GiB (ops) | model ms | paper ms |", "|---|---|---|---|"]
-        for r in seven:
-            if r["variant"] in paper.PAPER_LAYER_COMM_7B_S:
-                L.append(f"| {r['variant']} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) | "
-                         f"{1e3 * r['predicted'][hw]['layer_forward_comm_s']:.2f} | {1e3 * paper.PAPER_LAYER_COMM_7B_S[r['variant']]:.2f} |")
-        L.append("")
+    if breakdown := paper.breakdown_table(pr, hw_names[0]):
+        L += [f"### Where llama-7b's time goes ({hw_names[0]}, seconds per iteration)", "", *breakdown, "",
+              f"Per-layer forward communication time of llama-7b, TP=4 ({hw_names[0]}): the model applied to the measured "
+              "bytes, against the paper's measured all-reduce time (BOOST.md section 3):", "",
+              *paper.layer_comm_table(pr, hw_names[0]), ""]
     L += ["### Where the model and the paper differ", "", *differences(pr), ""]
     sc, sd = result["step_compare"], result["single_device"]
     med = {v: sc["rows"][v]["median_step_s"] for v in TRIO}
@@ -370,8 +332,7 @@ def _pp_requirements(pr: dict) -> list[str]:
     out = []
     for r in pr["rows"]:
         if r["pp"] > 1 and r["paper_seconds"] and r["variant"] in TRIO:
-            flags = Namespace(model=r["model"], arch=r["variant"].split("/")[0], scheme=r["variant"].split("/")[1],
-                              tp=r["tp"], dp=1, batch=r["batch"], seq=r["seq"], dtype=r["dtype"], overrides=[])
+            flags = bench_flags(r["model"], *r["variant"].split("/"), tp=r["tp"], batch=r["batch"], seq=r["seq"], dtype=r["dtype"])
             flops = count(bench_config(flags).model, r["seq"]).train_flops_per_token * r["batch"] * r["seq"]
             need = flops / r["tp"] / (r["paper_seconds"] * A100_PEAK)
             out.append(f"{r['model']} {r['variant']} (PP={r['pp']}, {r['paper_seconds']:.2f} s): {100 * need:.0f}%")

@@ -69,6 +69,12 @@ def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
     return [r.result() for r in runners]
 
 
+def compare_configs(a: argparse.Namespace) -> list[Config]:
+    """dense/megatron, <arch>/vanilla and <arch>/btp at the same flags."""
+    return [bench_config(a, arch="dense", scheme="megatron"), bench_config(a, scheme="vanilla"),
+            bench_config(a, scheme="btp")]
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m boost_jax.bench step", description=__doc__)
     add_model_flags(p)
@@ -77,11 +83,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
     a = p.parse_args(argv)
-    if a.compare:
-        variants = [dict(arch="dense", scheme="megatron"), dict(scheme="vanilla"), dict(scheme="btp")]
-        cfgs = [bench_config(a, **v) for v in variants]
-    else:
-        cfgs = [bench_config(a)]
+    cfgs = compare_configs(a) if a.compare else [bench_config(a)]
     results = measure(cfgs, a.reps, a.steps)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results)
