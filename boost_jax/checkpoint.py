@@ -13,9 +13,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be restored; the message names it."""
+from boost_jax.errors import CheckpointError
 
 
 class Checkpointer:

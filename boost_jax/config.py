@@ -18,13 +18,10 @@ from typing import Any, Literal
 import yaml
 
 from boost_jax import presets
+from boost_jax.errors import ConfigError
 
 Arch = Literal["dense", "svd", "cola", "lax"]
 DType = Literal["float32", "bfloat16"]
-
-
-class ConfigError(ValueError):
-    """A configuration key or value is invalid; the message names it."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from safetensors.numpy import load_file, save_file
 from boost_jax import api
 from boost_jax.checkpoint import CheckpointError
 from boost_jax.config import Config, ConfigError, ModelConfig, from_dict
+from boost_jax.errors import BoostJaxError
 from boost_jax.model import Model
 
 FORMAT, FORMAT_VERSION = "boost_jax", 1
@@ -43,7 +44,7 @@ HF_NAMES = {
 }
 
 
-class ExportError(ValueError):
+class ExportError(BoostJaxError, ValueError):
     """The run, the checkpoint or the output folder cannot be used; the message says why."""
 
 
