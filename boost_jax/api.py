@@ -3,7 +3,7 @@
     from boost_jax import api
     cfg = api.config("llama-tiny", "model.arch=cola")        # a preset name or a YAML path, plus overrides
     model = api.build_model(cfg)                              # a Flax NNX module, initialised from train.seed
-    logits = api.forward(model, tokens)                       # int[B, S] -> fp32 [B, S, vocab]
+    logits = api.forward(model, tokens)                       # int[B, S] -> fp32 [B, S, vocab], on one device
     cfg, model, step = api.restore("runs/default")            # newest checkpoint of a run dir
 """
 
@@ -15,8 +15,9 @@ import jax
 import yaml
 from flax import nnx
 
-from boost_jax.config import Config, ConfigError, ParallelConfig, from_dict, load_config
+from boost_jax.config import Config, ConfigError, from_dict, load_config
 from boost_jax.model import Model
+from boost_jax.parallel import Plan, single_device_plan
 from boost_jax.presets import PRESETS
 
 
@@ -31,20 +32,16 @@ def build_model(cfg: Config) -> Model:
     return Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
 
 
-@jax.jit
-def _forward(graphdef, params, tokens):
-    return nnx.merge(graphdef, params)(tokens)
-
-
-def forward(model: Model, tokens: jax.Array) -> jax.Array:
+def forward(model: Model, tokens: jax.Array, plan: Plan | None = None) -> jax.Array:
+    """Logits of `model` run under `plan`; None runs it on one device (`single_device_plan`)."""
+    plan = plan or single_device_plan(model.cfg)
     graphdef, params = nnx.split(model)
-    return _forward(graphdef, params, tokens)
+    return jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens, plan=plan))(params, tokens)
 
 
 def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model, int]:
     """(config, model with the checkpoint's parameters, step) from a run dir, on one device."""
     from boost_jax.checkpoint import Checkpointer
-    from boost_jax.mesh import make_mesh, sharding_rules
     from boost_jax.step import setup
 
     run_dir = Path(run_dir)
@@ -61,8 +58,7 @@ def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model
         step = steps[-1] if step is None else step
         if step not in steps:
             raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
-        mesh = make_mesh(ParallelConfig(dp=1), jax.devices()[:1])
-        run, like = setup(cfg, mesh, sharding_rules(cfg, mesh))
+        run, like = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme))
         state, _ = ckpt.restore(step, like)
     finally:
         ckpt.close()

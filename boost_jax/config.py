@@ -18,9 +18,13 @@ from typing import Any, Literal
 import yaml
 
 from boost_jax import presets
+from boost_jax.archs import ARCHS
 from boost_jax.errors import ConfigError
+from boost_jax.parallel.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
 
-Arch = Literal["dense", "svd", "cola", "lax"]
+# Choices read from their tables (archs.py, parallel/schemes.py), so adding an entry there is enough.
+Arch = Literal[tuple(ARCHS)]
+SchemeName = Literal[("auto", *SCHEMES)]
 DType = Literal["float32", "bfloat16"]
 
 
@@ -28,7 +32,7 @@ DType = Literal["float32", "bfloat16"]
 class ModelConfig:
     preset: str = "llama-mini"
     arch: Arch = "cola"
-    # Sizes: None takes the preset's value.
+    # Sizes: None takes the preset's value (ranks: d_model / 4).
     d_model: int | None = None
     d_ff: int | None = None
     n_layers: int | None = None
@@ -46,7 +50,7 @@ class ModelConfig:
     init_std: float = 0.02
     dtype: DType = "float32"
     param_dtype: DType = "float32"
-    # BOOST's optimizations (low-rank archs under btp; BOOST.md sections 4-5):
+    # BOOST's optimizations (low-rank archs under btp; docs/design.md sections 4-5):
     norm: Literal["online", "sync"] = "online"  # online: RMSNorm statistics ride the latent all-reduce
     grouping: bool = True  # q|k|v and gate|up as one GEMM + one all-reduce each (dense: stacked GEMMs)
     kernels: Literal["xla", "pallas"] = "xla"  # fused norm+down-projection and grouped matmul as Pallas kernels
@@ -70,16 +74,21 @@ class ModelConfig:
             n_kv_heads=get("n_kv_heads") or h,
             head_dim=get("head_dim") or (d // h if h and d % h == 0 else None),
             vocab_size=get("vocab_size"),
-            attn_rank=get("attn_rank") or d // 4,
-            mlp_rank=get("mlp_rank") or d // 4,
+            attn_rank=_default(get("attn_rank"), d and d // 4),
+            mlp_rank=_default(get("mlp_rank"), d and d // 4),
             mlp_gate_silu=(
                 self.mlp_gate_silu
                 if self.mlp_gate_silu is not None
-                else p.get("mlp_gate_silu", self.arch in ("dense", "svd"))
+                else p.get("mlp_gate_silu", ARCHS[self.arch].default_gate_silu)
             ),
         )
         _validate_model(out)
         return out
+
+
+def _default(value, default):
+    """None means the default; any other value (0 included) is the user's, and validated."""
+    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ class ParallelConfig:
     fsdp: int = 1
     tp: int = 1
     # megatron (dense only) | vanilla | btp (low-rank archs); auto = megatron for dense, else btp
-    scheme: Literal["auto", "megatron", "vanilla", "btp"] = "auto"
+    scheme: SchemeName = "auto"
     cpu_devices: int = 0  # >0: simulate this many host devices (set before JAX starts)
     # Multi-process runs on JAX's distributed runtime: "" = one process; "auto" = JAX's cluster
     # detection (SLURM, Open MPI, ...); "host:port" = this coordinator with the two fields below.
@@ -193,7 +202,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
     cfg = _build(Config, raw, "")
     cfg = dataclasses.replace(cfg, model=cfg.model.resolved())
     if cfg.parallel.scheme == "auto":
-        scheme = "megatron" if cfg.model.arch == "dense" else "btp"
+        scheme = default_scheme(cfg.model.arch)
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, scheme=scheme))
     _validate(cfg)
     return cfg
@@ -276,7 +285,8 @@ def _validate_model(m: ModelConfig) -> None:
         v = getattr(m, name)
         _require(v is not None and v > 0, f"model.{name}",
                  f"must be a positive integer, got {v!r}"
-                 + (" (d_model must divide by n_heads, or set head_dim)" if name == "head_dim" else ""))
+                 + (" (d_model must divide by n_heads, or set head_dim)" if name == "head_dim" else "")
+                 + (" (null means the default, d_model / 4)" if name.endswith("_rank") else ""))
     _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
              f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads}")
     _require(m.head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {m.head_dim}")
@@ -309,10 +319,16 @@ def _validate(c: Config) -> None:
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
     _require(p.num_processes >= 0, "parallel.num_processes", "must be >= 0")
-    dense = c.model.arch == "dense"
-    _require(dense == (p.scheme == "megatron"), "parallel.scheme",
-             f"{p.scheme} does not apply to arch {c.model.arch}: use megatron for dense, "
-             "vanilla or btp for the low-rank archs")
+    scheme = SCHEMES[p.scheme]
+    _require(c.model.arch in scheme.archs, "parallel.scheme",
+             f"{p.scheme} does not apply to arch {c.model.arch}: "
+             + "; ".join(f"{s.name} takes {'/'.join(s.archs)}" for s in SCHEMES.values()))
+    for knob, default in KNOB_DEFAULTS.items():  # a setting the program would ignore is a mistake
+        value = getattr(c.model, knob)
+        _require(value == default or knob in scheme.knobs, f"model.{knob}",
+                 f"{value!r} has no effect under parallel.scheme={p.scheme} with arch {c.model.arch} "
+                 f"(schemes that use it: {[s.name for s in SCHEMES.values() if knob in s.knobs]}); "
+                 f"leave it at {default!r}")
     _require(c.log.every > 0, "log.every", "must be > 0")
     _require(bool(c.run_dir), "run_dir", "must not be empty")
 

@@ -22,6 +22,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from boost_jax import api
+from boost_jax.archs import ARCHS
 from boost_jax.checkpoint import CheckpointError
 from boost_jax.config import Config, ConfigError, ModelConfig, from_dict
 from boost_jax.errors import BoostJaxError
@@ -49,8 +50,8 @@ class ExportError(BoostJaxError, ValueError):
 
 
 def is_hf_llama(cfg: ModelConfig) -> bool:
-    """HF LLaMA always applies SiLU to the gate, so only dense models with it are LLaMAs."""
-    return cfg.arch == "dense" and cfg.mlp_gate_silu
+    """HF LLaMA always applies SiLU to the gate, so only an HF-exportable arch (dense) with it is a LLaMA."""
+    return ARCHS[cfg.arch].hf_llama_export and cfg.mlp_gate_silu
 
 
 # ----------------------------------------------------------------------------- export

@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
 from boost_jax.data.cache import atomic_write
 
@@ -27,10 +28,6 @@ class Counts:
     matmul_params: int  # weights that take part in a matmul per token (layers + LM head)
     forward_flops_per_token: float
     train_flops_per_token: float
-
-
-def _linear_params(cfg: ModelConfig, d_in: int, d_out: int, rank: int) -> int:
-    return d_in * d_out if cfg.arch == "dense" else rank * (d_in + d_out)
 
 
 def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
@@ -44,7 +41,7 @@ def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
 def count(cfg: ModelConfig, seq_len: int) -> Counts:
     cfg = cfg.resolved()
     d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
-    per_layer = sum(_linear_params(cfg, *s) for s in layer_linear_shapes(cfg).values())
+    per_layer = sum(ARCHS[cfg.arch].linear_params(*s) for s in layer_linear_shapes(cfg).values())
     head = d * v
     params = v * d + n * (per_layer + 2 * d) + d + (0 if cfg.tie_embeddings else head)
     matmul_params = n * per_layer + head

@@ -8,19 +8,20 @@ import optax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.collectives import embed_lookup
+from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import Attention
 from boost_jax.layers.lowrank import Linear, Projector
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
-from boost_jax.remat import remat
-from boost_jax.sharding import constrain
+from boost_jax.parallel.blocks import embed_lookup
+from boost_jax.parallel.plan import Plan
+from boost_jax.remat import RESIDUAL, remat
 
 # Projections whose latents LaX carries from one layer to the next.
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
-RESIDUAL = ("batch", "seq", "act_embed")
+RESIDUAL_AXES = ("batch", "seq", "act_embed")
 
 
 class Block(nnx.Module):
@@ -33,16 +34,16 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
         self.mlp = MLP(cfg, linear_kwargs, rngs)
 
-    def __call__(self, x, positions, latents):
-        apply = Projector(self.cfg, latents)
-        x = residual(x + self.attn(x, self.attn_norm, positions, apply))
-        x = residual(x + self.mlp(x, self.mlp_norm, apply))
+    def __call__(self, plan: Plan, x, positions, latents):
+        apply = Projector(self.cfg, plan, latents)
+        x = residual(plan, x + self.attn(x, self.attn_norm, positions, apply))
+        x = residual(plan, x + self.mlp(x, self.mlp_norm, apply))
         return x, apply.new
 
 
-def residual(x: jax.Array) -> jax.Array:
+def residual(plan: Plan, x: jax.Array) -> jax.Array:
     """The residual stream at a chunk boundary: its layout, and a name low-rank checkpointing saves."""
-    return checkpoint_name(constrain(x, RESIDUAL), "residual")
+    return checkpoint_name(plan.constrain(x, RESIDUAL_AXES), RESIDUAL)
 
 
 class Model(nnx.Module):
@@ -65,36 +66,36 @@ class Model(nnx.Module):
             self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rank=0, arch="dense", axes=("table_embed", "vocab"),
                                   init_std=cfg.init_std, dtype=dt, param_dtype=pdt, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, *, remat_mode: str = "none") -> jax.Array:
-        """tokens: int[B, S] -> fp32 logits [B, S, V]."""
+    def __call__(self, tokens: jax.Array, *, plan: Plan, remat_mode: str = "none") -> jax.Array:
+        """tokens: int[B, S] -> fp32 logits [B, S, V], laid out and communicating as `plan` says."""
         cfg = self.cfg
-        x = constrain(embed_lookup(self.embed[...].astype(cfg.dtype), tokens), RESIDUAL)
+        x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         latents = self._initial_latents(tokens.shape)
         graphdef, state = nnx.split(self.layers)
 
         def layer(carry, layer_state):
             x, latents = carry
-            x, latents = nnx.merge(graphdef, layer_state)(x, positions, latents)
+            x, latents = nnx.merge(graphdef, layer_state)(plan, x, positions, latents)
             return (x, latents), None
 
         (x, _), _ = jax.lax.scan(remat(layer, remat_mode), (x, latents), state)
-        x = self.final_norm(constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
+        x = self.final_norm(plan.constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
         if cfg.tie_embeddings:
             logits = x @ self.embed[...].astype(cfg.dtype).T
         else:
-            logits = self.lm_head(x)
-        return constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
+            logits = self.lm_head(plan, x)
+        return plan.constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
     def _initial_latents(self, shape) -> dict[str, jax.Array]:
         cfg = self.cfg
-        if cfg.arch != "lax":
+        if not ARCHS[cfg.arch].carries_latents:
             return {}
         rank = lambda p: cfg.attn_rank if p in ("q", "k", "v", "o") else cfg.mlp_rank
         return {p: jnp.zeros((*shape, rank(p)), cfg.dtype) for p in PROJECTIONS}
 
 
-def loss_fn(model: Model, batch: dict[str, jax.Array], remat_mode: str = "none") -> jax.Array:
+def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none") -> jax.Array:
     """Mean next-token cross-entropy over all tokens of a packed batch."""
-    logits = model(batch["inputs"], remat_mode=remat_mode)
+    logits = model(batch["inputs"], plan=plan, remat_mode=remat_mode)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()

@@ -1,4 +1,4 @@
-"""Model sizes: the LLaMA family of BOOST.md section 1, plus small presets for tests and the quickstart.
+"""Model sizes: the LLaMA family of docs/design.md section 1, plus small presets for tests and the quickstart.
 
 Each preset gives sizes only; the arch (dense/svd/cola/lax) is chosen separately, and ranks default
 to d_model/4. Any field can be overridden (`model.d_model=...`).
@@ -11,7 +11,7 @@ PRESETS: dict[str, dict] = {
     "llama-tiny": dict(d_model=64, d_ff=160, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=512),
     # Quickstart: trains on 2 CPU cores in about three minutes.
     "llama-mini": dict(d_model=256, d_ff=688, n_layers=4, n_heads=4, vocab_size=4096),
-    # CoLA's 60M/130M configs keep the SwiGLU gate SiLU (BOOST.md section 1).
+    # CoLA's 60M/130M configs keep the SwiGLU gate SiLU (docs/design.md section 1).
     "llama-60m": dict(d_model=512, d_ff=1376, n_layers=8, n_heads=8, mlp_gate_silu=True, **_LLAMA),
     "llama-130m": dict(d_model=768, d_ff=2048, n_layers=12, n_heads=12, mlp_gate_silu=True, **_LLAMA),
     "llama-350m": dict(d_model=1024, d_ff=2736, n_layers=24, n_heads=16, **_LLAMA),

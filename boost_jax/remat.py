@@ -6,6 +6,11 @@ from collections.abc import Callable
 
 import jax
 
+# Checkpoint names the model tags its activations with (jax.ad_checkpoint.checkpoint_name):
+# LATENT, the rank-r latents (under btp, each all-reduce output); RESIDUAL, the residual stream at
+# a chunk boundary (after each sub-block's add).
+LATENT, RESIDUAL = "latent", "residual"
+
 REMAT_POLICIES: dict[str, Callable | None] = {
     # Keep every activation the backward pass needs (fastest, most memory).
     "none": None,
@@ -13,7 +18,7 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "full": jax.checkpoint_policies.nothing_saveable,
     # BOOST's low-rank checkpointing: keep the rank-r latents (post all-reduce under btp, so
     # recomputation never repeats a collective) and the residual at chunk boundaries.
-    "lowrank": jax.checkpoint_policies.save_only_these_names("latent", "residual"),
+    "lowrank": jax.checkpoint_policies.save_only_these_names(LATENT, RESIDUAL),
 }
 
 

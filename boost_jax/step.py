@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, TrainConfig
 from boost_jax.model import Model, loss_fn
-from boost_jax.sharding import Rules, named, param_specs, spec, use_rules
+from boost_jax.parallel import Plan
 
 TrainState = dict[str, Any]
 
@@ -68,10 +68,11 @@ def init_params(cfg: Config) -> dict:
     return jax.jit(build)()
 
 
-def setup(cfg: Config, mesh: Mesh, rules: Rules) -> tuple[Setup, TrainState]:
+def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     graphdef, abstract_params = abstract_model(cfg)
-    pspecs = param_specs(abstract_params, rules)
-    params = jax.device_put(init_params(cfg), named(mesh, pspecs))
+    pspecs = plan.param_specs(abstract_params)
+    params = jax.device_put(init_params(cfg), plan.named(pspecs))
+    mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
     replicated = NamedSharding(mesh, P())
     # Optimizer moments take their parameter's sharding; counters are replicated.
@@ -81,13 +82,13 @@ def setup(cfg: Config, mesh: Mesh, rules: Rules) -> tuple[Setup, TrainState]:
     )
     state = {
         "params": params,
-        "opt_state": jax.jit(tx.init, out_shardings=named(mesh, opt_specs))(params),
+        "opt_state": jax.jit(tx.init, out_shardings=plan.named(opt_specs))(params),
         "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
         "rng": jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), replicated),
     }
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    batch_sharding = NamedSharding(mesh, spec(("batch", None), rules))
-    loss_of = sharded_loss(graphdef, mesh, rules, cfg.train.remat)
+    batch_sharding = plan.sharding(("batch", None))
+    loss_of = sharded_loss(graphdef, plan, cfg.train.remat)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
@@ -112,12 +113,11 @@ def setup(cfg: Config, mesh: Mesh, rules: Rules) -> tuple[Setup, TrainState]:
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval), state
 
 
-def sharded_loss(graphdef: nnx.GraphDef, mesh: Mesh, rules: Rules, remat_mode: str = "none") -> Callable:
-    """loss(params, batch) with the scheme's activation layouts applied while tracing."""
+def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str = "none") -> Callable:
+    """loss(params, batch) of the model run under `plan`."""
 
     def loss_of(params, batch):
-        with use_rules(mesh, rules):
-            return loss_fn(nnx.merge(graphdef, params), batch, remat_mode)
+        return loss_fn(nnx.merge(graphdef, params), batch, plan, remat_mode)
 
     return loss_of
 

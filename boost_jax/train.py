@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(path, args[1:] if path else args)
     except ConfigError as e:
         sys.exit(f"config error: {e}")
-    from boost_jax.mesh import init_distributed, simulate_cpu_devices
+    from boost_jax.parallel import init_distributed, simulate_cpu_devices
 
     try:
         simulate_cpu_devices(cfg.parallel.cpu_devices)
@@ -73,15 +73,15 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     from boost_jax.data.cache import cache_root
     from boost_jax.flops import count, device_peak_flops
     from boost_jax.log import RunLog
-    from boost_jax.mesh import make_mesh, sharding_rules
+    from boost_jax.parallel import make_plan
     from boost_jax.step import device_batch, setup
 
     t, run_dir = cfg.train, Path(cfg.run_dir)
     saved = check_resume_compatible(cfg, run_dir)
-    mesh = make_mesh(cfg.parallel, devices)
-    rules = sharding_rules(cfg, mesh)
+    plan = make_plan(cfg, devices)
+    mesh = plan.mesh
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed)
-    run, state = setup(cfg, mesh, rules)
+    run, state = setup(cfg, plan)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep) if cfg.checkpoint.every else None

@@ -1,8 +1,8 @@
 """Pallas kernels for BOOST's fused paths, each beside its jnp twin and an analytic custom_vjp.
 
 - `norm_down` / `recover`: online RMSNorm fused with the row-parallel down-projection
-  (BOOST.md section 4): one all-reduce of (h, s) per norm instead of two.
-- `grouped_matmul`: the batched column-parallel up-projections (BOOST.md section 5).
+  (docs/design.md section 4): one all-reduce of (h, s) per norm instead of two.
+- `grouped_matmul`: the batched column-parallel up-projections (docs/design.md section 5).
 
 `impl="pallas"` runs the kernel (Triton on GPU; interpret mode on CPU, chosen automatically),
 `impl="xla"` the twin. Both work under jit, grad, checkpoint and shard_map(check_vma=False).

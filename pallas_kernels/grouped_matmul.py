@@ -1,4 +1,4 @@
-"""Grouped up-projection (BOOST.md section 5): y[i] = z[i] @ b[i] for c latents in one kernel.
+"""Grouped up-projection (docs/design.md section 5): y[i] = z[i] @ b[i] for c latents in one kernel.
 
 BTP's column-parallel up-projections that read different latents (B_q, B_k, B_v on z_q, z_k, z_v;
 B_gate, B_up on z_g, z_u) run as one launch:

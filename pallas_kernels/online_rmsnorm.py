@@ -1,4 +1,4 @@
-"""Fused online RMSNorm + down-projection of one tensor-parallel rank (BOOST.md section 4).
+"""Fused online RMSNorm + down-projection of one tensor-parallel rank (docs/design.md section 4).
 
 Under BTP the residual is sharded on d, so a rank cannot normalise alone. It computes its share:
 

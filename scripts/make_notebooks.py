@@ -31,7 +31,7 @@ api.forward(model, tokens).shape"""),
                       "`(dp, fsdp, tp)` mesh: A factors are split on their input (row-parallel), B factors "
                       "on their output (column-parallel), r is never split."),
     new_code_cell("""\
-from boost_jax.bench.common import build
+from boost_jax.analysis.program import build
 prog = build(cfg)
 for path, p in jax.tree_util.tree_flatten_with_path(prog.params)[0]:
     if "attn" in jax.tree_util.keystr(path) or "embed" in jax.tree_util.keystr(path):
@@ -39,7 +39,7 @@ for path, p in jax.tree_util.tree_flatten_with_path(prog.params)[0]:
     new_markdown_cell("## The collectives, from the compiled HLO\nPer decoder layer, btp all-reduces only "
                       "rank-r latents (the RMSNorm statistic rides along as one more column)."),
     new_code_cell("""\
-from boost_jax.bench.comm import measure
+from boost_jax.analysis.comm import measure
 report = measure(prog)
 for op in report["layer_forward_ops"]:
     print("forward:", op)
@@ -59,14 +59,11 @@ SCHEMES = [
                       "from the compiled HLO, and measured step time on this machine."),
     new_code_cell(SETUP),
     new_code_cell("""\
-import argparse
-from boost_jax.bench.comm import measure
-from boost_jax.bench.common import bench_config, build
+from boost_jax.analysis.comm import measure
+from boost_jax.analysis.program import build, config_for
 
 def comm(arch, scheme, model="llama-60m", batch=4, seq=256):
-    a = argparse.Namespace(model=model, arch=arch, scheme=scheme, tp=4, dp=1, batch=batch, seq=seq,
-                           dtype="bf16", overrides=[])
-    return measure(build(bench_config(a)))
+    return measure(build(config_for(model, arch, scheme, tp=4, batch=batch, seq=seq, dtype="bf16")))
 
 variants = [("dense", "megatron"), ("cola", "vanilla"), ("cola", "btp")]
 reports = {f"{a}/{s}": comm(a, s) for a, s in variants}
@@ -83,8 +80,7 @@ assert reports["cola/btp"]["layer_forward_bytes"] < reports["cola/vanilla"]["lay
                       "not the absolute times."),
     new_code_cell("""\
 from boost_jax.bench.step import measure as measure_steps
-cfgs = [bench_config(argparse.Namespace(model="llama-tiny", arch=a, scheme=s, tp=4, dp=1, batch=8, seq=64,
-                                        dtype="fp32", overrides=[])) for a, s in variants]
+cfgs = [config_for("llama-tiny", a, s, tp=4, batch=8, seq=64, dtype="fp32") for a, s in variants]
 for (a, s), r in zip(variants, measure_steps(cfgs, reps=3, steps=2)):
     print(f"{a}/{s:9s} {1e3 * r['median_step_s']:7.1f} ms  {r['tokens_per_s']:9,.0f} tokens/s  "
           f"peak {r['peak_bytes_per_device'] / 2**20:.1f} MiB/device")"""),

@@ -1,32 +1,33 @@
-"""The communication pattern of each TP scheme, read from the compiled HLO (BOOST.md sections 2-3)."""
+"""The communication pattern of each TP scheme, read from the compiled HLO (docs/design.md sections 2-3)."""
 
-import argparse
+import functools
 
 import pytest
 
+from boost_jax.analysis.comm import measure
 from boost_jax.analysis.issued import issued
-from boost_jax.bench.comm import measure
-from boost_jax.bench.common import bench_config, build
+from boost_jax.analysis.program import build, config_for
 
 B, S, TP = 4, 64, 4
 
 
-def args(arch, scheme, dtype="bf16", dp=1, *overrides):
-    return argparse.Namespace(model="llama-tiny", arch=arch, scheme=scheme, tp=TP, dp=dp, batch=B, seq=S, dtype=dtype,
-                              overrides=["model.n_kv_heads=8", *overrides])  # MHA: no kv-head replication
+def config(arch, scheme, dtype="bf16", dp=1, *overrides):
+    return config_for("llama-tiny", arch, scheme, tp=TP, dp=dp, batch=B, seq=S, dtype=dtype,
+                      overrides=["model.n_kv_heads=8", *overrides])  # MHA: no kv-head replication
 
 
+@functools.cache  # each variant compiled once per test process
 def comm(*a, **kw):
-    return measure(build(bench_config(args(*a, **kw))))
+    return measure(build(config(*a, **kw)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def btp():
     return comm("cola", "btp")
 
 
 def test_btp_layer_moves_only_latents(btp):
-    m = bench_config(args("cola", "btp")).model
+    m = config("cola", "btp").model
     latent_bytes = B * S * 7 * m.attn_rank * 2
     stats_bytes = 2 * B * S * 2  # online RMSNorm: one more bf16 column in the q|k|v and gate|up buffers
     assert btp["layer_forward_bytes"] == latent_bytes + stats_bytes
@@ -91,5 +92,5 @@ def test_bf16_upcast_is_reported_separately(btp):
 @pytest.mark.parametrize("norm, grouping, count", [("online", True, 4), ("sync", True, 6),
                                                    ("online", False, 7), ("sync", False, 9)])
 def test_online_norm_and_grouping_all_reduce_counts(norm, grouping, count):
-    prog = build(bench_config(args("cola", "btp", "bf16", 1, f"model.norm={norm}", f"model.grouping={grouping}")))
+    prog = build(config("cola", "btp", "bf16", 1, f"model.norm={norm}", f"model.grouping={grouping}"))
     assert dict(issued(prog.loss, prog.params, prog.batch)["layer"]) == {"all-reduce": count}

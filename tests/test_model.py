@@ -10,18 +10,19 @@ from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import rope
 from boost_jax.layers.lowrank import Projector, cola_init_std
 from boost_jax.model import Model, loss_fn
+from boost_jax.parallel import single_device_plan
 
 ARCHS = ("dense", "svd", "cola", "lax")
 
 
 @nnx.jit
 def logits_of(model, t):
-    return model(t)
+    return model(t, plan=single_device_plan(model.cfg))
 
 
 @nnx.jit
 def loss_and_grads(model, t):
-    return nnx.value_and_grad(loss_fn)(model, {"inputs": t, "targets": t})
+    return nnx.value_and_grad(loss_fn)(model, {"inputs": t, "targets": t}, single_device_plan(model.cfg))
 
 
 def tiny(arch="cola", **kw) -> ModelConfig:
@@ -81,8 +82,8 @@ def test_lax_crosses_latents_between_layers():
 
 def test_lax_adds_previous_latent_before_up_projection():
     layer = first_layer(Model(tiny("lax", n_layers=1), rngs=nnx.Rngs(0)))
-    x, prev = jax.random.normal(jax.random.key(2), (3, 64)), jax.random.normal(jax.random.key(3), (3, 16))
-    apply = Projector(tiny("lax"), {"q": prev})
+    x, prev = jax.random.normal(jax.random.key(2), (1, 3, 64)), jax.random.normal(jax.random.key(3), (1, 3, 16))
+    apply = Projector(tiny("lax"), single_device_plan(tiny("lax")), {"q": prev})
     a, b = layer.attn.q.a[...], layer.attn.q.b[...]
     np.testing.assert_allclose(apply("q", layer.attn.q, x), (jax.nn.silu(x @ a) + prev) @ b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(apply.new["q"], jax.nn.silu(x @ a), rtol=1e-6)
@@ -117,12 +118,13 @@ def test_attention_matches_naive_gqa(arch):
     attn = layer.attn
     x = jax.random.normal(jax.random.key(4), (2, 12, 64))
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
-    got = attn(x, layer.attn_norm, pos, Projector(cfg, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
+    plan = single_device_plan(cfg)
+    got = attn(x, layer.attn_norm, pos, Projector(cfg, plan, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
     x = layer.attn_norm(x)
-    q = rope(attn.q(x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
-    k = rope(attn.k(x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
-    v = attn.v(x).reshape(2, 12, 2, 8)
-    want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64))
+    q = rope(attn.q(plan, x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
+    k = rope(attn.k(plan, x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
+    v = attn.v(plan, x).reshape(2, 12, 2, 8)
+    want = attn.o(plan, naive_attention(q, k, v).reshape(2, 12, 64))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -137,7 +139,8 @@ def test_rope_is_relative():
 def hlo_size(n_layers: int) -> int:
     cfg = tiny("cola", n_layers=n_layers)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Model(cfg, rngs=nnx.Rngs(0))))
-    f = jax.jit(jax.grad(lambda p, t: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t})))
+    f = jax.jit(jax.grad(lambda p, t: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t},
+                                              single_device_plan(cfg))))
     return len(f.lower(params, jax.ShapeDtypeStruct((2, 16), jnp.int32)).as_text().splitlines())
 
 
@@ -151,7 +154,8 @@ def test_full_remat_gives_the_same_gradients(arch):
     graphdef, params = nnx.split(model)
     t = tokens()
     grad = lambda mode: jax.jit(jax.grad(
-        lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, remat_mode=mode)))(params)
+        lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, single_device_plan(model.cfg),
+                          remat_mode=mode)))(params)
     for a, b in zip(jax.tree.leaves(grad("none")), jax.tree.leaves(grad("full"))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 

@@ -8,6 +8,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from boost_jax.config import load_config
 from boost_jax.train import train
@@ -19,6 +20,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_reproduce_one(tmp_path, tiny_overrides):
     common = [*tiny_overrides, "train.steps=4", "checkpoint.every=0", "train.eval_every=0", "log.every=1",
               "parallel.tp=4", "parallel.scheme=btp"]

@@ -15,6 +15,7 @@ def test_notebooks_exist():
     assert {p.stem for p in NOTEBOOKS} == {"quickstart", "schemes"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path, cache_dir):
     nb = nbformat.read(path, as_version=4)

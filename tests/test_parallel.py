@@ -8,18 +8,20 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from boost_jax.config import ConfigError, load_config
-from boost_jax.mesh import make_mesh, sharding_rules
-from boost_jax.sharding import named, param_specs, spec, use_rules
+from boost_jax.parallel import make_plan
 from boost_jax.step import abstract_model, init_params
 from boost_jax.train import train
 
-PAIRS = [("dense", "megatron"), ("svd", "vanilla"), ("svd", "btp"), ("cola", "vanilla"), ("cola", "btp"),
-         ("lax", "vanilla"), ("lax", "btp")]
-# (dp, fsdp, tp) on 8 devices; tp=8 replicates llama-tiny's 2 kv heads.
+# (dp, fsdp, tp) on 8 devices: pure data parallel, dp x tp both ways, tp=8 (replicates llama-tiny's 2 kv
+# heads), and fsdp. Every scheme runs on every mesh; the low-rank archs rotate over a scheme's meshes
+# so each (arch, scheme) pair is covered without compiling the full product.
 MESHES = [(8, 1, 1), (2, 1, 4), (4, 1, 2), (1, 1, 8), (2, 2, 2)]
+LOW_RANK = ["svd", "cola", "lax"]
+CASES = ([("dense", "megatron", m) for m in MESHES]
+         + [(LOW_RANK[i % 3], "vanilla", m) for i, m in enumerate(MESHES)]
+         + [(LOW_RANK[(i + 2) % 3], "btp", m) for i, m in enumerate(MESHES)])
 
 
 def config(arch, scheme, dp=1, fsdp=1, tp=1, *extra):
@@ -29,17 +31,15 @@ def config(arch, scheme, dp=1, fsdp=1, tp=1, *extra):
 
 
 def loss_logits_grads(cfg, devices):
-    mesh = make_mesh(cfg.parallel, devices)
-    rules = sharding_rules(cfg, mesh)
+    plan = make_plan(cfg, devices)
     graphdef, abstract = abstract_model(cfg)
-    params = jax.device_put(init_params(cfg), named(mesh, param_specs(abstract, rules)))
+    params = jax.device_put(init_params(cfg), plan.named(plan.param_specs(abstract)))
     tokens = jax.random.randint(jax.random.key(0), (8, 32), 0, cfg.model.vocab_size)
-    batch_sharding = NamedSharding(mesh, spec(("batch", None), rules))
+    batch_sharding = plan.sharding(("batch", None))
     inputs, targets = (jax.device_put(t, batch_sharding) for t in (tokens, jnp.roll(tokens, -1, 1)))
 
     def loss(params):
-        with use_rules(mesh, rules):
-            logits = nnx.merge(graphdef, params)(inputs)
+        logits = nnx.merge(graphdef, params)(inputs, plan=plan)
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), logits
 
     (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
@@ -57,8 +57,8 @@ def assert_close(a, b, rtol):
         assert np.abs(x - y).max() <= rtol * np.abs(y).max(), (np.abs(x - y).max(), np.abs(y).max())
 
 
-@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "dp{}-fsdp{}-tp{}".format(*m))
-@pytest.mark.parametrize("arch, scheme", PAIRS)
+@pytest.mark.parametrize("arch, scheme, mesh", CASES,
+                         ids=[f"{a}-{s}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}" for a, s, m in CASES])
 def test_scheme_equals_single_device(arch, scheme, mesh):
     value, logits, grads = loss_logits_grads(config(arch, scheme, *mesh), jax.devices())
     ref_value, ref_logits, ref_grads = reference(arch)
@@ -70,9 +70,9 @@ def test_scheme_equals_single_device(arch, scheme, mesh):
 
 def test_parameter_init_does_not_depend_on_the_mesh():
     cfg = config("cola", "btp", 1, 2, 4)
-    mesh = make_mesh(cfg.parallel)
+    plan = make_plan(cfg)
     graphdef, abstract = abstract_model(cfg)
-    sharded = jax.device_put(init_params(cfg), named(mesh, param_specs(abstract, sharding_rules(cfg, mesh))))
+    sharded = jax.device_put(init_params(cfg), plan.named(plan.param_specs(abstract)))
     single = init_params(config("cola", "btp"))
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(sharded), jax.device_get(single))
 
@@ -81,18 +81,20 @@ def test_parameter_init_does_not_depend_on_the_mesh():
     (["model.arch=cola", "parallel.scheme=megatron"], "megatron does not apply to arch cola"),
     (["model.arch=dense", "parallel.scheme=btp"], "btp does not apply to arch dense"),
     (["parallel.tp=3"], "does not divide the 8 devices"),
-    (["parallel.tp=4", "model.n_heads=2", "model.n_kv_heads=2", "model.head_dim=32"], "n_heads=2 must divide by tp=4"),
-    (["parallel.tp=8", "model.d_ff=100"], "d_ff=100 must divide by tp=8"),
-    (["parallel.tp=8", "parallel.scheme=vanilla", "model.attn_rank=12"], "attn_rank/mlp_rank=(12, 16) must divide by tp=8"),
-    (["parallel.tp=2", "model.vocab_size=511"], "vocab_size=511 must divide by tp=2"),
-    (["parallel.dp=8", "train.batch_size=4"], "batch_size=4 must divide by dp x fsdp = 8"),
+    (["parallel.tp=4", "model.n_heads=2", "model.n_kv_heads=2", "model.head_dim=32"], "model.n_heads=2 must divide by tp = 4"),
+    (["parallel.tp=8", "model.d_ff=100"], "model.d_ff=100 must divide by tp = 8"),
+    (["parallel.tp=8", "parallel.scheme=vanilla", "model.attn_rank=12"], "model.attn_rank=12 must divide by tp = 8"),
+    (["parallel.tp=2", "model.vocab_size=511"], "model.vocab_size=511 must divide by tp = 2"),
+    (["parallel.dp=8", "train.batch_size=4"], "train.batch_size=4 must divide by dp x fsdp = 8"),
+    (["parallel.fsdp=4", "parallel.scheme=vanilla", "model.n_heads=3", "model.n_kv_heads=3", "model.head_dim=2"],
+     "model.n_heads*head_dim=6 must divide by fsdp = 4"),
 ])
 def test_shapes_that_do_not_divide_fail_early(overrides, needle):
-    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        cfg = load_config(None, ["model.preset=llama-tiny", "train.batch_size=8", *overrides])
-        sharding_rules(cfg, make_mesh(cfg.parallel))
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        make_plan(load_config(None, ["model.preset=llama-tiny", "train.batch_size=8", *overrides]))
 
 
+@pytest.mark.slow
 def test_btp_training_tracks_one_device(tmp_path, tiny_overrides):
     """20 steps of btp at tp=4 (x dp=2) follow the single-device losses step by step."""
     common = [*tiny_overrides, "train.steps=20", "checkpoint.every=0", "train.eval_every=0"]
@@ -102,6 +104,7 @@ def test_btp_training_tracks_one_device(tmp_path, tiny_overrides):
     assert one["losses"][-1] < one["losses"][0] - 0.5
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(tmp_path, tiny_overrides):
     """Saved at tp=4, resumed at tp=2 x dp=2 x fsdp=2: the next steps match an uninterrupted tp=4 run."""
     common = [*tiny_overrides, "train.schedule_steps=6", "checkpoint.every=3", "train.eval_every=0"]

@@ -112,6 +112,7 @@ def test_shipped_hardware_file_and_its_errors(tmp_path):
         load_hardware(tmp_path / "missing.yaml")
 
 
+@pytest.mark.slow
 def test_report_writes_page_plots_and_json(tmp_path):
     """`bench report` end to end, on the paper's 1B row and llama-tiny for the measured part."""
     report.main(["--models", "llama-1b", "--variants", "dense/megatron,cola/vanilla,cola/btp", "--hardware", "a100-80gb",

@@ -1,7 +1,6 @@
 """Activation checkpointing presets: what each keeps, and that low-rank checkpointing never
-recomputes a collective (BOOST.md section 6)."""
+recomputes a collective (docs/design.md section 6)."""
 
-import argparse
 import re
 
 import jax
@@ -10,10 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from boost_jax.bench.comm import measure
-from boost_jax.bench.common import bench_config, build
+from boost_jax.analysis.comm import measure
+from boost_jax.analysis.program import build, config_for
 from boost_jax.config import load_config
 from boost_jax.model import Model, loss_fn
+from boost_jax.parallel import single_device_plan
 
 
 def saved_per_layer(arch: str, mode: str, capsys) -> list[str]:
@@ -22,7 +22,8 @@ def saved_per_layer(arch: str, mode: str, capsys) -> list[str]:
     graphdef, params = nnx.split(Model(cfg.model, rngs=nnx.Rngs(0)))
     t = jnp.zeros((3, 16), jnp.int32)
     jax.ad_checkpoint.print_saved_residuals(
-        lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, mode), params)
+        lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, single_device_plan(cfg.model), mode),
+        params)
     lines = capsys.readouterr().out.splitlines()
     # Stacked over the 2 layers (leading 2); the scan's final carry [3, 16, 64] is not per layer.
     return sorted(m.group(1) for line in lines if "output of scan" in line
@@ -48,15 +49,16 @@ def test_remat_keeps_the_gradients(mode):
     cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=lax"])
     graphdef, params = nnx.split(Model(cfg.model, rngs=nnx.Rngs(0)))
     t = jax.random.randint(jax.random.key(0), (2, 16), 0, 512)
-    grad = lambda m: jax.jit(jax.grad(lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, m)))(params)
+    plan = single_device_plan(cfg.model)
+    grad = lambda m: jax.jit(jax.grad(lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, plan, m)))(params)
     for a, b in zip(jax.tree.leaves(grad("none")), jax.tree.leaves(grad(mode))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def backward(scheme, mode):
-    a = argparse.Namespace(model="llama-tiny", arch="cola", scheme=scheme, tp=4, dp=1, batch=4, seq=64, dtype="bf16",
-                           overrides=["model.n_kv_heads=8", f"train.remat={mode}"])
-    r = measure(build(bench_config(a)))
+    cfg = config_for("llama-tiny", "cola", scheme, tp=4, batch=4, seq=64, dtype="bf16",
+                     overrides=["model.n_kv_heads=8", f"train.remat={mode}"])
+    r = measure(build(cfg))
     return r["layer_backward_collectives"], r["layer_backward_bytes"]
 
 

@@ -1,89 +1,16 @@
 """`bench comm`: collectives per decoder layer, forward and backward, measured on the compiled HLO
-next to BOOST.md section 3's analytic volume.
-
-Per layer = the collectives inside the scanned layer body (each runs once per layer). Forward is the
-compiled loss; backward is the compiled gradient minus the forward (its program holds both).
-"""
+next to the scheme's analytic volume (`boost_jax/analysis/comm.py`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-import jax
-
-from boost_jax.analysis.hlo import Collective, audit, summarize
-from boost_jax.analysis.issued import issued
-from boost_jax.bench.common import Program, add_model_flags, bench_config, build
-from boost_jax.config import ModelConfig
+from boost_jax.analysis.comm import measure
+from boost_jax.analysis.program import build
+from boost_jax.bench.common import add_model_flags, bench_config
 
 GIB = 2**30
-
-
-def analytic_layer_forward_elements(m: ModelConfig, scheme: str, tokens: int) -> int:
-    """Elements all-reduced per decoder layer forward, per device (BOOST.md section 3)."""
-    dq, dkv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    if scheme == "megatron":
-        return tokens * 2 * m.d_model
-    if scheme == "vanilla":
-        return tokens * (dq + 2 * dkv + m.d_model + 2 * m.d_ff + m.d_model)
-    return tokens * (4 * m.attn_rank + 3 * m.mlp_rank)  # btp: latents only
-
-
-def _diff(total: dict, part: dict) -> dict:
-    kinds = set(total["by_kind"]) | set(part["by_kind"])
-    by_kind = {k: {f: total["by_kind"].get(k, {}).get(f, 0) - part["by_kind"].get(k, {}).get(f, 0)
-                   for f in ("count", "bytes")} for k in kinds}
-    by_kind = {k: v for k, v in by_kind.items() if v["count"] or v["bytes"]}
-    return {"count": total["count"] - part["count"], "bytes": total["bytes"] - part["bytes"], "by_kind": by_kind}
-
-
-def layer_split(fwd: list[Collective], both: list[Collective]) -> tuple[dict, dict]:
-    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives."""
-    layer_fwd = summarize(fwd, in_loop=True)
-    return layer_fwd, _diff(summarize(both, in_loop=True), layer_fwd)
-
-
-def measure(prog: Program) -> dict:
-    program_issues = issued(prog.loss, prog.params, prog.batch)
-    fwd = audit(prog.loss, prog.params, prog.batch)
-    both = audit(jax.grad(prog.loss), prog.params, prog.batch)
-    layer_fwd, layer_bwd = layer_split(fwd, both)
-    m, cfg = prog.cfg.model, prog.cfg
-    tokens = cfg.train.batch_size // cfg.parallel.dp * cfg.train.seq_len
-    itemsize = 2 if m.dtype == "bfloat16" else 4
-    analytic = analytic_layer_forward_elements(m, cfg.parallel.scheme, tokens) * itemsize
-    upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in cols if c.loop_depth and c.upcast_from)
-    fwd_ops = [_describe(c) for c in fwd if c.loop_depth]
-    return {
-        "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": cfg.parallel.tp,
-        "dp": cfg.parallel.dp, "batch": cfg.train.batch_size // cfg.parallel.dp, "seq": cfg.train.seq_len,
-        "dtype": m.dtype, "layers": m.n_layers, "norm": m.norm, "grouping": m.grouping, "kernels": m.kernels,
-        "layer_forward_bytes": layer_fwd["bytes"], "layer_backward_bytes": layer_bwd["bytes"],
-        "layer_forward_collectives": layer_fwd["count"], "layer_backward_collectives": layer_bwd["count"],
-        # Explicit (shard_map) collectives per layer as the program issues them, before XLA combines any.
-        "layer_forward_issued": dict(program_issues["layer"]),
-        "analytic_layer_forward_bytes": analytic,
-        "forward_over_analytic": layer_fwd["bytes"] / analytic,
-        "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
-        "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
-        "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
-        "layer_forward_ops": fwd_ops,
-        "layer_backward_ops": _minus([_describe(c) for c in both if c.loop_depth], fwd_ops),
-    }
-
-
-def _minus(items: list[str], remove: list[str]) -> list[str]:
-    out = list(items)
-    for r in remove:
-        if r in out:
-            out.remove(r)
-    return out
-
-
-def _describe(c: Collective) -> str:
-    parts = " + ".join(f"{d}{list(s)}" for d, s in c.parts)
-    return f"{c.kind} {parts} over {c.group_size} ({c.bytes / 2**20:.2f} MiB)"
 
 
 def print_table(r: dict) -> None:

@@ -1,7 +1,7 @@
 """`bench memory`: per-device peak memory of the train step under each remat mode, from XLA's
 compiled memory analysis of an abstract compile (nothing allocated: llama-7b works on a laptop),
 and, with `--time`, the measured step time and BOOST's efficiency metric: memory saved per
-millisecond of recomputation, against remat=none (BOOST.md section 6).
+millisecond of recomputation, against remat=none (docs/design.md section 6).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import json
 
 import jax
 
-from boost_jax.bench.common import add_model_flags, bench_config, build
-from boost_jax.bench.step import measure as measure_steps, peak_bytes
+from boost_jax.analysis.program import build, peak_bytes
+from boost_jax.bench.common import add_model_flags, bench_config
+from boost_jax.bench.step import measure as measure_steps
 
 MODES = ("none", "full", "lowrank")
 MIB = 2**20

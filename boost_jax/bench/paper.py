@@ -1,4 +1,4 @@
-"""`bench paper`: the paper's benchmark (BOOST.md section 7) at its settings, from abstract compiles.
+"""`bench paper`: the paper's benchmark (docs/design.md section 7) at its settings, from abstract compiles.
 
 For llama-1b .. 30b at bf16, seq 4096, micro-batch 4 and the paper's (TP, PP), each variant
 (dense/megatron and every low-rank arch under vanilla TP and BTP) is compiled here without
@@ -26,16 +26,15 @@ import jax.numpy as jnp
 
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.work import analyze
-from boost_jax.bench.comm import layer_split
-from boost_jax.bench.common import bench_config, bench_flags, build
+from boost_jax.analysis.comm import layer_split
+from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, load_hardware, predict
-from boost_jax.bench.step import peak_bytes
 from boost_jax.config import ConfigError
 from boost_jax.flops import count
 
 GIB = 2**30
 # The paper's table: GPUs as (TP, PP), seconds per iteration of full-rank Megatron TP / vanilla
-# low-rank TP / BOOST, all CoLA (BOOST.md section 7).
+# low-rank TP / BOOST, all CoLA (docs/design.md section 7).
 PAPER = {
     "llama-1b": {"tp": 1, "pp": 1, "dense/megatron": 0.85, "cola/vanilla": 0.56, "cola/btp": 0.59},
     "llama-3b": {"tp": 2, "pp": 1, "dense/megatron": 1.14, "cola/vanilla": 1.41, "cola/btp": 0.78},
@@ -44,7 +43,7 @@ PAPER = {
     "llama-13b": {"tp": 4, "pp": 2, "dense/megatron": 2.07, "cola/vanilla": 2.42, "cola/btp": 1.30},
     "llama-30b": {"tp": 4, "pp": 4, "dense/megatron": 2.43, "cola/vanilla": 2.58, "cola/btp": 1.27},
 }
-# LLaMA-7B, b=4, s=4096, TP=4: measured per-layer forward communication time (BOOST.md section 3).
+# LLaMA-7B, b=4, s=4096, TP=4: measured per-layer forward communication time (docs/design.md section 3).
 PAPER_LAYER_COMM_7B_S = {"dense/megatron": 2.01e-3, "cola/vanilla": 9.87e-3, "cola/btp": 1.85e-3}
 PAPER_GEMM_UTILIZATION_7B = {"cola/vanilla": "~59%", "cola/btp": "70-75%"}
 COLUMNS = ("dense/megatron", "cola/vanilla", "cola/btp")  # the paper's table: full rank, vanilla, BOOST
@@ -56,12 +55,13 @@ def measure(model: str, variant: str, *, tp: int, pp: int, batch: int, seq: int,
     """Measured quantities of one variant's train step (one pipeline stage), its Work, and the
     collectives of one decoder layer's forward."""
     arch, scheme = variant.split("/")
-    flags = bench_flags(model, arch, scheme, tp=tp, batch=batch, seq=seq, dtype=dtype, overrides=overrides)
-    layers = bench_config(flags).model.n_layers
+    variant_config = lambda *more: config_for(model, arch, scheme, tp=tp, batch=batch, seq=seq, dtype=dtype,
+                                              overrides=[*overrides, *more])
+    layers = variant_config().model.n_layers
     if layers % pp or layers // pp < 2:
         # XLA unrolls a one-trip loop: per-layer figures need the scanned stack to stay a loop.
         raise SystemExit(f"{model}: n_layers={layers} must split into pp={pp} stages of at least 2 layers")
-    cfg = bench_config(flags, overrides=[*overrides, f"model.n_layers={layers // pp}"])
+    cfg = variant_config(f"model.n_layers={layers // pp}")
     prog = build(cfg)
     fwd = collectives(jax.jit(prog.loss).lower(prog.params, prog.batch).compile().as_text())
     step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
@@ -73,7 +73,8 @@ def measure(model: str, variant: str, *, tp: int, pp: int, batch: int, seq: int,
     params = prog.params_per_device
     tokens = batch * seq
     work = Work(gemms, traffic, both, itemsize, params,
-                p2p_bytes=tokens * m.d_model * itemsize // (tp if scheme == "btp" else 1))
+                # The residual crossing a stage boundary, as the plan lays it out (btp: split on d).
+                p2p_bytes=tokens * m.d_model * itemsize // prog.plan.size("act_embed"))
     c = count(m, seq)
     layer_fwd, layer_bwd = layer_split(fwd, both)
     flops = lambda attention: sum(g.flops * g.trip_count for g in gemms if g.attention == attention)

@@ -14,18 +14,12 @@ import time
 import jax
 import numpy as np
 
+from boost_jax.analysis.program import config_for, peak_bytes
 from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.config import Config
 from boost_jax.flops import count
-from boost_jax.mesh import make_mesh, sharding_rules
+from boost_jax.parallel import make_plan
 from boost_jax.step import device_batch, setup
-
-
-def peak_bytes(compiled) -> int:
-    """Per-device peak from XLA's compiled memory analysis: live arguments + outputs + temporaries
-    (donated arguments counted once)."""
-    m = compiled.memory_analysis()
-    return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
 
 
 class Runner:
@@ -33,8 +27,7 @@ class Runner:
 
     def __init__(self, cfg: Config):
         n = cfg.parallel.dp * cfg.parallel.fsdp * cfg.parallel.tp
-        mesh = make_mesh(cfg.parallel, jax.devices()[:n])
-        run, self.state = setup(cfg, mesh, sharding_rules(cfg, mesh))
+        run, self.state = setup(cfg, make_plan(cfg, jax.devices()[:n]))
         t = cfg.train
         tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)
         self.batch = device_batch({"inputs": tokens, "targets": tokens}, run.batch_sharding)
@@ -69,10 +62,10 @@ def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
     return [r.result() for r in runners]
 
 
-def compare_configs(a: argparse.Namespace) -> list[Config]:
-    """dense/megatron, <arch>/vanilla and <arch>/btp at the same flags."""
-    return [bench_config(a, arch="dense", scheme="megatron"), bench_config(a, scheme="vanilla"),
-            bench_config(a, scheme="btp")]
+def compare_configs(model: str, arch: str, **knobs) -> list[Config]:
+    """dense/megatron, <arch>/vanilla and <arch>/btp at the same knobs (`analysis.program.config_for`)."""
+    return [config_for(model, "dense", "megatron", **knobs), config_for(model, arch, "vanilla", **knobs),
+            config_for(model, arch, "btp", **knobs)]
 
 
 def main(argv: list[str]) -> None:
@@ -83,7 +76,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
     a = p.parse_args(argv)
-    cfgs = compare_configs(a) if a.compare else [bench_config(a)]
+    knobs = dict(tp=a.tp, dp=a.dp, batch=a.batch, seq=a.seq, dtype=a.dtype, overrides=a.overrides)
+    cfgs = compare_configs(a.model, a.arch, **knobs) if a.compare else [bench_config(a)]
     results = measure(cfgs, a.reps, a.steps)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results)

@@ -8,7 +8,6 @@ from flax import nnx
 
 from boost_jax.config import ModelConfig
 from boost_jax.layers.lowrank import Linear, Projector
-from boost_jax.sharding import constrain
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -51,6 +50,7 @@ class Attention(nnx.Module):
         q = qkv["q"].reshape(b, s, self.n_heads, self.head_dim)
         k = qkv["k"].reshape(b, s, self.n_kv_heads, self.head_dim)
         v = qkv["v"].reshape(b, s, self.n_kv_heads, self.head_dim)
+        constrain = apply.plan.constrain
         q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
         k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))

@@ -7,7 +7,6 @@ from flax import nnx
 
 from boost_jax.config import ModelConfig
 from boost_jax.layers.lowrank import Linear, Projector
-from boost_jax.sharding import constrain
 
 
 class MLP(nnx.Module):
@@ -24,5 +23,5 @@ class MLP(nnx.Module):
         mlp = ("mlp", "act_mlp")
         gu = apply.normed(x, norm, {"gate": self.gate, "up": self.up}, {"gate": mlp, "up": mlp})
         g = jax.nn.silu(gu["gate"]) if self.gate_silu else gu["gate"]
-        h = constrain(g * gu["up"], ("batch", "seq", "act_mlp"))
+        h = apply.plan.constrain(g * gu["up"], ("batch", "seq", "act_mlp"))
         return apply("down", self.down, h, ("act_mlp", "mlp"))

@@ -1,7 +1,8 @@
 """The few blocks whose collectives must be exact, written with `jax.shard_map`.
 
-Everything else is left to XLA's SPMD partitioner, which derives collectives from the layouts in
-`sharding.py`; here the layout alone would let it pick something worse.
+Everything else is left to XLA's SPMD partitioner, which derives collectives from the plan's
+layouts (`parallel/plan.py`); here the layout alone would let it pick something worse. Each block
+takes the plan explicitly. docs/design.md derives the math.
 """
 
 from __future__ import annotations
@@ -13,23 +14,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boost_jax.sharding import active, spec
 from jax.ad_checkpoint import checkpoint_name
 
+from boost_jax.parallel.plan import Plan
+from boost_jax.remat import LATENT
 from pallas_kernels import grouped_matmul, norm_down
 
 
-def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
+def embed_lookup(plan: Plan, table: jax.Array, tokens: jax.Array) -> jax.Array:
     """Vocab-parallel embedding: each rank looks up the tokens in its slice of the vocabulary
     (zeros elsewhere), then one reduction over the vocab axis combines them. When the residual is
     split on d (btp) that reduction is a reduce-scatter, so each rank receives only its d/p slice:
     half the bytes of the paper's all-reduce + slice."""
-    ctx = active()
-    vocab_axis = ctx and ctx[1].get("vocab")
-    if not vocab_axis or ctx[0].shape[vocab_axis] == 1:
+    vocab_axis = plan.axis("vocab")
+    if plan.size("vocab") == 1:
         return table[tokens]
-    mesh, rules = ctx
-    out_spec = spec(("batch", "seq", "act_embed"), rules)
+    out_spec = plan.spec(("batch", "seq", "act_embed"))
     scatter = vocab_axis in jax.tree.leaves(tuple(out_spec))
 
     def local(table_shard, tokens_shard):
@@ -42,7 +42,7 @@ def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
         return jax.lax.psum(x, vocab_axis)
 
     return jax.shard_map(
-        local, mesh=mesh, in_specs=(spec(("vocab", None), rules), spec(("batch", "seq"), rules)),
+        local, mesh=plan.mesh, in_specs=(plan.spec(("vocab", None)), plan.spec(("batch", "seq"))),
         out_specs=out_spec,
     )(table, tokens)
 
@@ -62,14 +62,8 @@ all_reduce.defvjp(lambda x, axis: (jax.lax.psum(x, axis), None),
                   lambda axis, _, g: (g * jax.lax.axis_size(axis),))
 
 
-def btp_active() -> bool:
-    """True when the active rules split the residual on d (btp), or when none are active (one
-    device: the degenerate btp with p = 1, so the same code runs everywhere)."""
-    ctx = active()
-    return ctx is None or ctx[1].get("act_embed") is not None
-
-
 def btp_down(
+    plan: Plan,
     x: jax.Array,
     weights: Sequence[jax.Array],
     *,
@@ -90,19 +84,20 @@ def btp_down(
     `grouping` concatenates the weights into one GEMM and one all-reduce; without it each weight
     gets its own. Every collective here is an explicit psum, so the program issues exactly these.
     """
-    ctx = active()
     dtype = x.dtype
+    tp = plan.axis(x_axis)
+    if tp is None:
+        raise ValueError(f"btp_down: activation axis {x_axis!r} is not split under scheme {plan.scheme.name}")
 
     def local(x, gamma, *ws):
-        tp = ctx[1].get("act_embed") if ctx else None
-        # Every all-reduce output is a "latent" for low-rank checkpointing: saving exactly these
+        # Every all-reduce output is a latent for low-rank checkpointing: saving exactly these
         # means the backward pass recomputes everything after them and no collective.
-        reduce = lambda v: checkpoint_name(all_reduce(v, tp) if tp else v, "latent")
+        reduce = lambda v: checkpoint_name(all_reduce(v, tp), LATENT)
         # The sync statistic feeds each rank's own shard, so its gradient must be summed: plain psum.
-        reduce_stat = lambda v: checkpoint_name(jax.lax.psum(v, tp) if tp else v, "latent")
+        reduce_stat = lambda v: checkpoint_name(jax.lax.psum(v, tp), LATENT)
         b, s, k = x.shape
         x2 = x.reshape(b * s, k)
-        d_total = k * (jax.lax.axis_size(tp) if tp else 1)
+        d_total = k * jax.lax.axis_size(tp)
         groups = [list(ws)] if grouping else [[w] for w in ws]
         outs, scale = [], None
         if gamma is not None and norm == "sync":
@@ -123,36 +118,31 @@ def btp_down(
             outs += jnp.split(h, np.cumsum([w.shape[1] for w in group])[:-1], axis=-1)
         return [o.reshape(b, s, o.shape[-1]) for o in outs]
 
-    if ctx is None:
-        return local(x, gamma, *weights)
-    mesh, rules = ctx
     with_norm = gamma is not None
     fn = jax.shard_map(
         (lambda x, *rest: local(x, *rest)) if with_norm else (lambda x, *ws: local(x, None, *ws)),
-        mesh=mesh,
-        in_specs=(spec(("batch", "seq", x_axis), rules), *[spec((x_axis,), rules)] * with_norm,
-                  *[spec((w_axis, None), rules)] * len(weights)),
-        out_specs=[spec(("batch", "seq", None), rules)] * len(weights),
+        mesh=plan.mesh,
+        in_specs=(plan.spec(("batch", "seq", x_axis)), *[plan.spec((w_axis,))] * with_norm,
+                  *[plan.spec((w_axis, None))] * len(weights)),
+        out_specs=[plan.spec(("batch", "seq", None))] * len(weights),
         check_vma=False,  # Pallas kernels inside carry no varying-axis types
     )
     return fn(x, *([gamma] * with_norm), *weights)
 
 
-def grouped_up(latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str, y_axis: str,
-               kernels: str = "xla") -> list[jax.Array]:
+def grouped_up(plan: Plan, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,
+               y_axis: str, kernels: str = "xla") -> list[jax.Array]:
     """Column-parallel up-projections of same-width outputs as one batched GEMM:
     z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul)."""
     c, bsz, s, r = len(latents), *latents[0].shape
     z = jnp.stack(latents).reshape(c, bsz * s, r)
     b = jnp.stack([w.astype(z.dtype) for w in weights])
-    ctx = active()
-    if ctx is None or kernels == "xla":
+    if kernels == "xla":  # XLA partitions the batched GEMM from the layouts alone
         y = grouped_matmul(z, b, impl=kernels)
     else:
-        mesh, rules = ctx
         y = jax.shard_map(
-            lambda z, b: grouped_matmul(z, b, impl=kernels), mesh=mesh,
-            in_specs=(spec((None, "batch", None), rules), spec((None, None, w_axis), rules)),
-            out_specs=spec((None, "batch", y_axis), rules), check_vma=False,
+            lambda z, b: grouped_matmul(z, b, impl=kernels), mesh=plan.mesh,
+            in_specs=(plan.spec((None, "batch", None)), plan.spec((None, None, w_axis))),
+            out_specs=plan.spec((None, "batch", y_axis)), check_vma=False,
         )(z, b)
     return list(y.reshape(c, bsz, s, -1))

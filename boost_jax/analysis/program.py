@@ -1,0 +1,77 @@
+"""Abstract programs: a config's sharded loss under its plan, with allocation-free inputs.
+
+    cfg = config_for("llama-7b", "cola", tp=4, batch=4, seq=4096, dtype="bf16")
+    prog = build(cfg)                              # jax.ShapeDtypeStructs: nothing is allocated
+    compiled = jax.jit(jax.grad(prog.loss)).lower(prog.params, prog.batch).compile()
+
+Used by `bench`, the tests and the notebooks to compile 7B-30B models on a laptop and read their
+collectives (`comm.py`, `hlo.py`), GEMMs (`work.py`) and memory (`peak_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.parallel import Plan, make_plan
+from boost_jax.step import abstract_model, sharded_loss
+
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch: int, seq: int, dtype: str,
+               dp: int = 1, overrides: Sequence[str] = ()) -> Config:
+    """A config from the usual benchmark knobs: `batch` is per data-parallel replica, dtype bf16|fp32;
+    `overrides` are `section.key=value` strings applied last."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r}: choose one of {sorted(DTYPES)}")
+    return load_config(None, [
+        f"model.preset={model}", f"model.arch={arch}", f"parallel.scheme={scheme}",
+        f"parallel.tp={tp}", f"parallel.dp={dp}", "parallel.fsdp=1",
+        f"train.batch_size={batch * dp}", f"train.seq_len={seq}", f"model.dtype={DTYPES[dtype]}", *overrides,
+    ])
+
+
+@dataclass(frozen=True)
+class Program:
+    """The sharded loss of a config under its plan, with abstract (allocation-free) inputs."""
+
+    cfg: Config
+    plan: Plan
+    graphdef: nnx.GraphDef
+    params: dict  # ShapeDtypeStructs carrying their shardings
+    batch: dict
+    loss: Callable
+
+    @property
+    def params_per_device(self) -> int:
+        """Parameter elements each device holds (its shard of every weight)."""
+        return sum(math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(self.params))
+
+
+def build(cfg: Config) -> Program:
+    n = cfg.parallel.dp * cfg.parallel.fsdp * cfg.parallel.tp
+    if n < 1 or jax.device_count() < n:
+        raise ConfigError(f"need {n} devices, JAX sees {jax.device_count()} (on CPU: parallel.cpu_devices={n})")
+    plan = make_plan(cfg, jax.devices()[:n])
+    graphdef, abstract = abstract_model(cfg)
+    shardings = plan.named(plan.param_specs(abstract))
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nnx.to_pure_dict(abstract), shardings)
+    tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
+                                  sharding=plan.sharding(("batch", None)))
+    batch = {"inputs": tokens, "targets": tokens}
+    return Program(cfg, plan, graphdef, params, batch, sharded_loss(graphdef, plan, cfg.train.remat))
+
+
+def peak_bytes(compiled) -> int:
+    """Per-device peak from XLA's compiled memory analysis: live arguments + outputs + temporaries
+    (donated arguments counted once)."""
+    m = compiled.memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes

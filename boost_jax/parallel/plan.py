@@ -1,0 +1,116 @@
+"""The parallel plan: one immutable object saying how a model runs (mesh + scheme + rules).
+
+The model receives the plan at call time and every code path that depends on the layout branches
+on it (`plan.scheme.fused_btp`, `plan.axis("vocab")`), never on global or context state. One
+device is a plan too (`single_device_plan`): the same code with a mesh of size one.
+
+Logical axes are strict: a name outside `schemes.LOGICAL_AXES` raises, and two dimensions of one
+tensor asking for the same mesh axis raise, instead of silently replicating.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import jax
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from boost_jax.errors import ConfigError
+from boost_jax.parallel.mesh import MESH_AXES, TP, make_mesh
+from boost_jax.parallel.schemes import LOGICAL_AXES, SCHEMES, Rules, Scheme, default_scheme
+
+if TYPE_CHECKING:
+    from boost_jax.config import Config, ModelConfig
+
+
+@dataclass(frozen=True)
+class Plan:
+    mesh: Mesh
+    scheme: Scheme
+    rules: Rules  # logical axis -> mesh axes, for this model (kv-head replication applied)
+
+    def spec(self, axes: Sequence[str | None]) -> P:
+        """PartitionSpec for one logical name (or None) per dimension."""
+        out, used = [], {}
+        for dim, name in enumerate(axes):
+            if name is not None and name not in LOGICAL_AXES:
+                raise ValueError(f"unknown logical axis {name!r} in {tuple(axes)}; known: {sorted(LOGICAL_AXES)}")
+            mesh_axes = self.rules.get(name) if name is not None else None
+            flat = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+            for axis in flat:
+                if axis in used:
+                    raise ValueError(f"logical axes {tuple(axes)}: dimensions {used[axis]} and {dim} both "
+                                     f"map to mesh axis {axis!r} under scheme {self.scheme.name}")
+                used[axis] = dim
+            out.append(flat[0] if len(flat) == 1 else (flat or None))
+        return P(*out)
+
+    def sharding(self, axes: Sequence[str | None]) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(axes))
+
+    def constrain(self, x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+        """with_sharding_constraint by logical names."""
+        return jax.lax.with_sharding_constraint(x, self.sharding(axes))
+
+    def axis(self, name: str) -> str | None:
+        """The one mesh axis a logical name maps to (None if replicated); for shard_map collectives."""
+        mesh_axes = self.spec((name,))[0]
+        if mesh_axes is not None and not isinstance(mesh_axes, str):
+            raise ValueError(f"logical axis {name!r} maps to several mesh axes {mesh_axes}")
+        return mesh_axes
+
+    def size(self, name: str) -> int:
+        """How many ways a logical name is split."""
+        mesh_axes = self.spec((name,))[0]
+        flat = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+        return math.prod(self.mesh.shape[a] for a in flat)
+
+    def param_specs(self, params: nnx.State) -> dict:
+        """PartitionSpecs, as a pure dict shaped like `params.to_pure_dict()`, from `logical_axes` metadata."""
+        out: dict = {}
+        for path, var in nnx.to_flat_state(params):
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            axes = var.get_metadata().get("logical_axes")
+            if axes is None:
+                raise ValueError(f"parameter {'.'.join(map(str, path))} has no logical_axes metadata")
+            node[path[-1]] = self.spec(axes)
+        return out
+
+    def named(self, specs):
+        """NamedShardings on this mesh for a pytree of PartitionSpecs."""
+        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
+    """The plan of `cfg` on `devices` (default: all), after checking every split the scheme makes divides."""
+    mesh = make_mesh(cfg.parallel, devices)
+    scheme = SCHEMES[cfg.parallel.scheme]
+    for req in scheme.requires:
+        ways = math.prod(mesh.shape[a] for a in req.axes)
+        value = _config_value(cfg, req.key)
+        if value % ways:
+            axes = " x ".join(req.axes)
+            why = f" ({req.why})" if req.why else ""
+            raise ConfigError(f"parallel: {req.key}={value} must divide by {axes} = {ways}{why} "
+                              f"(scheme={scheme.name}, mesh {dict(mesh.shape)})")
+    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, mesh.shape[TP]))
+
+
+def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
+    """`scheme` (default: the arch's, as parallel.scheme=auto) on the first device alone: the same
+    code path as any mesh, with every split one way. The reference every mesh must equal."""
+    chosen = SCHEMES[scheme or default_scheme(model.arch)]
+    mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=jax.devices()[:1])
+    return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1))
+
+
+def _config_value(cfg: Config, key: str) -> int:
+    section, fields = key.split(".")
+    return math.prod(getattr(getattr(cfg, section), f) for f in fields.split("*"))
