@@ -95,6 +95,8 @@ def _default(value, default):
 class TrainConfig:
     steps: int = 150
     batch_size: int = 16  # global, in sequences
+    # Gradient accumulation: the batch runs as this many micro-batches in one step, one update.
+    microbatches: int = 1
     seq_len: int = 128
     lr: float = 3e-3
     warmup_steps: int = 15  # clipped to the schedule horizon
@@ -297,8 +299,10 @@ def _validate_model(m: ModelConfig) -> None:
 
 def _validate(c: Config) -> None:
     t = c.train
-    for name in ("steps", "batch_size", "seq_len", "eval_batches"):
+    for name in ("steps", "batch_size", "microbatches", "seq_len", "eval_batches"):
         _require(getattr(t, name) > 0, f"train.{name}", "must be > 0")
+    _require(t.batch_size % t.microbatches == 0, "train.microbatches",
+             f"train.batch_size={t.batch_size} must divide by train.microbatches={t.microbatches}")
     _require(t.lr > 0, "train.lr", "must be > 0")
     _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
     _require(t.schedule_steps >= 0, "train.schedule_steps", "must be >= 0 (0 = steps)")

@@ -90,8 +90,10 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     batch_sharding = plan.sharding(("batch", None))
     loss_of = sharded_loss(graphdef, plan, cfg.train.remat)
 
+    grad_of = accumulated_grad(loss_of, plan, cfg.train.microbatches, plan.named(pspecs))
+
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-        loss, grads = jax.value_and_grad(loss_of)(state["params"], batch)
+        loss, grads = grad_of(state["params"], batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         # Reserved for stochastic layers: advanced every step so a resumed run stays exact once used.
         rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state["rng"]))[0])
@@ -111,6 +113,31 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     )
     jitted_eval = jax.jit(loss_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval), state
+
+
+def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_shardings) -> Callable:
+    """(loss, grads) of the global batch, computed over `microbatches` micro-batches in a scan with
+    gradients summed in fp32: the same mean over all tokens as one pass, in 1/M of the activations."""
+    if microbatches == 1:
+        return jax.value_and_grad(loss_of)
+
+    def split(x):
+        # Micro-batch m takes rows m, m + M, m + 2M, ...: every device keeps 1/M of its own rows in
+        # each, so splitting moves no data across the batch axes.
+        x = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
+        return plan.constrain(x, (None, "batch", None))
+
+    def grad_of(params, batch):
+        def add(acc, micro):
+            loss, grads = jax.value_and_grad(loss_of)(params, micro)
+            return (acc[0] + loss, jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc[1], grads)), None
+
+        zeros = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
+                             params, param_shardings)
+        (loss, grads), _ = jax.lax.scan(add, (jnp.zeros((), jnp.float32), zeros), jax.tree.map(split, batch))
+        return loss / microbatches, jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), grads, params)
+
+    return grad_of
 
 
 def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str = "none") -> Callable:

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax.errors import ConfigError
-from boost_jax.parallel.mesh import MESH_AXES, TP, make_mesh
+from boost_jax.parallel.mesh import DP, FSDP, MESH_AXES, TP, make_mesh
 from boost_jax.parallel.schemes import LOGICAL_AXES, SCHEMES, Rules, Scheme, default_scheme
 
 if TYPE_CHECKING:
@@ -99,6 +99,10 @@ def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
             why = f" ({req.why})" if req.why else ""
             raise ConfigError(f"parallel: {req.key}={value} must divide by {axes} = {ways}{why} "
                               f"(scheme={scheme.name}, mesh {dict(mesh.shape)})")
+    rows, shards = cfg.train.batch_size // cfg.train.microbatches, mesh.shape[DP] * mesh.shape[FSDP]
+    if rows % shards:
+        raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
+                          f"divide by dp x fsdp = {shards} (mesh {dict(mesh.shape)})")
     return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, mesh.shape[TP]))
 
 
