@@ -20,6 +20,7 @@ import yaml
 from boost_jax import presets
 from boost_jax.errors import ConfigError
 
+MAX_VOCAB = 2**31 - 1
 Arch = Literal["dense", "svd", "cola", "lax"]
 DType = Literal["float32", "bfloat16"]
 
@@ -101,6 +102,9 @@ class TrainConfig:
     remat: Literal["none", "full", "lowrank"] = "none"
     eval_every: int = 50  # 0 disables
     eval_batches: int = 4
+    # A non-finite loss or gradient norm: stop the run (no checkpoint after it), or skip = drop
+    # that step's update inside the jitted step (counted as `skipped` in metrics.jsonl).
+    on_nonfinite: Literal["stop", "skip"] = "stop"
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = load_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         raw = loaded
@@ -185,8 +189,20 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {part!r} is not a section")
-        node[leaf] = yaml.safe_load(value) if value else ""
+        node[leaf] = _parse_yaml(value, f"override {item!r}") if value else ""
     return from_dict(raw)
+
+
+def load_yaml(path: Path) -> Any:
+    """A YAML file's content; a syntax error names the file and the line."""
+    return _parse_yaml(path.read_text(), str(path))
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
@@ -277,6 +293,9 @@ def _validate_model(m: ModelConfig) -> None:
         _require(v is not None and v > 0, f"model.{name}",
                  f"must be a positive integer, got {v!r}"
                  + (" (d_model must divide by n_heads, or set head_dim)" if name == "head_dim" else ""))
+    # Token ids travel as int32 (and tokenizers' ids are u32): a larger vocab cannot be addressed.
+    _require(m.vocab_size <= MAX_VOCAB, "model.vocab_size", f"must be at most {MAX_VOCAB:,} (token ids are "
+             f"int32), got {m.vocab_size:,}")
     _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
              f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads}")
     _require(m.head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {m.head_dim}")
