@@ -1,8 +1,9 @@
-"""Orbax checkpoints of the train state plus a small JSON record (step, data position, config).
+"""Orbax checkpoints of the train state plus a small JSON record (step, data position, loss, identity).
 
 Saves are asynchronous and atomic (Orbax commits a finished step directory by rename), so an
 interrupted save never hides the previous checkpoint. Restoring takes the target's shardings,
-so a checkpoint loads onto any mesh.
+so a checkpoint loads onto any mesh. Each checkpoint carries its run's identity (the frozen config
+keys) and restoring checks it, so no edited or missing config.yaml can pair it with another model.
 """
 
 from __future__ import annotations
@@ -14,6 +15,27 @@ import jax
 import orbax.checkpoint as ocp
 
 from boost_jax.errors import CheckpointError
+
+
+# Keys that must not change when a run dir is resumed: they change what the checkpoint means.
+FROZEN_ON_RESUME = ("model", "data", "train.batch_size", "train.seq_len", "train.seed")
+
+
+def identity(config: dict, keys: tuple[str, ...] = FROZEN_ON_RESUME) -> dict[str, Any]:
+    """The frozen keys (or those under `keys`) of a config dict (`Config.to_dict()`), as flat dotted names."""
+    frozen = lambda key: any(key == f or key.startswith(f + ".") for f in keys)
+    return {k: v for k, v in _flatten(config).items() if frozen(k)}
+
+
+def changed_keys(saved: dict, now: dict) -> list[str]:
+    """The dotted keys whose values differ between two identities."""
+    return sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    return {k: v for key, value in d.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
 
 
 class Checkpointer:
@@ -36,22 +58,39 @@ class Checkpointer:
             step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         )
 
-    def restore(self, step: int, like: Any) -> tuple[Any, dict]:
-        """Restore `step` into arrays shaped and sharded like the `like` pytree."""
+    def restore(self, step: int, like: Any, run_identity: dict) -> tuple[Any, dict]:
+        """Restore `step` into arrays shaped and sharded like the `like` pytree, after checking the
+        checkpoint's identity agrees on every key of `run_identity`."""
+        meta = dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
+        if "identity" not in meta:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} records no run identity "
+                                  "(frozen config keys), so it cannot be checked against this config")
+        if changed := changed_keys({k: meta["identity"].get(k) for k in run_identity}, run_identity):
+            values = "; ".join(f"{k}: {meta['identity'].get(k)!r} in the checkpoint, {run_identity.get(k)!r} now"
+                               for k in changed[:4]) + ("; ..." if len(changed) > 4 else "")
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} belongs to a run with a different "
+                                  f"{', '.join(changed)} ({values}); use a new run_dir (nothing was changed)")
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        return self._restore(step, state=ocp.args.StandardRestore(target)).state, meta
+
+    def _restore(self, step: int, **items: Any) -> Any:
         try:
-            out = self.manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
-            )
+            return self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # Orbax raises many types for a damaged directory
             raise CheckpointError(
-                f"cannot restore checkpoint step {step} from {self.directory}: {type(e).__name__}: {e}. "
-                "Fix or move that step directory aside to resume from an older one; nothing was changed."
+                f"cannot restore checkpoint step {step} from {self.directory}: {type(e).__name__}: "
+                f"{_first_line(e)}. Fix or move that step directory aside to resume from an older one; "
+                "nothing was changed."
             ) from e
-        return out.state, dict(out.meta)
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _first_line(e: Exception) -> str:
+    """Orbax/TensorStore errors can carry pages of context; the first line names the problem."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""

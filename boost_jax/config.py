@@ -22,6 +22,7 @@ from boost_jax.archs import ARCHS
 from boost_jax.errors import ConfigError
 from boost_jax.parallel.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
 
+MAX_VOCAB = 2**31 - 1
 # Choices read from their tables (archs.py, parallel/schemes.py), so adding an entry there is enough.
 Arch = Literal[tuple(ARCHS)]
 SchemeName = Literal[("auto", *SCHEMES)]
@@ -112,6 +113,9 @@ class TrainConfig:
     remat: Literal["none", "full", "lowrank"] = "none"
     eval_every: int = 50  # 0 disables
     eval_batches: int = 4
+    # A non-finite loss or gradient norm: stop the run (no checkpoint after it), or skip = drop
+    # that step's update inside the jitted step (counted as `skipped` in metrics.jsonl).
+    on_nonfinite: Literal["stop", "skip"] = "stop"
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = load_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         raw = loaded
@@ -196,8 +200,20 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {part!r} is not a section")
-        node[leaf] = yaml.safe_load(value) if value else ""
+        node[leaf] = _parse_yaml(value, f"override {item!r}") if value else ""
     return from_dict(raw)
+
+
+def load_yaml(path: Path) -> Any:
+    """A YAML file's content; a syntax error names the file and the line."""
+    return _parse_yaml(path.read_text(), str(path))
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
@@ -289,6 +305,9 @@ def _validate_model(m: ModelConfig) -> None:
                  f"must be a positive integer, got {v!r}"
                  + (" (d_model must divide by n_heads, or set head_dim)" if name == "head_dim" else "")
                  + (" (null means the default, d_model / 4)" if name.endswith("_rank") else ""))
+    # Token ids travel as int32 (and tokenizers' ids are u32): a larger vocab cannot be addressed.
+    _require(m.vocab_size <= MAX_VOCAB, "model.vocab_size", f"must be at most {MAX_VOCAB:,} (token ids are "
+             f"int32), got {m.vocab_size:,}")
     _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
              f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads}")
     _require(m.head_dim % 2 == 0, "model.head_dim", f"RoPE needs an even head_dim, got {m.head_dim}")

@@ -10,14 +10,28 @@ from __future__ import annotations
 class BoostJaxError(Exception):
     """Bad input or state a user can fix (config, data, checkpoint, run dir); the message says how."""
 
+    kind = "error"  # how the command line introduces the message
+
 
 class ConfigError(BoostJaxError, ValueError):
     """A configuration key or value is invalid; the message names it."""
+
+    kind = "config error"
 
 
 class DataError(BoostJaxError, ValueError):
     """A corpus, prepared dataset or tokenizer cannot be used; the message names the file."""
 
+    kind = "data error"
+
 
 class CheckpointError(BoostJaxError, RuntimeError):
     """A checkpoint or run dir cannot be used as asked; the message names it."""
+
+    kind = "checkpoint error"
+
+
+class DivergenceError(BoostJaxError, FloatingPointError):
+    """Training produced a non-finite loss or gradient norm; the message names the first bad step."""
+
+    kind = "training diverged"

@@ -13,18 +13,18 @@ import argparse
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer
 
 from boost_jax import api
 from boost_jax.archs import ARCHS
-from boost_jax.checkpoint import CheckpointError
-from boost_jax.config import Config, ConfigError, ModelConfig, from_dict
+from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax.config import Config, ModelConfig, from_dict
 from boost_jax.errors import BoostJaxError
 from boost_jax.model import Model
 
@@ -47,6 +47,8 @@ HF_NAMES = {
 
 class ExportError(BoostJaxError, ValueError):
     """The run, the checkpoint or the output folder cannot be used; the message says why."""
+
+    kind = "export error"
 
 
 def is_hf_llama(cfg: ModelConfig) -> bool:
@@ -138,11 +140,23 @@ def _check_out_dir(out_dir: Path, force: bool) -> None:
 
 
 def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:
-    """The tokenizer.json every training run saves in its run dir, else data.tokenizer_path."""
+    """The tokenizer.json every training run saves in its run dir, else data.tokenizer_path; checked
+    to load and to fit the model's vocab, so the export never carries a tokenizer it cannot use."""
     paths = [run_dir / TOKENIZER]
     if cfg.data.tokenizer_path:
         paths.append(Path(cfg.data.tokenizer_path).expanduser())
-    return next((p for p in paths if p.is_file()), None)
+    path = next((p for p in paths if p.is_file()), None)
+    if path is None:
+        return None
+    try:
+        size = Tokenizer.from_file(str(path)).get_vocab_size()
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise ExportError(f"{path} is not a tokenizer `tokenizers` can load ({' '.join(str(e).split())}); "
+                          "restore the run's tokenizer.json or remove it to export without one") from None
+    if size > cfg.model.vocab_size:
+        raise ExportError(f"{path} has {size:,} tokens, more than the model's vocab_size "
+                          f"{cfg.model.vocab_size:,}: it is not this run's tokenizer")
+    return path
 
 
 # ----------------------------------------------------------------------------- import
@@ -233,19 +247,21 @@ def _flat(tree: dict) -> dict[str, jax.Array]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m boost_jax.export",
         description="Export a run's checkpoint as safetensors: the Hugging Face LLaMA layout for a "
-                    "dense SwiGLU model, the boost layout otherwise (docs/export.md).")
+                    "dense SwiGLU model, the boost layout otherwise (docs/export.md).",
+        epilog=DEBUG_HELP)
     parser.add_argument("run_dir", help="the run dir (holds config.yaml and checkpoints/)")
     parser.add_argument("out_dir", help="folder to write; must be empty unless --force")
     parser.add_argument("--step", type=int, help="checkpoint step to export (default: the newest)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty out_dir")
     args = parser.parse_args(argv)
-    try:
-        step = export(args.run_dir, args.out_dir, args.step, args.force)
-    except (ExportError, ConfigError, CheckpointError) as e:
-        sys.exit(f"export error: {e}")
+    step = export(args.run_dir, args.out_dir, args.step, args.force)
     out = Path(args.out_dir)
     layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"
     print(f"exported step {step} of {args.run_dir} to {out} ({layout} layout): "

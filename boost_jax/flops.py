@@ -81,16 +81,29 @@ def device_peak_flops(dtype: str, cache_dir: Path) -> tuple[float, str]:
                 # fp32 matmuls run as TF32 on tensor cores at JAX's default precision: half the bf16 peak.
                 return (peak if dtype == "bfloat16" else peak / 2, f"table:{name}")
         return measure_matmul_peak(dtype), f"measured:{dev.device_kind}"
-    key = f"{platform.processor() or platform.machine()}-{os.cpu_count()}-{jax.__version__}-{dtype}"
+    key = cpu_peak_key(dtype)
     path = Path(cache_dir) / "cpu_peak.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = _read_peaks(path)
     if key not in cache:
         cache[key] = measure_matmul_peak(dtype)
         atomic_write(path, lambda f: f.write(json.dumps(cache).encode()))
     return cache[key], "measured:cpu"
+
+
+def cpu_peak_key(dtype: str) -> str:
+    return f"{platform.processor() or platform.machine()}-{os.cpu_count()}-{jax.__version__}-{dtype}"
+
+
+def _read_peaks(path: Path) -> dict[str, float]:
+    """The cached peaks; an unreadable file or entry (damaged, hand-edited) is measured again."""
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cache, dict):
+        return {}
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+    return {k: float(v) for k, v in cache.items() if number(v)}
 
 
 def measure_matmul_peak(dtype: str, n: int = 2048, reps: int = 10) -> float:

@@ -97,13 +97,16 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         # Reserved for stochastic layers: advanced every step so a resumed run stays exact once used.
         rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state["rng"]))[0])
-        new = {
-            "params": optax.apply_updates(state["params"], updates),
-            "opt_state": opt_state,
-            "step": state["step"] + 1,
-            "rng": rng,
-        }
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(cfg.train)(state["step"])}
+        params = optax.apply_updates(state["params"], updates)
+        grad_norm = optax.tree.norm(grads)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(cfg.train)(state["step"])}
+        if cfg.train.on_nonfinite == "skip":  # drop a non-finite update; the step and data still advance
+            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            keep = lambda new, old: jnp.where(finite, new, old)
+            params = jax.tree.map(keep, params, state["params"])
+            opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
+            metrics["skipped"] = (~finite).astype(jnp.float32)
+        new = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": rng}
         return new, metrics
 
     batch_shardings = {"inputs": batch_sharding, "targets": batch_sharding}

@@ -51,6 +51,8 @@ def test_yaml_file_then_overrides(tmp_path):
     ("data.source=files", "data.paths"),
     ("log.progress=maybe", "log.progress: expected true/false"),
     ("train.remat=sometimes", "train.remat"),
+    ("model.vocab_size=5000000000", "model.vocab_size: must be at most 2,147,483,647"),
+    ("train.on_nonfinite=ignore", "train.on_nonfinite: 'ignore' is not one of"),
     ("train", "not of the form"),
 ])
 def test_bad_input_names_the_key(override, needle):

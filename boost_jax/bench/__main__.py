@@ -2,13 +2,19 @@
 
 import sys
 
+from boost_jax.cli import DEBUG_HELP, run_main
+
 COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report")
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        sys.exit(f"usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help")
-    cmd, argv = sys.argv[1], sys.argv[2:]
+    run_main(_main)
+
+
+def _main(args: list[str]) -> None:
+    if not args or args[0] not in COMMANDS:
+        sys.exit(f"usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")
+    cmd, argv = args[0], args[1:]
     # Simulated host devices must be requested before JAX starts: enough for the largest mesh asked.
     import jax
 

@@ -1,0 +1,228 @@
+"""Failures end safely and say so: divergence stops before a bad checkpoint, a checkpoint guards its
+own resume, a CLI error is one message (no traceback), metrics survive a crash, bad inputs are named."""
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from boost_jax import api, flops
+from boost_jax.checkpoint import Checkpointer
+from boost_jax.config import ConfigError, LogConfig, load_config
+from boost_jax.errors import CheckpointError, DivergenceError
+from boost_jax.export import ExportError, export
+from boost_jax.log import RunLog
+from boost_jax.train import evaluate, train
+
+
+def config(tmp_path, tiny_overrides, *extra, name="run"):
+    return load_config(None, [*tiny_overrides, f"run_dir={tmp_path / name}", "train.eval_every=0", *extra])
+
+
+def cli(module, *args):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+
+
+def assert_one_message(proc, *needles):
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+def steps_in(run_dir):
+    return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
+
+
+def metric_steps(run_dir):
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory, tiny_overrides):
+    """A healthy run dir: 4 steps, checkpoints at 2 and 4. Tests work on copies."""
+    path = tmp_path_factory.mktemp("good")
+    train(config(path, tiny_overrides, "train.steps=4", "checkpoint.every=2"))
+    return path / "run"
+
+
+@pytest.fixture
+def run_copy(good_run, tmp_path):
+    return shutil.copytree(good_run, tmp_path / "run")
+
+
+# ----------------------------------------------------------------------------- divergence
+
+
+def test_divergence_stops_and_keeps_the_last_finite_checkpoint(run_copy, tiny_overrides):
+    # Resume a good run with an absurd LR, saving every step with keep=2: before the guard, the
+    # run ended normally and retention deleted every finite checkpoint in favour of all-NaN ones.
+    with pytest.raises(DivergenceError, match=r"non-finite loss .* at step \d+") as e:
+        train(load_config(None, [*tiny_overrides, f"run_dir={run_copy}", "train.eval_every=0", "train.steps=12",
+                                 "train.lr=1e6", "checkpoint.every=1", "checkpoint.keep=2"]))
+    bad = int(re.search(r"at step (\d+)", str(e.value)).group(1))
+    assert 4 < bad <= 12
+    assert max(steps_in(run_copy)) == bad - 1  # none after the bad step; the one just before kept
+    assert metric_steps(run_copy) == list(range(1, bad + 1))
+    _, model, _ = api.restore(run_copy)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(model))
+
+
+def test_skip_mode_drops_a_non_finite_update(tiny_overrides, tmp_path):
+    from boost_jax.parallel import make_plan
+    from boost_jax.step import setup
+
+    cfg = config(tmp_path, tiny_overrides, "train.on_nonfinite=skip", "parallel.dp=1", "train.warmup_steps=0")
+    run, state = setup(cfg, make_plan(cfg, jax.devices()[:1]))
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (8, 64), dtype=np.int32)
+    tokens[:, 0] = 0  # reads the poisoned embedding row below
+    batch = {"inputs": tokens, "targets": tokens}
+    init = jax.device_get(state)
+    poisoned = jax.tree.map(np.copy, init)
+    poisoned["params"]["embed"][0, 0] = np.nan
+    new, metrics = run.train_step(jax.device_put(poisoned, run.state_shardings), batch)
+    assert float(metrics["skipped"]) == 1 and not np.isfinite(float(metrics["loss"]))
+    same = lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # NaN == NaN here
+    jax.tree.map(same, jax.device_get(new["params"]), poisoned["params"])
+    jax.tree.map(same, jax.device_get(new["opt_state"]), poisoned["opt_state"])
+    assert int(new["step"]) == 1  # the step (and its data) still advance
+    clean, metrics = run.train_step(jax.device_put(init, run.state_shardings), batch)
+    assert float(metrics["skipped"]) == 0
+    assert not np.array_equal(jax.device_get(clean["params"]["embed"]), init["params"]["embed"])
+
+
+def test_eval_perplexity_of_a_huge_loss_is_inf(tiny_overrides, tmp_path):
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("batch",)), P())
+    run = SimpleNamespace(eval_step=lambda params, batch: np.float32(1e4), batch_sharding=sharding)
+    batch = {"inputs": np.zeros((8, 64), np.int32), "targets": np.zeros((8, 64), np.int32)}
+    data = SimpleNamespace(val=SimpleNamespace(eval_batches=lambda *_: [batch]))
+    out = evaluate(run, {"params": None}, data, config(tmp_path, tiny_overrides), 0, 1)
+    assert out == {"eval_loss": 1e4, "eval_ppl": math.inf}
+
+
+# ----------------------------------------------------------------------------- resume guard
+
+
+def test_checkpoint_refuses_another_seed_without_config_yaml(run_copy, tiny_overrides):
+    (run_copy / "config.yaml").unlink()
+    with pytest.raises(CheckpointError, match=r"step 4 .* different train\.seed"):
+        train(load_config(None, [*tiny_overrides, f"run_dir={run_copy}", "train.eval_every=0",
+                                 "train.steps=6", "checkpoint.every=2", "train.seed=7"]))
+    assert steps_in(run_copy) == [2, 4] and not (run_copy / "config.yaml").exists()
+
+
+def test_a_failed_start_leaves_no_config_yaml(tiny_overrides, tmp_path, monkeypatch):
+    def out_of_memory(self, *args, **kwargs):
+        raise MemoryError("simulated: the train step does not fit")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", out_of_memory)
+    cfg = config(tmp_path, tiny_overrides, "train.steps=2", "checkpoint.every=2")
+    with pytest.raises(MemoryError):
+        train(cfg)
+    assert not (tmp_path / "run" / "config.yaml").exists()  # the corrected command will not be refused
+    assert not (tmp_path / "run" / "tokenizer.json").exists()
+
+
+def test_damaged_checkpoint_is_one_message(run_copy, tiny_overrides):
+    for f in (run_copy / "checkpoints" / "4").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    proc = cli("boost_jax.train", *tiny_overrides, f"run_dir={run_copy}", "train.eval_every=0",
+               "train.steps=6", "checkpoint.every=2")
+    assert_one_message(proc, "checkpoint error: cannot restore checkpoint step 4", "--debug")
+    assert steps_in(run_copy) == [2, 4]
+
+
+def test_damaged_config_yaml_is_named(run_copy, tiny_overrides):
+    (run_copy / "config.yaml").write_text("model: {arch: [cola\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: not valid YAML.*move it aside"):
+        train(load_config(None, [*tiny_overrides, f"run_dir={run_copy}", "train.steps=6"]))
+    with pytest.raises(ConfigError, match=r"config\.yaml: not valid YAML"):
+        api.restore(run_copy)
+
+
+# ----------------------------------------------------------------------------- one message per error
+
+
+@pytest.mark.parametrize("module, args, needle", [
+    ("boost_jax.train", ["BAD_YAML"], "bad.yaml: not valid YAML"),
+    ("boost_jax.train", ["train.lr=[1,"], "override 'train.lr=[1,': not valid YAML"),
+    ("boost_jax.bench", ["step", "--model", "no-such-preset"], "config error: model.preset"),
+])
+def test_cli_errors_are_one_message(module, args, needle, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  arch: [cola\n")
+    assert_one_message(cli(module, *[str(bad) if a == "BAD_YAML" else a for a in args]), needle)
+
+
+@pytest.mark.parametrize("unusable, key", [("run", "run_dir"), ("run/checkpoints", "run_dir"),
+                                           ("cache", "data.cache_dir")])
+def test_unusable_dirs_are_found_before_any_work(unusable, key, tiny_overrides, tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was loaded before the paths were checked")
+
+    monkeypatch.setattr("boost_jax.data.build_data", no_data)
+    (tmp_path / unusable).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / unusable).write_text("a file")
+    cfg = config(tmp_path, tiny_overrides, "checkpoint.every=2", f"data.cache_dir={tmp_path / 'cache'}")
+    with pytest.raises(ConfigError, match=f"{re.escape(key)}: .* is a file"):
+        train(cfg)
+
+
+def test_api_config_lists_presets():
+    with pytest.raises(ConfigError, match="neither a preset .*llama-tiny"):
+        api.config("no-such-preset")
+
+
+def test_malformed_cpu_peak_cache_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(flops, "measure_matmul_peak", lambda dtype: 1e9)
+    for content in ("[1, 2]", json.dumps({flops.cpu_peak_key("float32"): "fast"}), "{not json"):
+        (tmp_path / "cpu_peak.json").write_text(content)
+        assert flops.device_peak_flops("float32", tmp_path) == (1e9, "measured:cpu")
+
+
+def test_export_checks_the_tokenizer(run_copy, tmp_path):
+    (run_copy / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(ExportError, match="tokenizer.json is not a tokenizer"):
+        export(run_copy, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- durable metrics
+
+
+def test_metrics_reach_disk_before_each_checkpoint(run_copy, tiny_overrides, monkeypatch):
+    class Crash(Exception):
+        pass
+
+    on_disk, save = {}, Checkpointer.save
+
+    def save_then_crash(self, step, state, meta):
+        on_disk[step] = metric_steps(run_copy)  # what a kill during this save would leave
+        save(self, step, state, meta)
+        if step == 8:
+            raise Crash
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_crash)
+    # log.every > checkpoint.every: before, rows waited for the log interval and a crash lost them.
+    with pytest.raises(Crash):
+        train(load_config(None, [*tiny_overrides, f"run_dir={run_copy}", "train.eval_every=0", "train.steps=10",
+                                 "checkpoint.every=2", "log.every=100"]))
+    assert on_disk == {6: list(range(1, 7)), 8: list(range(1, 9))}
+    assert steps_in(run_copy)[-1] == 8 and metric_steps(run_copy) == list(range(1, 9))
+
+
+def test_a_torn_metrics_line_is_set_aside_on_resume(tmp_path):
+    rows = "".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(1, 10))
+    (tmp_path / "metrics.jsonl").write_text(rows + '{"step": 10, "lo')  # a row cut short by a crash
+    RunLog(tmp_path, LogConfig(progress=False, tensorboard=False), total_steps=12, start_step=8).close()
+    assert metric_steps(tmp_path) == list(range(1, 9))  # resumed from 8: later rows will be rewritten
+    assert (tmp_path / "metrics.jsonl.damaged").read_text() == rows + '{"step": 10, "lo'
