@@ -1,8 +1,8 @@
-"""python -m boost_jax.bench {comm,step,memory,kernels,paper,report} [flags] [section.key=value ...]"""
+"""python -m boost_jax.bench {comm,step,memory,kernels,paper,report,data} [flags] [section.key=value ...]"""
 
 import sys
 
-COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report")
+COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report", "data")
 
 
 def main() -> None:
