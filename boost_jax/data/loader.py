@@ -1,4 +1,4 @@
-"""Batches from a prepared dataset: windows over memory-mapped shards, ordered by Grain.
+"""Batches from a prepared dataset: windows read from the token shards, ordered by Grain.
 
 Window w is tokens [w * seq_len, w * seq_len + seq_len + 1) of the split's shards joined end to end
 (neighbours share one boundary token, so every token after the first is a target once per epoch;
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,13 +27,17 @@ Batch = dict[str, np.ndarray]  # inputs, targets: int32 [rows, seq_len]
 
 
 class TokenWindows:
-    """Grain random-access source: window i as int32 [seq_len + 1], read from np.memmap shards."""
+    """Grain random-access source: window i as int32 [seq_len + 1], read from the shard files."""
 
     def __init__(self, directory: Path, shards: list[Shard], dtype: str, seq_len: int, vocab_size: int):
         self.directory, self.seq_len, self.vocab_size = directory, seq_len, vocab_size
-        kept = [s for s in shards if s.tokens]  # np.memmap refuses an empty file
+        kept = [s for s in shards if s.tokens]  # an empty shard has nothing to read
         self.files = [s.file for s in kept]
-        self.arrays = [np.memmap(directory / s.file, dtype=dtype, mode="r", shape=(s.tokens,)) for s in kept]
+        self.dtype = np.dtype(dtype)
+        # Positioned reads, not mmap: the kernel maps whole page-cache folios (up to 2 MB) into a
+        # process that faults one page, so mapped shards grew resident memory by ~0.4 MB per window
+        # read (+1.9 GB after 300 batches of a 10^9-token dataset). pread copies just the window.
+        self.fds = [os.open(directory / s.file, os.O_RDONLY) for s in kept]
         self.starts = np.cumsum([0] + [s.tokens for s in kept]).tolist()  # global offset of each shard
         self.num_tokens = self.starts[-1]
 
@@ -47,7 +52,8 @@ class TokenWindows:
         while lo < hi:
             off = lo - self.starts[i]
             take = min(hi - lo, self.starts[i + 1] - lo)
-            parts.append(self.arrays[i][off : off + take])
+            data = os.pread(self.fds[i], take * self.dtype.itemsize, off * self.dtype.itemsize)
+            parts.append(np.frombuffer(data, self.dtype))
             lo, i = lo + take, i + 1
         x = np.concatenate(parts).astype(np.int32)
         # Never trust the bytes: an id past the vocab would index past the embedding table (NaN).

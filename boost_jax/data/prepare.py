@@ -98,8 +98,10 @@ def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
     setup = encode.Setup(tok.to_str(), eos_id(tok), dtype.str, cfg.val_fraction)
     done = _records(out, dtype)
     skipped = Skipped()
-    bar = tqdm(total=corpus.size() if not any(f.suffix in (".gz", ".zst") for f in corpus.files) else None,
-               unit="B", unit_scale=True, desc="prepare", disable=not cfg.progress)
+    # The bar counts text bytes: its total is the files' size only where that is text.
+    plain = not any(f.suffix in (".gz", ".zst", ".parquet") for f in corpus.files) and not corpus.max_bytes
+    bar = tqdm(total=corpus.size() if plain else None, unit="B", unit_scale=True, desc="prepare",
+               disable=not cfg.progress)
     writer: _Writer | None = None
     encoded = tokens = 0
     with _pool(cfg.workers, setup) as pool:
