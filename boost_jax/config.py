@@ -120,11 +120,13 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: Literal["stdlib", "files"] = "stdlib"
-    paths: tuple[str, ...] = ()  # text files (one document each), .jsonl (one per line), dirs, globs
-    jsonl_key: str = "text"
+    # stdlib and files are prepared into the cache on first use; prepared reads `path`
+    source: Literal["stdlib", "files", "prepared"] = "stdlib"
+    path: str = ""  # a dataset made by `python -m boost_jax.data prepare` (source=prepared)
+    paths: tuple[str, ...] = ()  # text, .jsonl(.gz/.zst), .parquet files, dirs, globs (source=files)
+    text_key: str = "text"  # field of .jsonl lines / column of Parquet files holding the text
     max_bytes: int = 8_000_000  # cap on corpus bytes read; 0 = no cap
-    val_fraction: float = 0.02  # of corpus bytes; whole documents, chosen by a stable hash of their names
+    val_fraction: float = 0.02  # chance that a document is held out, by a stable hash of its text
     tokenizer: Literal["bpe", "byte_bpe"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
     cache_dir: str = ""  # "" = $BOOST_JAX_CACHE or ~/.cache/boost_jax
@@ -334,6 +336,7 @@ def _validate(c: Config) -> None:
     _require(0 <= d.val_fraction < 1, "data.val_fraction", "must be in [0, 1)")
     _require(d.max_bytes >= 0, "data.max_bytes", "must be >= 0")
     _require(d.source != "files" or bool(d.paths), "data.paths", "source=files needs data.paths")
+    _require(d.source != "prepared" or bool(d.path), "data.path", "source=prepared needs data.path")
     _require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 disables)")
     _require(c.checkpoint.keep > 0, "checkpoint.keep", "must be > 0")
     p = c.parallel

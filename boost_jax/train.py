@@ -76,7 +76,7 @@ def check_writable_dir(path: Path, key: str) -> None:
 def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
     from boost_jax.checkpoint import CheckpointError, Checkpointer
-    from boost_jax.data import build_data
+    from boost_jax.data.build import build_data, check_run_tokenizer
     from boost_jax.data.cache import cache_root
     from boost_jax.flops import count, device_peak_flops
     from boost_jax.log import RunLog
@@ -107,6 +107,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
             if meta.get("data_position") != start * t.batch_size:
                 raise CheckpointError(f"checkpoint step {start} in {ckpt.directory} records data position "
                                       f"{meta.get('data_position')}, expected {start * t.batch_size}")
+        check_run_tokenizer(data.tokenizer, run_dir / "tokenizer.json")
 
         counts = count(cfg.model, t.seq_len)
         peak, peak_source = device_peak_flops(cfg.model.dtype, cache_root(cfg.data))
@@ -115,7 +116,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         on_cpu = jax.devices()[0].platform == "cpu"
         peak_devices = jax.process_count() if on_cpu else n_dev
         pi, pc = jax.process_index(), jax.process_count()
-        batch_at = lambda step: device_batch(data.train.batch(step, t.batch_size, pi, pc), run.batch_sharding)
+        batches = data.train.batches(start, t.batch_size, pi, pc)  # read ahead while the device computes
 
         log = RunLog(run_dir, cfg.log, total_steps=t.steps, start_step=start, primary=pi == 0)
         closing.callback(log.close)
@@ -140,14 +141,15 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                      + (f", loss {loss:.4f})" if loss is not None else ")"))
 
         t0 = time.perf_counter()
-        step_fn = run.train_step.lower(state, batch_at(start)).compile()
+        step_fn = run.train_step.lower(state, device_batch(data.train.batch(start, t.batch_size, pi, pc),
+                                                          run.batch_sharding)).compile()
         log.line(f"compiled train step in {time.perf_counter() - t0:.1f}s")
 
         losses, pending, evals, summary = [], [], {}, {}
         tick, tick_step, paused = time.perf_counter(), start, 0.0  # paused: eval + checkpoint time
         saved_step, n_skipped = start, 0
         for step in range(start, t.steps):
-            state, metrics = step_fn(state, batch_at(step))
+            state, metrics = step_fn(state, device_batch(next(batches), run.batch_sharding))
             if step == start and pi == 0:
                 # Only a run that got through one step claims the run dir: a failed start leaves
                 # no config.yaml to refuse the corrected command.

@@ -169,7 +169,7 @@ def test_unusable_dirs_are_found_before_any_work(unusable, key, tiny_overrides, 
     def no_data(*args, **kwargs):
         raise AssertionError("data was loaded before the paths were checked")
 
-    monkeypatch.setattr("boost_jax.data.build_data", no_data)
+    monkeypatch.setattr("boost_jax.data.build.build_data", no_data)
     (tmp_path / unusable).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / unusable).write_text("a file")
     cfg = config(tmp_path, tiny_overrides, "checkpoint.every=2", f"data.cache_dir={tmp_path / 'cache'}")

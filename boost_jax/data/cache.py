@@ -28,6 +28,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide shared caches and datasets from other users
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)

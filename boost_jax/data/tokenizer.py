@@ -1,91 +1,97 @@
-"""Tokenizers: an existing tokenizer.json (data.tokenizer_path), or a BPE trained on the train split.
+"""Tokenizers: an existing tokenizer.json, or a BPE trained on a bounded sample of the train split.
 
-Both trained kinds put <pad>, <bos>, <eos> at ids 0, 1, 2, never exceed the model's vocab_size, and
+Both trained kinds put <pad>, <bos>, <eos> at ids 0, 1, 2, never exceed the requested vocab_size, and
 decode(encode(text)) == text, with one documented exception for kind "bpe" (see `_bpe`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
-import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from boost_jax.config import ConfigError, DataConfig
-from boost_jax.data.cache import atomic_write, cache_root, digest
-from boost_jax.data.corpus import Document
+from boost_jax.errors import DataError
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2
 _BYTES = tuple(f"<0x{b:02X}>" for b in range(256))  # SentencePiece's byte-fallback pieces
-_MIN_VOCAB = len(SPECIALS) + 256 + 1  # both kinds need every byte encodable, plus room to learn
+MIN_VOCAB = len(SPECIALS) + 256 + 1  # both kinds need every byte encodable, plus room to learn
+# The BPE trainer allocates ~66 bytes per requested token up front and aborts the process (exit 134)
+# when that fails (2^30 tokens ask for 70 GB); 2^24 is past any real LLM vocabulary (32k-256k).
+MAX_VOCAB = 1 << 24
 _EOS_NAMES = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>")  # ours, LLaMA/T5, GPT-2, LLaMA-3
 # GPT-2's split without the English contractions: a word or number or punctuation run with its
 # leading space, and whitespace runs that leave their last space to the next word, so that a newline
 # plus indentation can merge into one token instead of one token per space.
 _SPLIT = r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_RECIPE = "1"  # part of the cache key: bump whenever the training recipe below changes
+RECIPE = "1"  # bump whenever the training recipe below changes (part of the data cache key)
 
 
-def get_tokenizer(
-    cfg: DataConfig, vocab_size: int, train_docs: Sequence[Document], fingerprint: str
-) -> Tokenizer:
-    """cfg.tokenizer_path if set, else a `cfg.tokenizer` BPE of at most vocab_size tokens trained on
-    train_docs, cached under <cache>/tokenizers/ by (fingerprint of train_docs, kind, size, version)."""
-    if cfg.tokenizer_path:
-        tok = _load_given(Path(cfg.tokenizer_path).expanduser(), vocab_size)
-    else:
-        if vocab_size < _MIN_VOCAB:
-            raise ConfigError(
-                f"model.vocab_size={vocab_size} is too small to train data.tokenizer={cfg.tokenizer!r}: "
-                f"it needs >= {_MIN_VOCAB} (3 special + 256 byte tokens + merges)"
-            )
-        key = digest(fingerprint, cfg.tokenizer, str(vocab_size), tokenizers.__version__, _RECIPE)
-        path = cache_root(cfg) / "tokenizers" / f"{key}.json"
-        tok = _load_cached(path)
-        if tok is None:
-            tok = _train(cfg.tokenizer, vocab_size, train_docs)
-            spec = tok.to_str().encode()
-            atomic_write(path, lambda f: f.write(spec))
+class VocabWarning(UserWarning):
+    """The corpus sample had too few merges to fill the requested vocabulary."""
+
+
+def check_vocab_size(vocab_size: int, kind: str) -> None:
+    """Refuse, before any work, a size BPE training cannot produce."""
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise DataError(
+            f"model.vocab_size={vocab_size} cannot be trained as a {kind!r} tokenizer: it needs "
+            f"{MIN_VOCAB} <= vocab_size <= {MAX_VOCAB:,} (3 special + 256 byte tokens + merges; above "
+            "that the trainer cannot allocate its tables)"
+        )
+
+
+def train_tokenizer(kind: str, vocab_size: int, texts: Iterable[str]) -> Tokenizer:
+    """A `kind` BPE of at most vocab_size tokens trained on `texts` (streamed, not held). A sample too
+    small to fill vocab_size gives a smaller tokenizer and a VocabWarning naming the size reached."""
+    check_vocab_size(vocab_size, kind)
+    tok = _train(kind, vocab_size, texts)
+    if (n := tok.get_vocab_size()) < vocab_size:
+        warnings.warn(
+            f"the tokenizer reached {n:,} tokens, not the requested {vocab_size:,}: its training sample "
+            "has no more pairs to merge. Training goes on with model.vocab_size embedding rows, "
+            f"{vocab_size - n:,} of them never used; add data or lower model.vocab_size to {n}",
+            VocabWarning, stacklevel=2,
+        )
+    return _for_data(tok)
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    if not path.is_file():
+        raise DataError(f"tokenizer {path} does not exist")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for any unparsable file
+        raise DataError(f"tokenizer {path} is not a tokenizers JSON file ({e})") from None
+    eos_id(tok, path)  # a tokenizer without one cannot separate documents
+    return _for_data(tok)
+
+
+def tokenizer_hash(tok: Tokenizer) -> str:
+    """sha256 of the tokenizer's JSON: its identity in a prepared dataset's index."""
+    return hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+
+def eos_id(tok: Tokenizer, where: Path | str = "tokenizer") -> int:
+    """The end-of-document token that separates packed documents."""
+    for name in _EOS_NAMES:
+        if (i := tok.token_to_id(name)) is not None:
+            return i
+    raise DataError(f"{where} has no end-of-document token; looked for {list(_EOS_NAMES)}")
+
+
+def _for_data(tok: Tokenizer) -> Tokenizer:
     # Documents are data: a literal "<eos>" in a source file must stay text, not become the control token.
     tok.encode_special_tokens = True
     return tok
 
 
-def eos_id(tok: Tokenizer) -> int:
-    """The end-of-document token that separates packed documents."""
-    for name in _EOS_NAMES:
-        if (i := tok.token_to_id(name)) is not None:
-            return i
-    raise ConfigError(f"tokenizer has no end-of-document token; looked for {list(_EOS_NAMES)}")
-
-
-def _load_given(path: Path, vocab_size: int) -> Tokenizer:
-    if not path.is_file():
-        raise ConfigError(f"data.tokenizer_path: {path} does not exist")
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception for any unparsable file
-        raise ConfigError(f"data.tokenizer_path: {path} is not a tokenizers JSON file ({e})") from None
-    if (n := tok.get_vocab_size()) > vocab_size:
-        raise ConfigError(
-            f"data.tokenizer_path: {path} has {n} tokens, more than model.vocab_size={vocab_size}"
-        )
-    return tok
-
-
-def _load_cached(path: Path) -> Tokenizer | None:
-    """The cached tokenizer, or None if missing or corrupt (then it is retrained, not fatal)."""
-    try:
-        return Tokenizer.from_file(str(path)) if path.is_file() else None
-    except Exception:  # tokenizers raises a bare Exception for any unparsable file
-        return None
-
-
-def _train(kind: str, vocab_size: int, docs: Sequence[Document]) -> Tokenizer:
+def _train(kind: str, vocab_size: int, texts: Iterable[str]) -> Tokenizer:
     tok, trainer = _bpe(vocab_size) if kind == "bpe" else _byte_bpe(vocab_size)
-    tok.train_from_iterator((d.text for d in docs), trainer, length=len(docs))
+    tok.train_from_iterator(texts, trainer)
     if kind == "bpe":
         # The byte pieces were passed as specials only to pin them at ids 3..258. They are ordinary
         # pieces: decode must not skip them as special, and the text "<0x41>" is just text.

@@ -1,0 +1,72 @@
+"""python -m boost_jax.data prepare SOURCE... --out DIR [flags]: make a prepared dataset.
+
+SOURCE: text files (one document each), .jsonl / .jsonl.gz / .jsonl.zst (one per line) and .parquet
+files (one per row), directories (searched recursively) or globs. Train with it:
+python -m boost_jax.train data.source=prepared data.path=DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from boost_jax.cli import DEBUG_HELP, run_main
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.data", description=__doc__.split("\n\n")[1],
+                                epilog=DEBUG_HELP)
+    sub = p.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("prepare", help="tokenize a corpus into memory-mapped token shards")
+    q.add_argument("sources", nargs="+", metavar="SOURCE")
+    q.add_argument("--out", required=True, type=Path, help="the dataset dir (rerun to finish an interrupted one)")
+    q.add_argument("--vocab-size", type=int, default=32000, help="tokens of the trained tokenizer")
+    q.add_argument("--tokenizer", default="", metavar="PATH", help="an existing tokenizer.json instead of training one")
+    q.add_argument("--tokenizer-kind", default="bpe", choices=["bpe", "byte_bpe"], help="what to train")
+    q.add_argument("--text-key", default="text", help="field of .jsonl lines / column of Parquet files")
+    q.add_argument("--val-fraction", type=float, default=0.01, help="share of documents held out (by text hash)")
+    q.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encode processes (1 = in process)")
+    q.add_argument("--max-bytes", type=int, default=0, help="stop after this many bytes of text (0 = all)")
+    q.add_argument("--sample-mb", type=int, default=64, help="text the tokenizer is trained on")
+    q.add_argument("--shard-mb", type=int, default=512, help="text per shard (and per unit of resume)")
+    q.add_argument("--skip-bad-lines", action="store_true", help="pass over malformed .jsonl lines, counted")
+    q.add_argument("--no-progress", action="store_true")
+    _prepare(p.parse_args(argv))
+
+
+def _prepare(a: argparse.Namespace) -> None:
+    from boost_jax.data.corpus import files_corpus
+    from boost_jax.data.prepare import PrepareConfig, prepare
+    from boost_jax.errors import ConfigError
+
+    if not 0 <= a.val_fraction < 1:
+        raise ConfigError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
+    cfg = PrepareConfig(
+        vocab_size=a.vocab_size, tokenizer=a.tokenizer_kind, tokenizer_path=a.tokenizer, val_fraction=a.val_fraction,
+        sample_bytes=a.sample_mb << 20, chunk_bytes=a.shard_mb << 20, workers=a.workers, progress=not a.no_progress,
+    )
+    warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
+    done = prepare(files_corpus(a.sources, a.text_key, a.max_bytes, a.skip_bad_lines), a.out, cfg)
+    ix = done.index
+    for split in ("train", "val"):
+        print(f"{split}: {ix.tokens(split):,} tokens, {ix.documents(split):,} documents, "
+              f"{len(ix.splits[split])} shards")
+    print(f"vocab {ix.vocab_size:,} ({ix.dtype}) | {a.out}")
+    if done.encoded_bytes:
+        print(f"encoded {done.encoded_bytes / 1e6:,.1f} MB in {done.seconds:.1f}s: "
+              f"{done.encoded_bytes / 1e6 / done.seconds:,.2f} MB/s, {done.encoded_tokens / done.seconds:,.0f} tokens/s")
+    else:
+        print("already prepared: nothing to do")
+    if done.skipped.lines:
+        print(f"skipped {done.skipped.lines:,} malformed lines (first: {', '.join(done.skipped.first)})")
+
+
+if __name__ == "__main__":
+    main()

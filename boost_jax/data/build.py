@@ -1,0 +1,105 @@
+"""`build_data`: the prepared dataset a run reads, opened and checked against the run.
+
+data.source=prepared opens data.path. stdlib and files are prepared into the cache (keyed by the
+corpus fingerprint and the recipe) on first use, so every run reads the same format through one loader.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from boost_jax.config import DataConfig
+from boost_jax.data.cache import cache_root, digest
+from boost_jax.data.corpus import files_corpus, stdlib_corpus
+from boost_jax.data.loader import Split, TokenWindows
+from boost_jax.data.prepare import PrepareConfig, prepare
+from boost_jax.data.shards import INDEX, TOKENIZER, Index, read_index, verify_ids
+from boost_jax.data.tokenizer import load_tokenizer, tokenizer_hash
+from boost_jax.errors import DataError
+
+
+@dataclass(frozen=True)
+class Data:
+    directory: Path  # the prepared dataset
+    tokenizer: Tokenizer
+    train: Split
+    val: Split | None  # None when the dataset has no val documents
+    eos_id: int
+    stats: dict[str, float]  # sizes and seconds spent, for the caller to log
+
+
+def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int) -> Data:
+    """Open (preparing first for stdlib / files) and check the dataset. Prints nothing."""
+    t0 = time.perf_counter()
+    if cfg.source == "prepared":
+        directory = Path(cfg.path).expanduser()
+        index, tok = _open(directory)
+    else:
+        directory, index, tok = _cached(cfg, vocab_size)
+    _check_run(directory, index, cfg, vocab_size)
+    t1 = time.perf_counter()
+    split = lambda name: Split(TokenWindows(directory, index.splits[name], index.dtype, seq_len, index.vocab_size),
+                               seed=seed, name=name)
+    stats: dict[str, float] = {
+        "documents": index.documents("train") + index.documents("val"),
+        "train_documents": index.documents("train"), "val_documents": index.documents("val"),
+        "vocab_size": index.vocab_size, "train_tokens": index.tokens("train"), "val_tokens": index.tokens("val"),
+        "skipped_lines": index.stats["skipped_lines"], "prepare_seconds": t1 - t0,
+    }
+    return Data(directory, tok, split("train"), split("val") if index.tokens("val") else None, index.eos_id, stats)
+
+
+def check_run_tokenizer(tok: Tokenizer, saved: Path) -> None:
+    """A resumed run must read ids of the tokenizer it was trained with (saved in its run dir)."""
+    if saved.is_file() and tokenizer_hash(load_tokenizer(saved)) != tokenizer_hash(tok):
+        raise DataError(f"the dataset's tokenizer does not match the run's ({saved}): its token ids mean "
+                        "other things; use the run's dataset or a new run_dir")
+
+
+def _open(directory: Path) -> tuple[Index, Tokenizer]:
+    """Index and tokenizer of a prepared dataset, checked against each other and the shards' sizes."""
+    index = read_index(directory)
+    tok = load_tokenizer(directory / TOKENIZER)
+    if tokenizer_hash(tok) != index.tokenizer_sha256 or tok.get_vocab_size() != index.vocab_size:
+        raise DataError(f"{directory / TOKENIZER} is not the tokenizer {directory / INDEX} was prepared "
+                        "with; prepare the dataset again")
+    bad = [s.file for split in index.splits.values() for s in split if s.max_id >= index.vocab_size]
+    if bad:
+        raise DataError(f"{directory}: shards {bad} hold token ids >= the tokenizer's vocab_size="
+                        f"{index.vocab_size:,}; prepare the dataset again")
+    return index, tok
+
+
+def _cached(cfg: DataConfig, vocab_size: int) -> tuple[Path, Index, Tokenizer]:
+    corpus = (stdlib_corpus(cfg.max_bytes) if cfg.source == "stdlib"
+              else files_corpus(cfg.paths, cfg.text_key, cfg.max_bytes))
+    pcfg = PrepareConfig(vocab_size=vocab_size, tokenizer=cfg.tokenizer, tokenizer_path=cfg.tokenizer_path,
+                         val_fraction=cfg.val_fraction)
+    given = tokenizer_hash(load_tokenizer(Path(cfg.tokenizer_path).expanduser())) if cfg.tokenizer_path else ""
+    directory = cache_root(cfg) / "prepared" / digest(corpus.fingerprint(), json.dumps(pcfg.recipe(given)))
+    if (directory / INDEX).is_file():
+        try:
+            index, tok = _open(directory)
+            verify_ids(directory, index)  # a cache is bounded by data.max_bytes: read it all
+            return directory, index, tok
+        except DataError:
+            shutil.rmtree(directory)  # damaged or altered: rebuilt, never trusted
+    prepare(corpus, directory, pcfg)
+    return directory, *_open(directory)
+
+
+def _check_run(directory: Path, index: Index, cfg: DataConfig, vocab_size: int) -> None:
+    if cfg.source == "prepared" and cfg.tokenizer_path:
+        given = load_tokenizer(Path(cfg.tokenizer_path).expanduser())
+        if tokenizer_hash(given) != index.tokenizer_sha256:
+            raise DataError(f"data.tokenizer_path={cfg.tokenizer_path} is not the tokenizer {directory} was "
+                            f"prepared with; drop data.tokenizer_path or prepare with it")
+    if index.vocab_size > vocab_size:
+        raise DataError(f"{directory / TOKENIZER} has {index.vocab_size:,} tokens, more than "
+                        f"model.vocab_size={vocab_size:,}")
