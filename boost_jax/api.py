@@ -61,7 +61,8 @@ def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model
             raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
         run, like = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme))
         # Only the model decides what the parameters mean (data and batch keys matter to resuming).
-        state, _ = ckpt.restore(step, like, identity(cfg.to_dict(), keys=("model",)))
+        state, meta = ckpt.restore(step, like, identity(cfg.to_dict(), keys=("model",)))
+        state = run.adopt(state, meta)
     finally:
         ckpt.close()
     return cfg, nnx.merge(run.graphdef, state["params"]), step

@@ -140,6 +140,8 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    pp: int = 1  # pipeline stages (parallel/pipeline.py); train.microbatches micro-batches flow through them
+    pp_repeats: int = 1  # circular schedule: each stage runs this many chunks of layers per step
     dp: int = -1  # -1 = all devices left over
     fsdp: int = 1
     tp: int = 1
@@ -340,6 +342,8 @@ def _validate(c: Config) -> None:
     _require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 disables)")
     _require(c.checkpoint.keep > 0, "checkpoint.keep", "must be > 0")
     p = c.parallel
+    _require(p.pp > 0, "parallel.pp", "must be > 0")
+    _require(p.pp_repeats > 0, "parallel.pp_repeats", "must be > 0")
     _require(p.dp == -1 or p.dp > 0, "parallel.dp", "must be > 0 or -1 (fill)")
     _require(p.fsdp > 0, "parallel.fsdp", "must be > 0")
     _require(p.tp > 0, "parallel.tp", "must be > 0")

@@ -15,6 +15,7 @@ from boost_jax.layers.lowrank import Linear, Projector
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
 from boost_jax.parallel.blocks import embed_lookup
+from boost_jax.parallel.pipeline import merge_microbatches, run_pipeline, split_microbatches
 from boost_jax.parallel.plan import Plan
 from boost_jax.remat import RESIDUAL, remat
 
@@ -70,16 +71,21 @@ class Model(nnx.Module):
         """tokens: int[B, S] -> fp32 logits [B, S, V], laid out and communicating as `plan` says."""
         cfg = self.cfg
         x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
-        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-        latents = self._initial_latents(tokens.shape)
+        carry = (x, self._initial_latents(tokens.shape))  # the residual, and the latents LaX crosses
         graphdef, state = nnx.split(self.layers)
 
         def layer(carry, layer_state):
             x, latents = carry
-            x, latents = nnx.merge(graphdef, layer_state)(plan, x, positions, latents)
-            return (x, latents), None
+            positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+            return nnx.merge(graphdef, layer_state)(plan, x, positions, latents), None
 
-        (x, _), _ = jax.lax.scan(remat(layer, remat_mode), (x, latents), state)
+        layer = remat(layer, remat_mode)
+        if plan.pipeline is None:
+            (x, _), _ = jax.lax.scan(layer, carry, state)
+        else:  # the same layers as stages over pp, the micro-batches flowing through them
+            micro = jax.tree.map(lambda v: split_microbatches(v, plan.pipeline.microbatches), carry)
+            x, _ = run_pipeline(plan.mesh, plan.pipeline, lambda p, c: layer(c, p)[0], state, micro)
+            x = plan.constrain(merge_microbatches(x), RESIDUAL_AXES)
         x = self.final_norm(plan.constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
         if cfg.tie_embeddings:
             logits = x @ self.embed[...].astype(cfg.dtype).T

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -20,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from boost_jax.config import Config, TrainConfig
 from boost_jax.model import Model, loss_fn
 from boost_jax.parallel import Plan
+from boost_jax.parallel.pipeline import split_microbatches
 
 TrainState = dict[str, Any]
 
@@ -54,6 +56,19 @@ class Setup:
     batch_sharding: NamedSharding
     train_step: Callable
     eval_step: Callable
+    layer_order: np.ndarray  # the model layer at each position of the stored layer stacks (plan.layer_order)
+
+    def adopt(self, state: TrainState, meta: dict) -> TrainState:
+        """A restored state in this run's layer order; a checkpoint records the order it was saved in
+        (`checkpoint_meta`), so one saved under another pipeline layout restores here too."""
+        saved = np.asarray(meta.get("layer_order", np.arange(len(self.layer_order))))
+        if np.array_equal(saved, self.layer_order):
+            return state
+        relayout = lambda s: relayout_layers(s, saved, self.layer_order)
+        return jax.jit(relayout, out_shardings=self.state_shardings, donate_argnums=0)(state)
+
+    def checkpoint_meta(self) -> dict:
+        return {"layer_order": self.layer_order.tolist()}
 
 
 def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:
@@ -68,10 +83,28 @@ def init_params(cfg: Config) -> dict:
     return jax.jit(build)()
 
 
+def place_params(cfg: Config, plan: Plan) -> dict:
+    """The seed's parameters laid out for `plan`: sharded, and the layers in its storage order."""
+    order = plan.layer_order(cfg.model.n_layers)
+    params = relayout_layers(init_params(cfg), np.arange(cfg.model.n_layers), order)
+    return jax.device_put(params, plan.named(plan.param_specs(abstract_model(cfg)[1])))
+
+
+def relayout_layers(tree, src_order, dst_order):
+    """Every leaf under a "layers" key (parameters, optimizer moments) moved along its stacked layer
+    axis from one storage order (model layer at each position) to another."""
+    if np.array_equal(src_order, dst_order):
+        return tree
+    index = np.argsort(src_order)[np.asarray(dst_order)]
+    under_layers = lambda path: any(getattr(k, "key", None) == "layers" for k in path)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.take(x, index, axis=0) if under_layers(path) else x, tree)
+
+
 def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     graphdef, abstract_params = abstract_model(cfg)
     pspecs = plan.param_specs(abstract_params)
-    params = jax.device_put(init_params(cfg), plan.named(pspecs))
+    params = place_params(cfg, plan)
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
     replicated = NamedSharding(mesh, P())
@@ -90,7 +123,9 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     batch_sharding = plan.sharding(("batch", None))
     loss_of = sharded_loss(graphdef, plan, cfg.train.remat)
 
-    grad_of = accumulated_grad(loss_of, plan, cfg.train.microbatches, plan.named(pspecs))
+    # Under a pipeline the micro-batches flow through the stages inside the loss itself.
+    accumulate = 1 if plan.pipeline else cfg.train.microbatches
+    grad_of = accumulated_grad(loss_of, plan, accumulate, plan.named(pspecs))
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss, grads = grad_of(state["params"], batch)
@@ -115,7 +150,8 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
         out_shardings=(state_shardings, replicated), donate_argnums=0,
     )
     jitted_eval = jax.jit(loss_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
-    return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval), state
+    order = plan.layer_order(cfg.model.n_layers)
+    return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval, order), state
 
 
 def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_shardings) -> Callable:
@@ -125,10 +161,7 @@ def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_sha
         return jax.value_and_grad(loss_of)
 
     def split(x):
-        # Micro-batch m takes rows m, m + M, m + 2M, ...: every device keeps 1/M of its own rows in
-        # each, so splitting moves no data across the batch axes.
-        x = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
-        return plan.constrain(x, (None, "batch", None))
+        return plan.constrain(split_microbatches(x, microbatches), (None, "batch", None))
 
     def grad_of(params, batch):
         def add(acc, micro):

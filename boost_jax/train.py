@@ -104,6 +104,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         start = (ckpt.latest_step() or 0) if ckpt else 0
         if start:
             state, meta = ckpt.restore(start, state, run_identity)
+            state = run.adopt(state, meta)
             if meta.get("data_position") != start * t.batch_size:
                 raise CheckpointError(f"checkpoint step {start} in {ckpt.directory} records data position "
                                       f"{meta.get('data_position')}, expected {start * t.batch_size}")
@@ -206,7 +207,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
             if save:
                 p0 = pause(state)
                 loss = row["loss"] if _finite(row) else None
-                ckpt.save(done, state, {"step": done, "data_position": done * t.batch_size,
+                ckpt.save(done, state, {"step": done, "data_position": done * t.batch_size, **run.checkpoint_meta(),
                                         "loss": loss, "identity": run_identity})
                 saved_step = done
                 paused += time.perf_counter() - p0

@@ -12,6 +12,7 @@ import jax
 from boost_jax.analysis.hlo import Collective, audit, summarize
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import Program
+from boost_jax.archs import ARCHS
 
 
 def _diff(total: dict, part: dict) -> dict:
@@ -22,10 +23,15 @@ def _diff(total: dict, part: dict) -> dict:
     return {"count": total["count"] - part["count"], "bytes": total["bytes"] - part["bytes"], "by_kind": by_kind}
 
 
+P2P = "collective-permute"
+
+
 def layer_split(fwd: list[Collective], both: list[Collective]) -> tuple[dict, dict]:
-    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives."""
-    layer_fwd = summarize(fwd, in_loop=True)
-    return layer_fwd, _diff(summarize(both, in_loop=True), layer_fwd)
+    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives: those
+    inside loops (the layer scan), less a pipeline's stage-to-stage permutes."""
+    in_layer = lambda cols: [c for c in cols if c.kind != P2P]
+    layer_fwd = summarize(in_layer(fwd), in_loop=True)
+    return layer_fwd, _diff(summarize(in_layer(both), in_loop=True), layer_fwd)
 
 
 def measure(prog: Program) -> dict:
@@ -33,12 +39,14 @@ def measure(prog: Program) -> dict:
     fwd = audit(prog.loss, prog.params, prog.batch)
     both = audit(jax.grad(prog.loss), prog.params, prog.batch)
     layer_fwd, layer_bwd = layer_split(fwd, both)
-    m, cfg = prog.cfg.model, prog.cfg
-    tokens = cfg.train.batch_size // cfg.parallel.dp * cfg.train.seq_len
+    m, cfg, pipe = prog.cfg.model, prog.cfg, prog.plan.pipeline
+    # Tokens one layer sees per run, per device's replica: one micro-batch under a pipeline.
+    tokens = cfg.train.batch_size // prog.plan.size("batch") * cfg.train.seq_len // (pipe.microbatches if pipe else 1)
     itemsize = 2 if m.dtype == "bfloat16" else 4
     analytic = prog.plan.scheme.layer_forward_elements(m, tokens) * itemsize
     upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in cols if c.loop_depth and c.upcast_from)
-    fwd_ops = [_describe(c) for c in fwd if c.loop_depth]
+    fwd_ops = [_describe(c) for c in fwd if c.loop_depth and c.kind != P2P]
+    layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
     return {
         "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": cfg.parallel.tp,
         "dp": cfg.parallel.dp, "batch": cfg.train.batch_size // cfg.parallel.dp, "seq": cfg.train.seq_len,
@@ -46,14 +54,32 @@ def measure(prog: Program) -> dict:
         "layer_forward_bytes": layer_fwd["bytes"], "layer_backward_bytes": layer_bwd["bytes"],
         "layer_forward_collectives": layer_fwd["count"], "layer_backward_collectives": layer_bwd["count"],
         # Explicit (shard_map) collectives per layer as the program issues them, before XLA combines any.
-        "layer_forward_issued": dict(program_issues["layer"]),
+        "layer_forward_issued": layer_issued,
         "analytic_layer_forward_bytes": analytic,
         "forward_over_analytic": layer_fwd["bytes"] / analytic,
         "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
         "layer_forward_ops": fwd_ops,
-        "layer_backward_ops": _minus([_describe(c) for c in both if c.loop_depth], fwd_ops),
+        "layer_backward_ops": _minus([_describe(c) for c in both if c.loop_depth and c.kind != P2P], fwd_ops),
+        **({"pipeline": pipeline_comm(prog, fwd, tokens, itemsize)} if pipe else {}),
+    }
+
+
+def pipeline_comm(prog: Program, fwd: list[Collective], tokens: int, itemsize: int) -> dict:
+    """The schedule, and the stage-to-stage traffic of one iteration per device: measured (the
+    permutes inside the iteration loop) next to the carry's size (residual as the plan splits it,
+    plus any latents LaX carries)."""
+    plan, m, pipe = prog.plan, prog.cfg.model, prog.plan.pipeline
+    carry = m.d_model // plan.size("act_embed")
+    if ARCHS[m.arch].carries_latents:
+        carry += (4 * m.attn_rank + 3 * m.mlp_rank) // plan.size("act_latent")
+    return {
+        "stages": pipe.stages, "microbatches": pipe.microbatches, "repeats": pipe.repeats,
+        "iterations": pipe.iterations, "bubble_fraction": pipe.bubble_fraction,
+        "p2p_bytes_per_iteration": sum(c.bytes for c in fwd if c.kind == P2P and c.loop_depth),
+        "analytic_p2p_bytes_per_iteration": tokens * carry * itemsize,
+        "p2p_ops_per_iteration": [_describe(c) for c in fwd if c.kind == P2P and c.loop_depth],
     }
 
 

@@ -20,20 +20,23 @@ from flax import nnx
 
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.parallel import Plan, make_plan
+from boost_jax.parallel.mesh import explicit_size
 from boost_jax.step import abstract_model, sharded_loss
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch: int, seq: int, dtype: str,
-               dp: int = 1, overrides: Sequence[str] = ()) -> Config:
-    """A config from the usual benchmark knobs: `batch` is per data-parallel replica, dtype bf16|fp32;
-    `overrides` are `section.key=value` strings applied last."""
+               dp: int = 1, pp: int = 1, pp_repeats: int = 1, microbatches: int = 1,
+               overrides: Sequence[str] = ()) -> Config:
+    """A config from the usual benchmark knobs: `batch` is per data-parallel replica (all its
+    micro-batches), dtype bf16|fp32; `overrides` are `section.key=value` strings applied last."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     return load_config(None, [
         f"model.preset={model}", f"model.arch={arch}", f"parallel.scheme={scheme}",
-        f"parallel.tp={tp}", f"parallel.dp={dp}", "parallel.fsdp=1",
+        f"parallel.tp={tp}", f"parallel.dp={dp}", "parallel.fsdp=1", f"parallel.pp={pp}",
+        f"parallel.pp_repeats={pp_repeats}", f"train.microbatches={microbatches}",
         f"train.batch_size={batch * dp}", f"train.seq_len={seq}", f"model.dtype={DTYPES[dtype]}", *overrides,
     ])
 
@@ -56,7 +59,7 @@ class Program:
 
 
 def build(cfg: Config) -> Program:
-    n = cfg.parallel.dp * cfg.parallel.fsdp * cfg.parallel.tp
+    n = explicit_size(cfg.parallel)
     if n < 1 or jax.device_count() < n:
         raise ConfigError(f"need {n} devices, JAX sees {jax.device_count()} (on CPU: parallel.cpu_devices={n})")
     plan = make_plan(cfg, jax.devices()[:n])

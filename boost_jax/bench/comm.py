@@ -27,6 +27,13 @@ def print_table(r: dict) -> None:
     if r["layer_forward_issued"]:
         issued_ops = ", ".join(f"{k} x{v}" for k, v in r["layer_forward_issued"].items())
         print(f"    forward as the program issues them (explicit shard_map collectives): {issued_ops}")
+    if pipe := r.get("pipeline"):
+        print(f"  pipeline: {pipe['stages']} stages x {pipe['repeats']} repeats, {pipe['microbatches']} micro-batches, "
+              f"{pipe['iterations']} iterations, bubble {100 * pipe['bubble_fraction']:.1f}%")
+        print(f"    stage-to-stage per iteration, per device: {pipe['p2p_bytes_per_iteration'] / 2**20:.4f} MiB measured, "
+              f"{pipe['analytic_p2p_bytes_per_iteration'] / 2**20:.4f} MiB analytic")
+        for op in pipe["p2p_ops_per_iteration"]:
+            print(f"      {op}")
     up = r["backend_upcast_extra_bytes"]["forward"]
     if up:
         print(f"  note: this backend upcast bf16 all-reduces to f32 (+{up / GIB:.4f} GiB per layer forward as compiled);"

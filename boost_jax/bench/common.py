@@ -16,7 +16,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheme", default="auto", choices=["auto", *SCHEMES])
     p.add_argument("--tp", type=int, default=4)
     p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--batch", type=int, default=4, help="micro-batch per data-parallel replica")
+    p.add_argument("--batch", type=int, default=4, help="sequences per data-parallel replica (all its micro-batches)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--pp-repeats", type=int, default=1, help="chunks of layers per stage (circular schedule)")
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per step (pipeline or accumulation)")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -27,4 +30,5 @@ def bench_config(a: argparse.Namespace, **changes) -> Config:
     """The config of parsed `add_model_flags`, with some of them changed (e.g. scheme="vanilla")."""
     v = {**vars(a), **changes}
     return config_for(v["model"], v["arch"], v["scheme"], tp=v["tp"], dp=v["dp"], batch=v["batch"], seq=v["seq"],
-                      dtype=v["dtype"], overrides=v["overrides"])
+                      dtype=v["dtype"], pp=v["pp"], pp_repeats=v["pp_repeats"], microbatches=v["microbatches"],
+                      overrides=v["overrides"])

@@ -19,6 +19,7 @@ from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.config import Config
 from boost_jax.flops import count
 from boost_jax.parallel import make_plan
+from boost_jax.parallel.mesh import explicit_size
 from boost_jax.step import device_batch, setup
 
 
@@ -26,7 +27,7 @@ class Runner:
     """One config's compiled train step with its own state and a fixed random batch."""
 
     def __init__(self, cfg: Config):
-        n = cfg.parallel.dp * cfg.parallel.fsdp * cfg.parallel.tp
+        n = explicit_size(cfg.parallel)
         run, self.state = setup(cfg, make_plan(cfg, jax.devices()[:n]))
         t = cfg.train
         tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)

@@ -16,10 +16,11 @@ from boost_jax.errors import ConfigError
 if TYPE_CHECKING:
     from boost_jax.config import ParallelConfig
 
-# Mesh axis names, outermost first: data parallel, fully-sharded data parallel (ZeRO-3), tensor
-# parallel (innermost, so a TP group sits on neighbouring devices: one NVLink island on a GPU node).
-DP, FSDP, TP = "dp", "fsdp", "tp"
-MESH_AXES = (DP, FSDP, TP)
+# Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
+# parallel (ZeRO-3), tensor parallel (innermost, so a TP group sits on neighbouring devices: one
+# NVLink island on a GPU node). Each is the `parallel.<name>` config key of its size.
+PP, DP, FSDP, TP = "pp", "dp", "fsdp", "tp"
+MESH_AXES = (PP, DP, FSDP, TP)
 
 
 def simulate_cpu_devices(n: int) -> None:
@@ -64,6 +65,11 @@ def mesh_shape(p: ParallelConfig, n_devices: int) -> tuple[int, ...]:
             f"but there are {n_devices} devices"
         )
     return tuple(sizes)
+
+
+def explicit_size(p: ParallelConfig) -> int:
+    """Devices a mesh with every axis given explicitly (no -1) needs."""
+    return math.prod(getattr(p, axis) for axis in MESH_AXES)
 
 
 def make_mesh(p: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax.errors import ConfigError
-from boost_jax.parallel.mesh import DP, FSDP, MESH_AXES, TP, make_mesh
+from boost_jax.parallel.mesh import DP, FSDP, MESH_AXES, PP, TP, make_mesh
+from boost_jax.parallel.pipeline import Schedule
 from boost_jax.parallel.schemes import LOGICAL_AXES, SCHEMES, Rules, Scheme, default_scheme
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ class Plan:
     mesh: Mesh
     scheme: Scheme
     rules: Rules  # logical axis -> mesh axes, for this model (kv-head replication applied)
+    pipeline: Schedule | None = None  # pipeline stages over the pp axis; None: one stage
 
     def spec(self, axes: Sequence[str | None]) -> P:
         """PartitionSpec for one logical name (or None) per dimension."""
@@ -82,6 +85,10 @@ class Plan:
             node[path[-1]] = self.spec(axes)
         return out
 
+    def layer_order(self, n_layers: int) -> np.ndarray:
+        """The model layer at each position of the stored layer stack (pipeline.Schedule.layer_order)."""
+        return np.arange(n_layers) if self.pipeline is None else self.pipeline.layer_order(n_layers)
+
     def named(self, specs):
         """NamedShardings on this mesh for a pytree of PartitionSpecs."""
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
@@ -103,7 +110,22 @@ def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
     if rows % shards:
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {dict(mesh.shape)})")
-    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, mesh.shape[TP]))
+    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, mesh.shape[TP]), _schedule(cfg, mesh.shape[PP]))
+
+
+def _schedule(cfg: Config, stages: int) -> Schedule | None:
+    p, layers, micro = cfg.parallel, cfg.model.n_layers, cfg.train.microbatches
+    if stages == 1:
+        if p.pp_repeats != 1:
+            raise ConfigError(f"parallel.pp_repeats={p.pp_repeats} needs parallel.pp > 1")
+        return None
+    if layers % (stages * p.pp_repeats):
+        raise ConfigError(f"parallel: model.n_layers={layers} must divide by parallel.pp x parallel.pp_repeats = "
+                          f"{stages} x {p.pp_repeats} (each stage runs the same number of layers per repeat)")
+    if micro < stages:
+        raise ConfigError(f"parallel: train.microbatches={micro} must be at least parallel.pp={stages} (fewer "
+                          "micro-batches than stages leave stages idle, and the circular schedule needs M >= S)")
+    return Schedule(stages, p.pp_repeats, micro)
 
 
 def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from boost_jax.archs import ARCHS
-from boost_jax.parallel.mesh import DP, FSDP, TP
+from boost_jax.parallel.mesh import DP, FSDP, PP, TP
 
 if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
@@ -65,9 +65,10 @@ class Scheme:
         return MappingProxyType({k: (None if k in ("kv_heads", "act_kv_heads") else v) for k, v in self.rules.items()})
 
 
-# Every scheme splits the batch over dp and fsdp, shards each weight over fsdp on a dimension tp
-# leaves alone (FSDP/ZeRO-3), and runs the embedding and LM head vocab-parallel over tp.
-_COMMON = {"batch": (DP, FSDP), "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
+# Every scheme splits the batch over dp and fsdp, the stacked layers over pipeline stages, shards each
+# weight over fsdp on a dimension tp leaves alone (FSDP/ZeRO-3), and runs the embedding and LM head
+# vocab-parallel over tp.
+_COMMON = {"batch": (DP, FSDP), "layers": PP, "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
 _COMMON_REQUIRES = (
     Requirement("train.batch_size", (DP, FSDP)),
     Requirement("model.vocab_size", (TP,), "vocab-parallel embedding and head"),

@@ -1,0 +1,159 @@
+"""Pipeline parallelism: the SPMD schedule equals the plain layer scan, for the model and for a toy
+stack; no bubble reaches a result; the stage boundary moves [b/M, s, d/tp] per device."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from boost_jax.analysis.comm import measure
+from boost_jax.analysis.program import build, config_for
+from boost_jax.config import ConfigError, load_config
+from boost_jax.parallel import make_plan
+from boost_jax.parallel.pipeline import Schedule, merge_microbatches, run_pipeline, split_microbatches
+from boost_jax.step import abstract_model, place_params, relayout_layers
+from boost_jax.train import train
+
+
+def toy_layer(w, x):
+    return {"h": jnp.tanh(x["h"] @ w) + x["h"], "n": x["n"] + 1.0}
+
+
+@pytest.mark.parametrize("stages, repeats, micro", [(2, 1, 2), (2, 2, 4), (4, 1, 8), (4, 2, 4)])
+def test_schedule_equals_sequential_layers_and_hides_bubbles(stages, repeats, micro):
+    mesh = jax.make_mesh((stages, 8 // stages), ("pp", "dp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    layers = jax.random.normal(jax.random.key(0), (8, 16, 16)) * 0.3
+    x = {"h": jax.random.normal(jax.random.key(1), (micro, 4, 16)), "n": jnp.zeros((micro, 4, 16))}
+
+    def sequential(layers, x):
+        return jax.lax.scan(lambda c, w: (jax.vmap(lambda xi: toy_layer(w, xi))(c), None), x, layers)[0]
+
+    schedule = Schedule(stages, repeats, micro)
+    order = schedule.layer_order(8)
+
+    def piped(layers, x):
+        # NaN in every stage before the first micro-batch arrives: it must never reach an output or gradient.
+        return run_pipeline(mesh, schedule, toy_layer, layers[order], x, bubble_value=jnp.nan)
+
+    loss = lambda f: lambda layers, x: jnp.sum(f(layers, x)["h"] ** 2)
+    want = sequential(layers, x)
+    got = jax.jit(piped)(layers, x)
+    np.testing.assert_allclose(got["h"], want["h"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["n"], 8.0)  # every micro-batch ran all 8 layers, once each
+    g_want = jax.grad(loss(sequential), argnums=(0, 1))(layers, x)
+    g_got = jax.jit(jax.grad(loss(piped), argnums=(0, 1)))(layers, x)
+    for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_microbatch_split_round_trips():
+    x = jnp.arange(24).reshape(12, 2)
+    parts = split_microbatches(x, 3)
+    assert parts.shape == (3, 4, 2) and parts[1, 0, 0] == x[1, 0] and parts[1, 1, 0] == x[4, 0]
+    np.testing.assert_array_equal(merge_microbatches(parts), x)
+
+
+def config(arch, scheme, pp, tp, micro, repeats=1, *extra):
+    return load_config(None, ["model.preset=llama-tiny", "model.n_layers=8", f"model.arch={arch}",
+                              f"parallel.scheme={scheme}", f"parallel.pp={pp}", f"parallel.tp={tp}",
+                              f"parallel.pp_repeats={repeats}", f"train.microbatches={micro}", "train.batch_size=8",
+                              *extra])
+
+
+def loss_and_grads(cfg, devices=None):
+    plan = make_plan(cfg, devices)
+    graphdef, _ = abstract_model(cfg)
+    params = place_params(cfg, plan)  # the layers in the pipeline's storage order
+    tokens = jax.random.randint(jax.random.key(0), (8, 32), 0, cfg.model.vocab_size)
+    batch = jax.device_put(tokens, plan.sharding(("batch", None)))
+
+    def loss(params):
+        logits = nnx.merge(graphdef, params)(batch, plan=plan, remat_mode=cfg.train.remat)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.roll(batch, -1, 1)).mean()
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    order = plan.layer_order(cfg.model.n_layers)
+    return jax.device_get((value, relayout_layers(grads, order, np.arange(len(order)))))
+
+
+@functools.cache
+def reference(arch):
+    cfg = config(arch, "megatron" if arch == "dense" else "btp", 1, 1, 1)
+    return loss_and_grads(cfg, jax.devices()[:1])
+
+
+@pytest.mark.parametrize("arch, scheme, pp, tp, micro, repeats, remat", [
+    ("cola", "btp", 2, 4, 2, 1, "none"),
+    ("lax", "btp", 2, 2, 4, 2, "lowrank"),  # dp=2; LaX latents ride along; circular schedule
+    ("dense", "megatron", 4, 2, 4, 2, "none"),
+    ("dense", "megatron", 2, 4, 4, 1, "full"),
+    ("cola", "btp", 4, 2, 8, 1, "lowrank"),
+])
+def test_pipelined_model_equals_one_device(arch, scheme, pp, tp, micro, repeats, remat):
+    value, grads = loss_and_grads(config(arch, scheme, pp, tp, micro, repeats, f"train.remat={remat}"))
+    ref_value, ref_grads = reference(arch)
+    assert value == pytest.approx(ref_value, rel=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-7
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["parallel.pp=2", "parallel.pp_repeats=3", "train.microbatches=2"],
+     "model.n_layers=8 must divide by parallel.pp x parallel.pp_repeats = 2 x 3"),
+    (["parallel.pp=4", "train.microbatches=2"], "train.microbatches=2 must be at least parallel.pp=4"),
+    (["parallel.pp_repeats=2"], "parallel.pp_repeats=2 needs parallel.pp > 1"),
+    (["parallel.pp=2", "parallel.dp=4", "train.microbatches=4"],
+     "a micro-batch of train.batch_size / train.microbatches = 2 rows must divide by dp x fsdp = 4"),
+])
+def test_pipeline_shapes_that_do_not_divide_fail_early(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        make_plan(load_config(None, ["model.preset=llama-tiny", "model.n_layers=8", "train.batch_size=8",
+                                     *overrides]))
+
+
+def test_stage_boundary_traffic_and_tp_collectives_from_the_hlo():
+    """btp at pp=2 x tp=2: each iteration moves one [b/M, s, d/tp] residual per device (measured on
+    the compiled HLO = analytic); the layers' TP collectives are those of the unpipelined model at
+    the micro-batch's size: 4 all-reduces of rank-r latents."""
+    common = dict(tp=2, seq=32, dtype="bf16", overrides=["model.n_layers=4", "model.n_kv_heads=8"])
+    piped = measure(build(config_for("llama-tiny", "cola", "btp", batch=8, pp=2, microbatches=4, **common)))
+    plain = measure(build(config_for("llama-tiny", "cola", "btp", batch=2, **common)))
+    pipe = piped["pipeline"]
+    assert (pipe["iterations"], pipe["bubble_fraction"]) == (5, 1 / 5)
+    assert pipe["p2p_bytes_per_iteration"] == pipe["analytic_p2p_bytes_per_iteration"] == 2 * 32 * (64 // 2) * 2
+    assert pipe["p2p_ops_per_iteration"] == ["collective-permute bf16[1, 2, 32, 32] over 2 (0.00 MiB)"]
+    for key in ("layer_forward_bytes", "layer_backward_bytes", "layer_forward_collectives", "layer_forward_issued"):
+        assert piped[key] == plain[key], key
+    assert piped["layer_forward_issued"] == {"all-reduce": 4}
+
+
+@pytest.mark.slow
+def test_pipelined_training_tracks_one_device(tmp_path, tiny_overrides):
+    """20 steps at pp=2 x tp=2 (x dp=2), btp, 4 micro-batches follow the single-device losses."""
+    common = [*tiny_overrides, "model.n_layers=4", "train.steps=20", "checkpoint.every=0", "train.eval_every=0"]
+    piped = train(load_config(None, [*common, f"run_dir={tmp_path / 'pp'}", "parallel.pp=2", "parallel.tp=2",
+                                     "train.microbatches=4"]))
+    one = train(load_config(None, [*common, f"run_dir={tmp_path / 'one'}"]), jax.devices()[:1])
+    np.testing.assert_allclose(piped["losses"], one["losses"], atol=1e-4)
+    assert one["losses"][-1] < one["losses"][0] - 0.5
+
+
+@pytest.mark.slow
+def test_checkpoints_restore_across_pipeline_layouts(tmp_path, tiny_overrides):
+    """Saved under a circular pipeline (pp=2 x 2 repeats), resumed without one, and back: the steps
+    after each resume match an uninterrupted run."""
+    common = [*tiny_overrides, "model.n_layers=4", "train.schedule_steps=6", "checkpoint.every=2",
+              "train.eval_every=0", "train.microbatches=2"]
+    pipelined = ["parallel.pp=2", "parallel.pp_repeats=2", "parallel.tp=2"]
+    full = train(load_config(None, [*common, "train.steps=6", f"run_dir={tmp_path / 'full'}", "parallel.tp=4"]))
+    run_dir = f"run_dir={tmp_path / 'moved'}"
+    train(load_config(None, [*common, "train.steps=2", run_dir, *pipelined]))
+    flat = train(load_config(None, [*common, "train.steps=4", run_dir, "parallel.tp=4"]))
+    back = train(load_config(None, [*common, "train.steps=6", run_dir, *pipelined]))
+    assert (flat["start_step"], back["start_step"]) == (2, 4)
+    np.testing.assert_allclose(flat["losses"] + back["losses"], full["losses"][2:], atol=1e-5)
