@@ -1,11 +1,23 @@
 """Tests run on CPU with 8 simulated devices, so every mesh shape can be exercised on a laptop."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compile many small programs: skip LLVM's expensive optimisations (2-3x faster compiles).
 # This changes only CPU code generation speed, not the HLO (collectives, shardings) tests inspect.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+
+# One persistent XLA compilation cache per test run, shared by the xdist workers and the
+# subprocesses they start (jax reads these variables): tests compile many identical programs
+# (parameter init, optimizer init, the same tiny train step), and each is compiled once.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="boost_jax_test_xla_")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -6,6 +6,7 @@ from flax import nnx
 from boost_jax.config import ModelConfig
 from boost_jax.flops import count, device_peak_flops
 from boost_jax.model import Model
+from boost_jax.parallel import single_device_plan
 from boost_jax.presets import PRESETS
 
 ARCHS = ("dense", "svd", "cola", "lax")
@@ -61,7 +62,8 @@ def test_flops_agree_with_compiled_cost_analysis(arch):
     cfg = ModelConfig(preset="llama-tiny", arch=arch, n_layers=1, d_model=256, d_ff=512, vocab_size=512).resolved()
     b, s = 2, 128
     graphdef, params = nnx.split(Model(cfg, rngs=nnx.Rngs(0)))
-    fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
+    plan = single_device_plan(cfg)
+    fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t, plan=plan))
     xla = fwd.lower(params, jnp.zeros((b, s), jnp.int32)).compile().cost_analysis()["flops"]
     c = count(cfg, s)
     full_attention = cfg.n_layers * 2 * cfg.n_heads * cfg.head_dim * s

@@ -124,7 +124,8 @@ def test_pallas_kernels_match_xla_in_a_btp_model():
     assert_close(pallas[1:], xla[1:], 1e-5)
 
 
-@pytest.mark.parametrize("norm, grouping", [("sync", True), ("online", False), ("sync", False)])
+@pytest.mark.parametrize("norm, grouping", [("sync", True), pytest.param("online", False, marks=pytest.mark.slow),
+                                            pytest.param("sync", False, marks=pytest.mark.slow)])
 def test_norm_and_grouping_switches_keep_the_math(norm, grouping):
     value, logits, grads = loss_logits_grads(
         config("lax", "btp", 2, 1, 4, f"model.norm={norm}", f"model.grouping={grouping}"), jax.devices())
@@ -134,6 +135,7 @@ def test_norm_and_grouping_switches_keep_the_math(norm, grouping):
     assert_close(grads, ref_grads, 1e-5)
 
 
+@pytest.mark.slow
 def test_online_norm_equals_sync_norm_in_bf16():
     """Online RMSNorm is exact in bf16 too: same logits as sync within bf16 rounding, at tp=4."""
     run = lambda norm: loss_logits_grads(

@@ -30,6 +30,7 @@ def measured():
 
 
 @pytest.mark.parametrize("variant", ["dense/megatron", "cola/vanilla", "cola/btp"])
+@pytest.mark.slow
 def test_compiled_gemm_flops_equal_the_analytic_count(measured, variant):
     row, work, _ = measured[variant]
     assert row["layers_per_stage"] == 2
@@ -49,6 +50,7 @@ def test_btp_moves_less_and_sends_a_residual_shard(measured):
     assert measured["cola/btp"][1].p2p_bytes * 2 == measured["cola/vanilla"][1].p2p_bytes == 2 * SEQ * 64 * 4
 
 
+@pytest.mark.slow
 def test_traffic_scales_with_layers_not_with_their_square():
     """Stacked weights and saved activations are read and written a slice per layer, not whole."""
     per_layer = []

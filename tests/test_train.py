@@ -43,6 +43,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path, tiny_overrides):
                                                                          "checkpoint.every=20", "log.tensorboard=true"])
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_exact(tmp_path, tiny_overrides):
     common = ["train.schedule_steps=12", "checkpoint.every=4", "train.eval_every=0"]
     full, _ = run(tmp_path, tiny_overrides, *common, "train.steps=12", name="full")

@@ -20,7 +20,7 @@ from flax import nnx
 
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.parallel import Plan, make_plan
-from boost_jax.parallel.mesh import explicit_size
+from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import abstract_model, sharded_loss
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -59,10 +59,7 @@ class Program:
 
 
 def build(cfg: Config) -> Program:
-    n = explicit_size(cfg.parallel)
-    if n < 1 or jax.device_count() < n:
-        raise ConfigError(f"need {n} devices, JAX sees {jax.device_count()} (on CPU: parallel.cpu_devices={n})")
-    plan = make_plan(cfg, jax.devices()[:n])
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
     graphdef, abstract = abstract_model(cfg)
     shardings = plan.named(plan.param_specs(abstract))
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

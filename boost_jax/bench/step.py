@@ -19,7 +19,7 @@ from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.config import Config
 from boost_jax.flops import count
 from boost_jax.parallel import make_plan
-from boost_jax.parallel.mesh import explicit_size
+from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import device_batch, setup
 
 
@@ -27,8 +27,7 @@ class Runner:
     """One config's compiled train step with its own state and a fixed random batch."""
 
     def __init__(self, cfg: Config):
-        n = explicit_size(cfg.parallel)
-        run, self.state = setup(cfg, make_plan(cfg, jax.devices()[:n]))
+        run, self.state = setup(cfg, make_plan(cfg, mesh_devices(cfg.parallel)))
         t = cfg.train
         tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)
         self.batch = device_batch({"inputs": tokens, "targets": tokens}, run.batch_sharding)

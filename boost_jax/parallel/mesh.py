@@ -67,9 +67,15 @@ def mesh_shape(p: ParallelConfig, n_devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def explicit_size(p: ParallelConfig) -> int:
-    """Devices a mesh with every axis given explicitly (no -1) needs."""
-    return math.prod(getattr(p, axis) for axis in MESH_AXES)
+def mesh_devices(p: ParallelConfig) -> list[jax.Device]:
+    """The devices a config's mesh spans: the first product-of-sizes of them, or all of them when
+    an axis is -1 (fill)."""
+    sizes = [getattr(p, axis) for axis in MESH_AXES]
+    n = len(jax.devices()) if -1 in sizes else math.prod(sizes)
+    if n > len(jax.devices()):
+        raise ConfigError(f"parallel: the mesh needs {n} devices, JAX sees {len(jax.devices())} "
+                          f"(on CPU: parallel.cpu_devices={n})")
+    return jax.devices()[:n]
 
 
 def make_mesh(p: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
