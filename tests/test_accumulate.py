@@ -54,3 +54,15 @@ def test_accumulation_equals_one_pass(microbatches, mesh):
 def test_indivisible_micro_batches_fail_early(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         make_plan(load_config(None, ["model.preset=llama-tiny", "train.batch_size=8", *overrides]))
+
+
+def test_accumulation_keeps_one_micro_batch_of_activations():
+    """Compiled peak (memory_analysis) of the gradient: 4x the batch as 4 micro-batches costs about
+    what one micro-batch does, not 4x its activations."""
+    from boost_jax.analysis.program import config_for
+    from boost_jax.bench.memory import compiled_peak
+
+    peak = lambda m: compiled_peak(config_for("llama-tiny", "cola", tp=2, batch=2 * m, seq=64, dtype="fp32",
+                                              microbatches=m, overrides=["model.n_layers=4"]))["fwd_bwd_peak_bytes"]
+    one, four = peak(1), peak(4)
+    assert four < 1.15 * one
