@@ -137,3 +137,12 @@ def test_report_writes_page_plots_and_json(tmp_path):
     # The page is a pure function of the saved measurements.
     report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page
+
+
+def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak():
+    from boost_jax.analysis.program import config_for
+    from boost_jax.bench.step import measure_with_peak
+
+    (row,), peak = measure_with_peak([config_for("llama-tiny", "cola", tp=1, batch=2, seq=32, dtype="fp32")], 1, 1)
+    assert peak > 0 and row["fraction_of_peak"] == row["model_flops_per_s"] / peak  # CPU: the host's peak
+    assert 0 < row["fraction_of_peak"] < 2

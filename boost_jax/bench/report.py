@@ -22,8 +22,8 @@ import jax
 
 from boost_jax.bench import paper
 from boost_jax.analysis.program import config_for
-from boost_jax.bench.step import compare_configs, measure as measure_steps
-from boost_jax.flops import PEAK_BF16_FLOPS, count, measure_matmul_peak
+from boost_jax.bench.step import compare_configs, measure as measure_steps, measure_with_peak
+from boost_jax.flops import PEAK_BF16_FLOPS, count
 
 GIB = 2**30
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
@@ -43,12 +43,10 @@ def step_compare(model: str, tp: int, batch: int, seq: int, reps: int, steps: in
 
 def single_device(models: list[str], batch: int, seq: int, reps: int, steps: int) -> dict:
     """Training throughput on one device next to the best fp32 matmul FLOP/s, measured before and after."""
-    peak_before = measure_matmul_peak("float32")
     cfgs = [config_for(m, a, tp=1, batch=batch, seq=seq, dtype="fp32") for m in models for a in ("dense", "cola")]
-    rows = measure_steps(cfgs, reps, steps)
-    peak = max(peak_before, measure_matmul_peak("float32"))
+    rows, peak = measure_with_peak(cfgs, reps, steps)
     for r in rows:
-        r["fraction_of_matmul_peak"] = r["model_flops_per_s"] / peak
+        r["fraction_of_matmul_peak"] = r.pop("fraction_of_peak")  # the name results.json has always used
     return {"matmul_peak_flops": peak, "batch": batch, "seq": seq, "rows": rows}
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from boost_jax.analysis.program import config_for, peak_bytes
 from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.config import Config
-from boost_jax.flops import count
+from boost_jax.flops import count, measure_matmul_peak
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import device_batch, setup
@@ -62,6 +62,20 @@ def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
     return [r.result() for r in runners]
 
 
+def measure_with_peak(cfgs: list[Config], reps: int, steps: int) -> tuple[list[dict], float]:
+    """`measure`, bracketed by the 2048^3 matmul probe (`flops.measure_matmul_peak`, best of before and
+    after: noise only slows); each result gets its model FLOP/s as a `fraction_of_peak` of the
+    devices it ran on (simulated CPU devices share one host, so there the host's peak)."""
+    dtype = cfgs[0].model.dtype
+    before = measure_matmul_peak(dtype)
+    results = measure(cfgs, reps, steps)
+    peak = max(before, measure_matmul_peak(dtype))
+    on_cpu = jax.devices()[0].platform == "cpu"
+    for r, cfg in zip(results, cfgs):
+        r["fraction_of_peak"] = r["model_flops_per_s"] / (peak * (1 if on_cpu else len(mesh_devices(cfg.parallel))))
+    return results, peak
+
+
 def compare_configs(model: str, arch: str, **knobs) -> list[Config]:
     """dense/megatron, <arch>/vanilla and <arch>/btp at the same knobs (`analysis.program.config_for`)."""
     return [config_for(model, "dense", "megatron", **knobs), config_for(model, arch, "vanilla", **knobs),
@@ -78,19 +92,20 @@ def main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     knobs = dict(tp=a.tp, dp=a.dp, batch=a.batch, seq=a.seq, dtype=a.dtype, overrides=a.overrides)
     cfgs = compare_configs(a.model, a.arch, **knobs) if a.compare else [bench_config(a)]
-    results = measure(cfgs, a.reps, a.steps)
+    results, peak = measure_with_peak(cfgs, a.reps, a.steps)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results)
         ratios = {"btp_speedup_vs_dense": dense / btp, "btp_speedup_vs_vanilla": vanilla / btp,
                   "vanilla_speedup_vs_dense": dense / vanilla}
     if a.json:
-        print(json.dumps({"results": results, **({"ratios": ratios} if a.compare else {})}, indent=1))
+        print(json.dumps({"matmul_peak_flops_per_s": peak, "results": results,
+                          **({"ratios": ratios} if a.compare else {})}, indent=1))
         return
-    print(f"{'variant':24s} {'median ms':>10s} {'tokens/s':>10s} {'peak MiB/dev':>13s}   ({a.reps} reps x {a.steps} steps, "
-          f"{jax.devices()[0].device_kind})")
+    print(f"{'variant':24s} {'median ms':>10s} {'tokens/s':>10s} {'of peak':>8s} {'peak MiB/dev':>13s}   ({a.reps} reps x "
+          f"{a.steps} steps, {jax.devices()[0].device_kind}, matmul peak {peak / 1e9:,.1f} GFLOP/s)")
     for r in results:
         name = f"{r['arch']}/{r['scheme']} tp={r['tp']}"
-        print(f"{name:24s} {1e3 * r['median_step_s']:10.1f} "
-              f"{r['tokens_per_s']:10,.0f} {r['peak_bytes_per_device'] / 2**20:13.1f}")
+        print(f"{name:24s} {1e3 * r['median_step_s']:10.1f} {r['tokens_per_s']:10,.0f} "
+              f"{100 * r['fraction_of_peak']:7.1f}% {r['peak_bytes_per_device'] / 2**20:13.1f}")
     if a.compare:
         print("  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
