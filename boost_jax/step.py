@@ -102,9 +102,9 @@ def relayout_layers(tree, src_order, dst_order):
 
 
 def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
-    graphdef, abstract_params = abstract_model(cfg)
-    pspecs = plan.param_specs(abstract_params)
+    graphdef, _ = abstract_model(cfg)
     params = place_params(cfg, plan)
+    pspecs = jax.tree.map(lambda p: p.sharding.spec, params)
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
     replicated = NamedSharding(mesh, P())
@@ -123,9 +123,7 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     batch_sharding = plan.sharding(("batch", None))
     loss_of = sharded_loss(graphdef, plan, cfg.train.remat)
 
-    # Under a pipeline the micro-batches flow through the stages inside the loss itself.
-    accumulate = 1 if plan.pipeline else cfg.train.microbatches
-    grad_of = accumulated_grad(loss_of, plan, accumulate, plan.named(pspecs))
+    grad_of = accumulated_grad(loss_of, plan, cfg.train.microbatches, plan.named(pspecs))
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss, grads = grad_of(state["params"], batch)
@@ -156,8 +154,9 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
 
 def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_shardings) -> Callable:
     """(loss, grads) of the global batch, computed over `microbatches` micro-batches in a scan with
-    gradients summed in fp32: the same mean over all tokens as one pass, in 1/M of the activations."""
-    if microbatches == 1:
+    gradients summed in fp32: the same mean over all tokens as one pass, in 1/M of the activations.
+    Under a pipeline the micro-batches already flow through its stages inside the loss."""
+    if microbatches == 1 or plan.pipeline:
         return jax.value_and_grad(loss_of)
 
     def split(x):

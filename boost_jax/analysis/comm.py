@@ -26,12 +26,15 @@ def _diff(total: dict, part: dict) -> dict:
 P2P = "collective-permute"
 
 
+def in_layers(cols: list[Collective]) -> list[Collective]:
+    """The collectives of the layer scan: those inside loops, less a pipeline's stage-to-stage permutes."""
+    return [c for c in cols if c.loop_depth and c.kind != P2P]
+
+
 def layer_split(fwd: list[Collective], both: list[Collective]) -> tuple[dict, dict]:
-    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives: those
-    inside loops (the layer scan), less a pipeline's stage-to-stage permutes."""
-    in_layer = lambda cols: [c for c in cols if c.kind != P2P]
-    layer_fwd = summarize(in_layer(fwd), in_loop=True)
-    return layer_fwd, _diff(summarize(in_layer(both), in_loop=True), layer_fwd)
+    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives."""
+    layer_fwd = summarize(in_layers(fwd), in_loop=True)
+    return layer_fwd, _diff(summarize(in_layers(both), in_loop=True), layer_fwd)
 
 
 def measure(prog: Program) -> dict:
@@ -44,8 +47,8 @@ def measure(prog: Program) -> dict:
     tokens = cfg.train.batch_size // prog.plan.size("batch") * cfg.train.seq_len // (pipe.microbatches if pipe else 1)
     itemsize = 2 if m.dtype == "bfloat16" else 4
     analytic = prog.plan.scheme.layer_forward_elements(m, tokens) * itemsize
-    upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in cols if c.loop_depth and c.upcast_from)
-    fwd_ops = [_describe(c) for c in fwd if c.loop_depth and c.kind != P2P]
+    upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in in_layers(cols) if c.upcast_from)
+    fwd_ops = [_describe(c) for c in in_layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
     return {
         "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": cfg.parallel.tp,
@@ -61,7 +64,7 @@ def measure(prog: Program) -> dict:
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
         "layer_forward_ops": fwd_ops,
-        "layer_backward_ops": _minus([_describe(c) for c in both if c.loop_depth and c.kind != P2P], fwd_ops),
+        "layer_backward_ops": _minus([_describe(c) for c in in_layers(both)], fwd_ops),
         **({"pipeline": pipeline_comm(prog, fwd, tokens, itemsize)} if pipe else {}),
     }
 

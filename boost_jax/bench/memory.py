@@ -29,8 +29,8 @@ def compiled_peak(cfg) -> dict:
     """Peak of the train step's gradient as the step computes it: accumulated over micro-batches,
     or through the pipeline when there is one."""
     prog = build(cfg)
-    micro = 1 if prog.plan.pipeline else cfg.train.microbatches
-    grad = accumulated_grad(prog.loss, prog.plan, micro, jax.tree.map(lambda p: p.sharding, prog.params))
+    grad = accumulated_grad(prog.loss, prog.plan, cfg.train.microbatches,
+                            jax.tree.map(lambda p: p.sharding, prog.params))
     compiled = jax.jit(grad).lower(prog.params, prog.batch).compile()
     # AdamW keeps two fp32 moments per parameter, sharded like the parameter.
     return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": 2 * 4 * prog.params_per_device}

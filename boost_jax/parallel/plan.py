@@ -42,8 +42,7 @@ class Plan:
         for dim, name in enumerate(axes):
             if name is not None and name not in LOGICAL_AXES:
                 raise ValueError(f"unknown logical axis {name!r} in {tuple(axes)}; known: {sorted(LOGICAL_AXES)}")
-            mesh_axes = self.rules.get(name) if name is not None else None
-            flat = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+            flat = _flat(self.rules.get(name) if name is not None else None)
             for axis in flat:
                 if axis in used:
                     raise ValueError(f"logical axes {tuple(axes)}: dimensions {used[axis]} and {dim} both "
@@ -68,9 +67,7 @@ class Plan:
 
     def size(self, name: str) -> int:
         """How many ways a logical name is split."""
-        mesh_axes = self.spec((name,))[0]
-        flat = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
-        return math.prod(self.mesh.shape[a] for a in flat)
+        return math.prod(self.mesh.shape[a] for a in _flat(self.spec((name,))[0]))
 
     def param_specs(self, params: nnx.State) -> dict:
         """PartitionSpecs, as a pure dict shaped like `params.to_pure_dict()`, from `logical_axes` metadata."""
@@ -135,6 +132,11 @@ def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=jax.devices()[:1])
     return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1))
+
+
+def _flat(mesh_axes) -> tuple[str, ...]:
+    """A rule or PartitionSpec entry (None, one axis, or a tuple of them) as a tuple of axes."""
+    return (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
 
 
 def _config_value(cfg: Config, key: str) -> int:
