@@ -21,11 +21,13 @@ def a100():
     return load_hardware()["a100-80gb"]
 
 
+TINY = ("model.n_kv_heads=8", "model.n_layers=4")
+
+
 @pytest.fixture(scope="module")
 def measured():
-    """llama-tiny variants at TP=2, two pipeline stages of two layers each, fp32."""
-    return {v: paper.measure("llama-tiny", v, tp=2, pp=2, batch=2, seq=SEQ, dtype="fp32",
-                             overrides=("model.n_kv_heads=8", "model.n_layers=4"))
+    """llama-tiny variants at TP=2, four layers, fp32."""
+    return {v: paper.measure("llama-tiny", v, tp=2, pp=1, microbatches=1, batch=2, seq=SEQ, dtype="fp32", overrides=TINY)
             for v in ("dense/megatron", "cola/vanilla", "cola/btp")}
 
 
@@ -33,7 +35,7 @@ def measured():
 @pytest.mark.slow
 def test_compiled_gemm_flops_equal_the_analytic_count(measured, variant):
     row, work, _ = measured[variant]
-    assert row["layers_per_stage"] == 2
+    assert row["layers_per_stage"] == 4
     assert row["gemm_flops_hlo"] == row["gemm_flops_analytic"] > 0
     attention = [g for g in work.gemms if g.attention]
     assert attention and all(g.in_loop for g in attention)
@@ -47,7 +49,24 @@ def test_compiled_gemm_flops_equal_the_analytic_count(measured, variant):
 def test_btp_moves_less_and_sends_a_residual_shard(measured):
     btp, vanilla = measured["cola/btp"][0], measured["cola/vanilla"][0]
     assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3
-    assert measured["cola/btp"][1].p2p_bytes * 2 == measured["cola/vanilla"][1].p2p_bytes == 2 * SEQ * 64 * 4
+
+
+def test_a_pipeline_is_priced_as_compiled(measured, a100):
+    """pp=2, M=2 on the same model: each device runs 2 of the 4 layers in M + S - 1 = 3 iterations of
+    half the batch, so 3/4 of the unpipelined GEMM work in loops (bubbles computed like the rest), and
+    the stage-to-stage permutes are priced as measured."""
+    row, work, _ = paper.measure("llama-tiny", "cola/btp", tp=2, pp=2, microbatches=2, batch=1, seq=SEQ, dtype="fp32",
+                                 overrides=TINY)
+    plain = measured["cola/btp"][1]
+    in_loops = lambda w: sum(g.flops * g.trip_count for g in w.gemms if g.in_loop)
+    assert in_loops(work) * 4 == in_loops(plain) * 3
+    assert row["pipeline"]["iterations"] == 3
+    assert row["pipeline"]["p2p_bytes_per_iteration"] == row["pipeline"]["analytic_p2p_bytes_per_iteration"] == SEQ * 32 * 4
+    permutes = [c for c in work.collectives if c.kind == "collective-permute"]
+    pred = predict(work, a100)
+    assert permutes and pred["parts"]["pipeline_p2p"] == pytest.approx(
+        sum(collective_seconds(c, a100) * c.trip_count for c in permutes))
+    assert sum(pred["parts"].values()) == pytest.approx(pred["seconds"])
 
 
 @pytest.mark.slow
@@ -83,19 +102,22 @@ def test_ring_collective_times(a100):
     assert wide == pytest.approx(a100.collective_latency_s + 1.75e9 / (a100.net_bytes_per_s * a100.collective_efficiency))
 
 
-def test_pipeline_schedule(a100):
+def test_predict_adds_up_its_parts(a100):
     layer = Gemm(1, 4096, 4096, 4096, 3, True, False)
     head = Gemm(1, 4096, 32000, 4096, 1, False, False)
-    work = Work([layer, head], [Traffic(10**8, 3, True)], [], 2, 10**6, p2p_bytes=4096 * 4096 * 2)
-    one = predict(work, a100)
-    t_l, t_e = one["stage_layers_s"], one["stage_edge_s"]
-    assert one["seconds"] == pytest.approx(t_l + t_e + one["parts"]["optimizer"])
-    four = predict(work, a100, pp=4, microbatches=1)
-    p2p = 2 * 3 * (a100.p2p_latency_s + 4096 * 4096 * 2 / a100.net_bytes_per_s)
-    assert four["seconds"] == pytest.approx(4 * t_l + t_e + p2p + one["parts"]["optimizer"])
-    eight = predict(work, a100, pp=4, microbatches=8)
-    assert eight["seconds"] == pytest.approx(7 * (t_l + t_e) + 4 * t_l + t_e + 8 * p2p + one["parts"]["optimizer"])
-    assert sum(eight["parts"].values()) == pytest.approx(eight["seconds"])
+    send = Collective("collective-permute", "bf16", (4096, 4096), 4096 * 4096 * 2, "{{0,4},{4,0}}", 2, "c", 1, 3, None)
+    one = predict(Work([layer, head], [Traffic(10**8, 3, True)], [send], 2, 10**6), a100)
+    assert one["seconds"] == pytest.approx(one["loop_s"] + one["edge_s"] + one["parts"]["optimizer"])
+    assert one["parts"]["pipeline_p2p"] == pytest.approx(3 * collective_seconds(send, a100))
+    assert sum(one["parts"].values()) == pytest.approx(one["seconds"])
+
+
+def test_permutes_cross_the_network_only_between_nodes(a100):
+    assert a100.gpus_per_node == 4
+    send = lambda pairs: Collective("collective-permute", "bf16", (1,), 10**9, pairs, 2, "c", 1, 1, None)
+    inside, across = collective_seconds(send("{{0,1},{1,0}}"), a100), collective_seconds(send("{{0,4},{4,0}}"), a100)
+    assert inside == pytest.approx(a100.p2p_latency_s + 1e9 / (a100.node_link_bytes_per_s * a100.collective_efficiency))
+    assert across == pytest.approx(a100.p2p_latency_s + 1e9 / (a100.net_bytes_per_s * a100.collective_efficiency))
 
 
 def test_shipped_hardware_file_and_its_errors(tmp_path):

@@ -5,6 +5,8 @@ import sys
 from boost_jax.cli import DEBUG_HELP, run_main
 
 COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report", "data")
+# Simulated CPU devices each command needs by default: the paper's 30B row is TP 4 x PP 4.
+CPU_DEVICES = {"paper": 16, "report": 16}
 
 
 def main() -> None:
@@ -19,7 +21,7 @@ def _main(args: list[str]) -> None:
     import jax
 
     if jax.config.jax_platforms in (None, "", "cpu") and not any(a.startswith("parallel.cpu_devices") for a in argv):
-        jax.config.update("jax_num_cpu_devices", 8)
+        jax.config.update("jax_num_cpu_devices", CPU_DEVICES.get(cmd, 8))
     from importlib import import_module
 
     import_module(f"boost_jax.bench.{cmd}").main(argv)

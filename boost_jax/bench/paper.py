@@ -8,10 +8,11 @@ cost analysis), and peak memory. The performance model (`perf_model.py`, constan
 `configs/hardware.yaml`) turns them into seconds per iteration on A100, H100 and H200 nodes,
 printed beside the paper's measurements.
 
-Pipeline stages are represented as in `perf_model.py`: one stage (n_layers / pp decoder layers plus
-embedding and head) is compiled at the paper's TP degree, and the pipeline schedule is applied by
-the model. The default is one micro-batch per iteration (`--microbatches`); the paper does not
-state its schedule.
+Models the paper runs with pipeline stages (13B: PP=2, 30B: PP=4) are compiled as the real pipelined
+train step on TP x PP simulated devices (`parallel/pipeline.py`): an iteration is `--microbatches`
+micro-batches of `--batch` sequences (default: each model's PP, the fewest its schedule allows; the
+paper does not state its number), and the performance model prices what that program does, bubbles
+and stage-to-stage permutes included.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.work import analyze
-from boost_jax.analysis.comm import layer_split
+from boost_jax.analysis.comm import layer_split, pipeline_comm
 from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, load_hardware, predict
 from boost_jax.config import ConfigError
@@ -50,62 +51,67 @@ COLUMNS = ("dense/megatron", "cola/vanilla", "cola/btp")  # the paper's table: f
 VARIANTS = ("dense/megatron", "cola/vanilla", "cola/btp", "svd/vanilla", "svd/btp", "lax/vanilla", "lax/btp")
 
 
-def measure(model: str, variant: str, *, tp: int, pp: int, batch: int, seq: int, dtype: str,
+def measure(model: str, variant: str, *, tp: int, pp: int, microbatches: int, batch: int, seq: int, dtype: str,
             overrides: tuple[str, ...] = ()) -> tuple[dict, Work, list]:
-    """Measured quantities of one variant's train step (one pipeline stage), its Work, and the
-    collectives of one decoder layer's forward."""
+    """Measured quantities of one variant's train step (per device: its pipeline stage, all its
+    micro-batches), its Work, and the collectives of one decoder layer's forward."""
     arch, scheme = variant.split("/")
-    variant_config = lambda *more: config_for(model, arch, scheme, tp=tp, batch=batch, seq=seq, dtype=dtype,
-                                              overrides=[*overrides, *more])
-    layers = variant_config().model.n_layers
-    if layers % pp or layers // pp < 2:
+    cfg = config_for(model, arch, scheme, tp=tp, pp=pp, microbatches=microbatches, batch=batch * microbatches,
+                     seq=seq, dtype=dtype, overrides=overrides)
+    m = cfg.model
+    if m.n_layers // pp < 2:
         # XLA unrolls a one-trip loop: per-layer figures need the scanned stack to stay a loop.
-        raise SystemExit(f"{model}: n_layers={layers} must split into pp={pp} stages of at least 2 layers")
-    cfg = variant_config(f"model.n_layers={layers // pp}")
+        raise SystemExit(f"{model}: n_layers={m.n_layers} must give pp={pp} stages of at least 2 layers")
     prog = build(cfg)
     fwd = collectives(jax.jit(prog.loss).lower(prog.params, prog.batch).compile().as_text())
     step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
     text = step.as_text()
     both = collectives(text)
-    m = cfg.model
     itemsize = jnp.dtype(m.dtype).itemsize
     gemms, traffic = analyze(text, seq=seq, itemsize=itemsize)
     params = prog.params_per_device
-    tokens = batch * seq
-    work = Work(gemms, traffic, both, itemsize, params,
-                # The residual crossing a stage boundary, as the plan lays it out (btp: split on d).
-                p2p_bytes=tokens * m.d_model * itemsize // prog.plan.size("act_embed"))
+    tokens = batch * microbatches * seq  # per iteration
+    work = Work(gemms, traffic, both, itemsize, params)
     c = count(m, seq)
     layer_fwd, layer_bwd = layer_split(fwd, both)
     flops = lambda attention: sum(g.flops * g.trip_count for g in gemms if g.attention == attention)
     cost = step.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return {
-        "model": model, "variant": variant, "tp": tp, "pp": pp, "layers_per_stage": m.n_layers,
-        "batch": batch, "seq": seq, "dtype": dtype,
+        "model": model, "variant": variant, "tp": tp, "pp": pp, "microbatches": microbatches,
+        "layers_per_stage": m.n_layers // pp, "batch": batch, "seq": seq, "dtype": dtype,
         "layer_forward_bytes": layer_fwd["bytes"], "layer_forward_collectives": layer_fwd["count"],
         "layer_backward_bytes": layer_bwd["bytes"], "layer_backward_collectives": layer_bwd["count"],
         "step_collective_bytes": summarize(both)["bytes"],
+        **({"pipeline": pipeline_comm(prog, fwd, batch * seq, itemsize)} if pp > 1 else {}),
         "gemm_flops_hlo": flops(False),
-        # Training matmul FLOPs of the stage's weights (6 per parameter per token), split over TP.
-        "gemm_flops_analytic": 6 * c.matmul_params * tokens / tp,
+        # Training matmul FLOPs of one stage's weights (6 per parameter per token), split over TP:
+        # the useful work; a pipeline's HLO also computes its bubbles.
+        "gemm_flops_analytic": 6 * c.matmul_params * tokens / tp / pp,
         "attention_flops_hlo": flops(True),  # full S x S, as the compiled program computes it
-        "attention_flops_analytic_causal": (c.train_flops_per_token - 6 * c.matmul_params) * tokens / tp,
+        "attention_flops_analytic_causal": (c.train_flops_per_token - 6 * c.matmul_params) * tokens / tp / pp,
         "xla_cost_analysis_flops": float(cost.get("flops", 0.0)),  # counts a while body once
         "peak_bytes": peak_bytes(step), "adamw_bytes": 8 * params, "params_per_device": params,
-    }, work, [c for c in fwd if c.loop_depth]
+    }, work, [c for c in fwd if c.loop_depth and c.kind != "collective-permute"]
 
 
-def run(models: list[str], variants: tuple[str, ...], hardware: dict, *, microbatches: int, batch: int,
+def paper_variants(model: str) -> list[str]:
+    """The variants the paper measured for `model` (SVD and LaX only at 7B)."""
+    return [v for v in VARIANTS if v in PAPER[model]]
+
+
+def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, *, microbatches: int | None, batch: int,
         seq: int, dtype: str, log=print) -> dict:
+    """`variants=None`: each model's `paper_variants`; `microbatches=None`: each model's PP."""
     rows = []
     for model in models:
         setting = PAPER[model]
-        for variant in variants:
+        for variant in variants or paper_variants(model):
             t0 = time.perf_counter()
-            row, work, layer_fwd = measure(model, variant, tp=setting["tp"], pp=setting["pp"], batch=batch,
-                                           seq=seq, dtype=dtype)
-            row["predicted"] = {name: predict(work, hw, pp=setting["pp"], microbatches=microbatches)
+            pp = setting["pp"]
+            row, work, layer_fwd = measure(model, variant, tp=setting["tp"], pp=pp, microbatches=microbatches or pp,
+                                           batch=batch, seq=seq, dtype=dtype)
+            row["predicted"] = {name: predict(work, hw)
                                 | {"layer_forward_comm_s": sum(collective_seconds(c, hw) for c in layer_fwd)}
                                 for name, hw in hardware.items()}
             row["paper_seconds"] = setting.get(variant)
@@ -122,12 +128,12 @@ def find_row(result: dict, model: str, variant: str) -> dict | None:
 
 
 def measured_table(result: dict) -> list[str]:
-    """Markdown: what was measured per variant (per device, one pipeline stage)."""
-    lines = ["| model | variant | TP,PP | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic "
+    """Markdown: what was measured per variant (per device: its pipeline stage, all micro-batches)."""
+    lines = ["| model | variant | TP,PP,M | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic "
              "| attention TFLOP HLO / analytic causal | XLA cost_analysis TFLOP | peak GiB + AdamW GiB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | {r['variant']} | {r['tp']},{r['pp']} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
+        lines.append(f"| {r['model']} | {r['variant']} | {_layout(r)} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
                      f"| {r['layer_backward_bytes'] / GIB:.4f} ({r['layer_backward_collectives']}) "
                      f"| {r['gemm_flops_hlo'] / 1e12:.2f} / {r['gemm_flops_analytic'] / 1e12:.2f} "
                      f"| {r['attention_flops_hlo'] / 1e12:.2f} / {r['attention_flops_analytic_causal'] / 1e12:.2f} "
@@ -135,9 +141,13 @@ def measured_table(result: dict) -> list[str]:
     return lines
 
 
+def _layout(r: dict) -> str:
+    return f"{r['tp']},{r['pp']},{r['microbatches']}"
+
+
 def prediction_table(result: dict, hw: str) -> list[str]:
     """Markdown: predicted seconds per iteration on `hw` beside the paper's, with BOOST's speedups."""
-    lines = ["| model | TP,PP | full: model / paper | vanilla: model / paper | BOOST: model / paper "
+    lines = ["| model | TP,PP,M | full: model / paper | vanilla: model / paper | BOOST: model / paper "
              "| BOOST vs full: model / paper | BOOST vs vanilla: model / paper |",
              "|---|---|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in result["rows"]):
@@ -147,8 +157,29 @@ def prediction_table(result: dict, hw: str) -> list[str]:
         p = [t["predicted"][hw]["seconds"] for t in trio]
         q = [t["paper_seconds"] for t in trio]
         cells = [f"{a:.2f} / {b:.2f} ({a / b:.2f}x)" for a, b in zip(p, q)]
-        lines.append(f"| {model} | {trio[0]['tp']},{trio[0]['pp']} | " + " | ".join(cells)
+        lines.append(f"| {model} | {_layout(trio[0])} | " + " | ".join(cells)
                      + f" | {p[0] / p[2]:.2f}x / {q[0] / q[2]:.2f}x | {p[1] / p[2]:.2f}x / {q[1] / q[2]:.2f}x |")
+    return lines
+
+
+def pipeline_table(result: dict, hw: str) -> list[str]:
+    """Markdown: each pipelined row's measured schedule and stage-to-stage traffic, and its predicted
+    time on `hw` per iteration and per micro-batch, beside the paper's. The last column extends the
+    compiled program to many micro-batches: one iteration of the loop plus one micro-batch's share of
+    the edge (embedding, head, loss), the optimizer amortised away."""
+    rows = [r for r in result["rows"] if r["pp"] > 1]
+    if not rows:
+        return []
+    lines = ["| model | variant | TP,PP,M | iterations | bubble | p2p MiB/iteration measured / analytic | p2p s "
+             "| model s/iteration | model s/micro-batch | model s/micro-batch, M large | paper s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pipe, pred, m = r["pipeline"], r["predicted"][hw], r["microbatches"]
+        paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
+        lines.append(f"| {r['model']} | {r['variant']} | {_layout(r)} | {pipe['iterations']} | {100 * pipe['bubble_fraction']:.0f}% "
+                     f"| {pipe['p2p_bytes_per_iteration'] / 2**20:.1f} / {pipe['analytic_p2p_bytes_per_iteration'] / 2**20:.1f} "
+                     f"| {pred['parts']['pipeline_p2p']:.3f} | {pred['seconds']:.2f} | {pred['seconds'] / m:.2f} "
+                     f"| {pred['loop_s'] / pipe['iterations'] + pred['edge_s'] / m:.2f} | {paper_s} |")
     return lines
 
 
@@ -182,11 +213,14 @@ def layer_comm_table(result: dict, hw: str) -> list[str]:
 
 def print_report(result: dict) -> None:
     s, first = result["settings"], next(iter(result["hardware"]))
-    print("\nMeasured here, per device, from the compiled train step (one pipeline stage):", *measured_table(result), sep="\n")
+    print("\nMeasured here, per device, from the compiled train step (M micro-batches per iteration):",
+          *measured_table(result), sep="\n")
     for hw in result["hardware"]:
         print(f"\nPredicted seconds per iteration on {hw} ({result['hardware'][hw]['description']}), "
-              f"{s['microbatches']} micro-batch(es) of {s['batch']} x {s['seq']}, next to the paper (A100):",
+              f"M micro-batches of {s['batch']} x {s['seq']}, next to the paper (A100):",
               *prediction_table(result, hw), sep="\n")
+    if table := pipeline_table(result, first):
+        print(f"\nThe pipelined rows on {first}, as compiled:", *table, sep="\n")
     if table := breakdown_table(result, first):
         print(f"\nllama-7b on {first}, where the time goes (seconds per iteration):", *table, sep="\n")
     if table := layer_comm_table(result, first):
@@ -196,10 +230,12 @@ def print_report(result: dict) -> None:
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=",".join(PAPER), help=f"comma-separated, from {', '.join(PAPER)}")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated arch/scheme pairs")
+    p.add_argument("--variants", default="paper",
+                   help=f"comma-separated arch/scheme pairs from {', '.join(VARIANTS)}, or paper: those the paper measured per model")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
     p.add_argument("--hardware", default="all", help="comma-separated names from the hardware file, or all")
-    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per iteration (pipeline schedule)")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="micro-batches of --batch per iteration (default: each model's PP)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -209,8 +245,8 @@ def from_flags(a: argparse.Namespace, log=print) -> dict:
     models = a.models.split(",")
     if bad := [m for m in models if m not in PAPER]:
         raise SystemExit(f"--models: unknown {bad}; the paper's are {list(PAPER)}")
-    variants = tuple(a.variants.split(","))
-    if bad := [v for v in variants if v not in VARIANTS]:
+    variants = None if a.variants == "paper" else tuple(a.variants.split(","))
+    if bad := [v for v in variants or () if v not in VARIANTS]:
         raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
     try:
         hardware = load_hardware(a.hardware_file)
@@ -221,7 +257,7 @@ def from_flags(a: argparse.Namespace, log=print) -> dict:
         if bad := [n for n in names if n not in hardware]:
             raise SystemExit(f"--hardware: unknown {bad}; {a.hardware_file} has {list(hardware)}")
         hardware = {n: hardware[n] for n in names}
-    if a.microbatches < 1:
+    if a.microbatches is not None and a.microbatches < 1:
         raise SystemExit("--microbatches must be at least 1")
     return run(models, variants, hardware, microbatches=a.microbatches, batch=a.batch, seq=a.seq, dtype=a.dtype, log=log)
 

@@ -15,17 +15,18 @@ vanilla TP and BOOST all block on their all-reduces):
               all-reduce f = 2(g-1)/g; all-gather, reduce-scatter, all-to-all f = (g-1)/g; permute f = 1
   optimizer   AdamW over this device's fp32 parameters: 28 bytes per parameter through HBM
 
-Pipeline parallelism (the paper's 13B and 30B runs): each stage is compiled as a model with
-n_layers / pp decoder layers plus the embedding and head, and an iteration of m micro-batches under
-1F1B costs  (m - 1) * (layers + edge) + pp * layers + edge  (edge = embedding, head and loss, which
-only the first and last stages run), plus 2 (pp - 1) m point-to-point sends of one micro-batch's
-residual over the inter-node link: [T, d] per rank, [T, d/p] under BTP whose residual is sharded.
+Pipeline parallelism (the paper's 13B and 30B runs) is not assumed: the program compiled is the
+pipelined train step itself (`parallel/pipeline.py`), so its iteration loop (M * R + S - 1 trips,
+bubbles included, as a GPU would run them) and its stage-to-stage collective-permutes are in the
+measured work like any other loop and collective. A permute whose source/target pairs span nodes
+crosses the inter-node network (all pairs shift at once, so the slowest link sets the time).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,9 +106,17 @@ _RING_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n:
                 "collective-permute": lambda n: 1.0}
 
 
+def _crosses_nodes(c: Collective, hw: Hardware) -> bool:
+    if c.kind != "collective-permute":
+        return c.group_size > hw.gpus_per_node
+    pairs = re.findall(r"\{(\d+),(\d+)\}", c.replica_groups)
+    return any(int(a) // hw.gpus_per_node != int(b) // hw.gpus_per_node for a, b in pairs)
+
+
 def collective_seconds(c: Collective, hw: Hardware) -> float:
-    link = hw.node_link_bytes_per_s if c.group_size <= hw.gpus_per_node else hw.net_bytes_per_s
-    return hw.collective_latency_s + _RING_FACTOR[c.kind](c.group_size) * c.bytes / (link * hw.collective_efficiency)
+    link = hw.net_bytes_per_s if _crosses_nodes(c, hw) else hw.node_link_bytes_per_s
+    latency = hw.p2p_latency_s if c.kind == "collective-permute" else hw.collective_latency_s
+    return latency + _RING_FACTOR[c.kind](c.group_size) * c.bytes / (link * hw.collective_efficiency)
 
 
 # ----------------------------------------------------------------------------- prediction
@@ -115,14 +124,13 @@ def collective_seconds(c: Collective, hw: Hardware) -> float:
 
 @dataclass(frozen=True)
 class Work:
-    """What one device does in one micro-batch's train step (one pipeline stage), as compiled."""
+    """What one device does in one train step (all its micro-batches, its pipeline stage), as compiled."""
 
     gemms: list[Gemm]
     traffic: list[Traffic]
     collectives: list[Collective]
     itemsize: int  # bytes per element of the compute dtype
     params_per_device: int
-    p2p_bytes: int  # residual activation one rank sends to the next pipeline stage per micro-batch
 
 
 def _split(items, cost) -> tuple[float, float]:
@@ -135,26 +143,24 @@ def _in_loop(x) -> bool:
     return x.loop_depth > 0 if isinstance(x, Collective) else x.in_loop
 
 
-def predict(work: Work, hw: Hardware, *, pp: int = 1, microbatches: int = 1) -> dict:
-    """Seconds per iteration, its parts (each through the pipeline schedule), and one stage's
-    decoder-layer and edge (embedding, head, loss) seconds for one micro-batch."""
+def predict(work: Work, hw: Hardware) -> dict:
+    """Seconds per iteration (one run of the compiled step, then the optimizer), its parts, and the
+    seconds inside loops (decoder layers; under a pipeline, its iterations) and outside them (edge:
+    embedding, head, loss). Stage-to-stage permutes are reported apart as `pipeline_p2p`."""
     gemms = [g for g in work.gemms if not g.attention]
+    p2p = [c for c in work.collectives if c.kind == "collective-permute"]
     parts = {
         "gemm": _split(gemms, lambda g: gemm_seconds(g, hw, work.itemsize)),
         "attention": _split([g for g in work.gemms if g.attention], lambda g: attention_seconds(g, hw)),
         "memory": _split(work.traffic, lambda t: t.bytes / (hw.hbm_bytes_per_s * hw.memory_efficiency)),
-        "communication": _split(work.collectives, lambda c: collective_seconds(c, hw)),
+        "communication": _split([c for c in work.collectives if c not in p2p], lambda c: collective_seconds(c, hw)),
+        "pipeline_p2p": _split(p2p, lambda c: collective_seconds(c, hw)),
     }
-    layers = sum(v[0] for v in parts.values())
-    edge = sum(v[1] for v in parts.values())
-    # 1F1B over pp stages: the slowest stage (layers + edge) per extra micro-batch, one pass through all stages.
-    schedule = lambda inside, outside: (microbatches - 1) * (inside + outside) + pp * inside + outside
-    p2p = 2 * (pp - 1) * microbatches * (hw.p2p_latency_s + work.p2p_bytes / hw.net_bytes_per_s)
     optimizer = work.params_per_device * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
     gemm_flops = sum(g.flops * g.trip_count for g in gemms)
+    seconds = {k: sum(v) for k, v in parts.items()} | {"optimizer": optimizer}
     return {
-        "seconds": schedule(layers, edge) + p2p + optimizer,
-        "parts": {k: schedule(*v) for k, v in parts.items()} | {"pipeline_p2p": p2p, "optimizer": optimizer},
-        "stage_layers_s": layers, "stage_edge_s": edge,
+        "seconds": sum(seconds.values()), "parts": seconds,
+        "loop_s": sum(v[0] for v in parts.values()), "edge_s": sum(v[1] for v in parts.values()),
         "gemm_utilization": gemm_flops / (sum(parts["gemm"]) * hw.peak_flops) if gemm_flops else 0.0,
     }
