@@ -1,10 +1,10 @@
-"""python -m boost_jax.bench {comm,step,memory,kernels,paper,report,data} [flags] [section.key=value ...]"""
+"""python -m boost_jax.bench {comm,step,profile,memory,kernels,paper,report,data} [flags] [section.key=value ...]"""
 
 import sys
 
 from boost_jax.cli import DEBUG_HELP, run_main
 
-COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report", "data")
+COMMANDS = ("comm", "step", "profile", "memory", "kernels", "paper", "report", "data")
 
 
 def main() -> None:
