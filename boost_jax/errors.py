@@ -25,6 +25,12 @@ class DataError(BoostJaxError, ValueError):
     kind = "data error"
 
 
+class PackageError(BoostJaxError, ImportError):
+    """A package the run needs is not installed (a minimal stack, e.g. a GPU machine's own, lacks it)."""
+
+    kind = "missing package"
+
+
 class CheckpointError(BoostJaxError, RuntimeError):
     """A checkpoint or run dir cannot be used as asked; the message names it."""
 

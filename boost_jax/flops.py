@@ -76,10 +76,8 @@ def device_peak_flops(dtype: str, cache_dir: Path) -> tuple[float, str]:
     cached in `cache_dir`."""
     dev = jax.devices()[0]
     if dev.platform != "cpu":
-        for name, peak in sorted(PEAK_BF16_FLOPS.items(), key=lambda kv: -len(kv[0])):
-            if name.lower() in dev.device_kind.lower():
-                # fp32 matmuls run as TF32 on tensor cores at JAX's default precision: half the bf16 peak.
-                return (peak if dtype == "bfloat16" else peak / 2, f"table:{name}")
+        if sheet := datasheet_peak_flops(dev, dtype):
+            return sheet, f"table:{dev.device_kind}"
         return measure_matmul_peak(dtype), f"measured:{dev.device_kind}"
     key = cpu_peak_key(dtype)
     path = Path(cache_dir) / "cpu_peak.json"
@@ -88,6 +86,15 @@ def device_peak_flops(dtype: str, cache_dir: Path) -> tuple[float, str]:
         cache[key] = measure_matmul_peak(dtype)
         atomic_write(path, lambda f: f.write(json.dumps(cache).encode()))
     return cache[key], "measured:cpu"
+
+
+def datasheet_peak_flops(dev: jax.Device, dtype: str) -> float | None:
+    """The datasheet peak FLOP/s of an accelerator in PEAK_BF16_FLOPS; None if it is not there."""
+    for name, peak in sorted(PEAK_BF16_FLOPS.items(), key=lambda kv: -len(kv[0])):
+        if dev.platform != "cpu" and name.lower() in dev.device_kind.lower():
+            # fp32 matmuls run as TF32 on tensor cores at JAX's default precision: half the bf16 peak.
+            return peak if dtype == "bfloat16" else peak / 2
+    return None
 
 
 def cpu_peak_key(dtype: str) -> str:

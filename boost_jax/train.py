@@ -8,6 +8,7 @@ checkpoint; the loss trajectory is bitwise identical to an uninterrupted run on 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import time
@@ -19,7 +20,7 @@ import numpy as np
 from boost_jax.checkpoint import changed_keys, identity
 from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ConfigError, load_config, load_yaml
-from boost_jax.errors import DivergenceError
+from boost_jax.errors import DivergenceError, PackageError
 
 USAGE = __doc__.strip().splitlines()[0]
 
@@ -73,8 +74,25 @@ def check_writable_dir(path: Path, key: str) -> None:
         raise ConfigError(f"{key}: cannot write in {existing} (read-only file system or no permission)")
 
 
+def check_packages(cfg: Config) -> None:
+    """Name, before any work, the optional packages this run needs and lacks (importing the
+    package does not need them: a GPU machine's own Python stack may have neither)."""
+    need = {"grain": "the data loader (boost_jax/data/loader.py)"}
+    if cfg.log.tensorboard:
+        need["tensorboardX"] = "log.tensorboard=true (or set log.tensorboard=false)"
+    missing = []
+    for package, why in need.items():
+        try:
+            importlib.import_module(package)
+        except ImportError:
+            missing.append(f"{package}, for {why}")
+    if missing:
+        raise PackageError("not installed: " + "; ".join(missing) + ". pip install what is missing")
+
+
 def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
+    check_packages(cfg)
     from boost_jax.checkpoint import CheckpointError, Checkpointer
     from boost_jax.data.build import build_data, check_run_tokenizer
     from boost_jax.data.cache import cache_root

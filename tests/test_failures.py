@@ -226,3 +226,15 @@ def test_a_torn_metrics_line_is_set_aside_on_resume(tmp_path):
     RunLog(tmp_path, LogConfig(progress=False, tensorboard=False), total_steps=12, start_step=8).close()
     assert metric_steps(tmp_path) == list(range(1, 9))  # resumed from 8: later rows will be rewritten
     assert (tmp_path / "metrics.jsonl.damaged").read_text() == rows + '{"step": 10, "lo'
+
+
+def test_runs_without_the_optional_packages_import_and_a_run_names_them(tmp_path):
+    """A GPU machine's own Python stack has no tensorboardX, grain or zstandard: the package, the
+    train and bench modules still import, and a run says which packages it lacks, in one message."""
+    code = ("import sys\n"
+            "for m in ('tensorboardX', 'grain', 'zstandard'): sys.modules[m] = None\n"
+            "import boost_jax, boost_jax.train, boost_jax.bench.step, boost_jax.bench.profile, boost_jax.bench.kernels\n"
+            f"boost_jax.train.main(['model.preset=llama-tiny', 'log.tensorboard=true', 'run_dir={tmp_path}'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert_one_message(proc, "missing package", "grain, for the data loader", "tensorboardX, for log.tensorboard=true")
+    assert not any(tmp_path.iterdir())  # named before any work

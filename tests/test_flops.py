@@ -1,10 +1,12 @@
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.flops import count, device_peak_flops
+from boost_jax.flops import count, datasheet_peak_flops, device_peak_flops
 from boost_jax.model import Model
 from boost_jax.parallel import single_device_plan
 from boost_jax.presets import PRESETS
@@ -76,3 +78,11 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path):
     assert source == "measured:cpu" and peak > 1e8
     assert (tmp_path / "cpu_peak.json").exists()
     assert device_peak_flops("float32", tmp_path) == (peak, source)
+
+
+def test_datasheet_peak_is_the_tables_for_a_known_accelerator_only():
+    dev = lambda platform, kind: SimpleNamespace(platform=platform, device_kind=kind)
+    assert datasheet_peak_flops(dev("gpu", "NVIDIA H200"), "bfloat16") == 989e12  # MFU's denominator in bench step
+    assert datasheet_peak_flops(dev("gpu", "NVIDIA GH200 480GB"), "float32") == 989e12 / 2  # TF32
+    assert datasheet_peak_flops(dev("gpu", "NVIDIA RTX 9999"), "bfloat16") is None
+    assert datasheet_peak_flops(dev("cpu", "cpu"), "bfloat16") is None

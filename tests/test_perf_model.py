@@ -168,3 +168,4 @@ def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak():
     (row,), peak = measure_with_peak([config_for("llama-tiny", "cola", tp=1, batch=2, seq=32, dtype="fp32")], 1, 1)
     assert peak > 0 and row["fraction_of_peak"] == row["model_flops_per_s"] / peak  # CPU: the host's peak
     assert 0 < row["fraction_of_peak"] < 2
+    assert "mfu" not in row  # a CPU has no datasheet peak

@@ -1,10 +1,10 @@
-"""python -m boost_jax.bench {comm,step,memory,kernels,paper,report,data} [flags] [section.key=value ...]"""
+"""python -m boost_jax.bench {comm,step,profile,memory,kernels,paper,report,data} [flags] [section.key=value ...]"""
 
 import sys
 
 from boost_jax.cli import DEBUG_HELP, run_main
 
-COMMANDS = ("comm", "step", "memory", "kernels", "paper", "report", "data")
+COMMANDS = ("comm", "step", "profile", "memory", "kernels", "paper", "report", "data")
 # Simulated CPU devices each command needs by default: the paper's 30B row is TP 4 x PP 4.
 CPU_DEVICES = {"paper": 16, "report": 16}
 

@@ -19,6 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from boost_jax.config import ConfigError, load_config
 from pallas_kernels import grouped_matmul, norm_down
 
 IMPLS = ("pallas", "xla")
@@ -30,7 +31,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m boost_jax.bench kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", default="all", choices=["all", "norm_down", "grouped_matmul"])
-    p.add_argument("--small", action="store_true", help=f"tiny shapes {SMALL} (CPU smoke test)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--small", action="store_true", help=f"tiny shapes {SMALL} (CPU smoke test)")
+    size.add_argument("--model", help="one --tp rank of this preset's CoLA attention (k, n, r, m; "
+                      "the defaults below are llama-7b's)")
+    p.add_argument("--tp", type=int, default=4, help="with --model: tensor-parallel ranks")
     p.add_argument("--tokens", type=int, default=4 * 4096, help="T = b*s tokens per rank")
     p.add_argument("--k", type=int, default=4096 // 4, help="norm_down: local d/p")
     p.add_argument("--n", type=int, default=3 * 1024, help="norm_down: grouped 3r (or 2r)")
@@ -43,7 +48,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.small:
         vars(a).update(SMALL)
+    if a.model:
+        vars(a).update(model_shapes(a.model, a.tp))
     return a
+
+
+def model_shapes(preset: str, tp: int) -> dict[str, int]:
+    """norm_down's k, n and grouped_matmul's r, m for one of `tp` ranks of `preset` (cola)."""
+    m = load_config(None, [f"model.preset={preset}", "model.arch=cola"]).model.resolved()
+    if m.d_model % tp or (m.n_heads * m.head_dim) % tp:
+        raise ConfigError(f"--tp {tp} does not divide {preset}'s d_model {m.d_model} and heads")
+    return {"k": m.d_model // tp, "n": 3 * m.attn_rank, "r": m.attn_rank, "m": m.n_heads * m.head_dim // tp}
 
 
 def cases(a: argparse.Namespace) -> list[dict]:

@@ -17,7 +17,7 @@ import numpy as np
 from boost_jax.analysis.program import config_for, peak_bytes
 from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.config import Config
-from boost_jax.flops import count, measure_matmul_peak
+from boost_jax.flops import count, datasheet_peak_flops, measure_matmul_peak
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import device_batch, setup
@@ -65,14 +65,19 @@ def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
 def measure_with_peak(cfgs: list[Config], reps: int, steps: int) -> tuple[list[dict], float]:
     """`measure`, bracketed by the 2048^3 matmul probe (`flops.measure_matmul_peak`, best of before and
     after: noise only slows); each result gets its model FLOP/s as a `fraction_of_peak` of the
-    devices it ran on (simulated CPU devices share one host, so there the host's peak)."""
+    devices it ran on (simulated CPU devices share one host, so there the host's peak), and on an
+    accelerator in `flops.PEAK_BF16_FLOPS` its `mfu` against the datasheet peak."""
     dtype = cfgs[0].model.dtype
     before = measure_matmul_peak(dtype)
     results = measure(cfgs, reps, steps)
     peak = max(before, measure_matmul_peak(dtype))
-    on_cpu = jax.devices()[0].platform == "cpu"
+    dev = jax.devices()[0]
+    sheet = datasheet_peak_flops(dev, dtype)
     for r, cfg in zip(results, cfgs):
-        r["fraction_of_peak"] = r["model_flops_per_s"] / (peak * (1 if on_cpu else len(mesh_devices(cfg.parallel))))
+        n = 1 if dev.platform == "cpu" else len(mesh_devices(cfg.parallel))
+        r["fraction_of_peak"] = r["model_flops_per_s"] / (peak * n)
+        if sheet:
+            r["mfu"] = r["model_flops_per_s"] / (sheet * n)
     return results, peak
 
 
@@ -93,19 +98,23 @@ def main(argv: list[str]) -> None:
     knobs = dict(tp=a.tp, dp=a.dp, batch=a.batch, seq=a.seq, dtype=a.dtype, overrides=a.overrides)
     cfgs = compare_configs(a.model, a.arch, **knobs) if a.compare else [bench_config(a)]
     results, peak = measure_with_peak(cfgs, a.reps, a.steps)
+    sheet = datasheet_peak_flops(jax.devices()[0], cfgs[0].model.dtype)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results)
         ratios = {"btp_speedup_vs_dense": dense / btp, "btp_speedup_vs_vanilla": vanilla / btp,
                   "vanilla_speedup_vs_dense": dense / vanilla}
     if a.json:
-        print(json.dumps({"matmul_peak_flops_per_s": peak, "results": results,
+        print(json.dumps({"matmul_peak_flops_per_s": peak, "datasheet_peak_flops_per_s": sheet, "results": results,
                           **({"ratios": ratios} if a.compare else {})}, indent=1))
         return
-    print(f"{'variant':24s} {'median ms':>10s} {'tokens/s':>10s} {'of peak':>8s} {'peak MiB/dev':>13s}   ({a.reps} reps x "
-          f"{a.steps} steps, {jax.devices()[0].device_kind}, matmul peak {peak / 1e9:,.1f} GFLOP/s)")
+    mfu_head = f" {'MFU':>6s}" if sheet else ""
+    print(f"{'variant':24s} {'median ms':>10s} {'tokens/s':>10s} {'of peak':>8s}{mfu_head} {'peak MiB/dev':>13s}   "
+          f"({a.reps} reps x {a.steps} steps, {jax.devices()[0].device_kind}, matmul peak {peak / 1e9:,.1f} GFLOP/s"
+          + (f", datasheet {sheet / 1e12:,.0f} TFLOP/s)" if sheet else ")"))
     for r in results:
         name = f"{r['arch']}/{r['scheme']} tp={r['tp']}"
+        mfu = f" {100 * r['mfu']:5.1f}%" if sheet else ""
         print(f"{name:24s} {1e3 * r['median_step_s']:10.1f} {r['tokens_per_s']:10,.0f} "
-              f"{100 * r['fraction_of_peak']:7.1f}% {r['peak_bytes_per_device'] / 2**20:13.1f}")
+              f"{100 * r['fraction_of_peak']:7.1f}%{mfu} {r['peak_bytes_per_device'] / 2**20:13.1f}")
     if a.compare:
         print("  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))

@@ -168,7 +168,10 @@ def _open(path: Path) -> IO[bytes]:
     if name.endswith(".gz"):
         return gzip.open(path, "rb")
     if name.endswith(".zst"):
-        import zstandard  # only for .zst corpora
+        try:
+            import zstandard  # only for .zst corpora
+        except ImportError:
+            raise DataError(f"{path}: reading .zst needs the zstandard package (pip install zstandard)") from None
 
         # Buffered: the raw zstd reader cannot iterate lines.
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True))

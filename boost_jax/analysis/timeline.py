@@ -1,0 +1,156 @@
+"""Where a traced train step's time goes: the JAX profiler's Chrome trace, read op by op.
+
+`classify(hlo_text)` puts each instruction of a compiled train step in a category, from its op kind
+and its JAX name (`metadata={op_name=...}`, the name stack of the traced function):
+  collectives  all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute (+ async halves)
+  optimizer    ops outside the gradient (no `jvp(` / `transpose(` in the name): the update, the
+               gradient norm and clipping, the metrics
+  attention    ops under the model's `attention` name scope: scores, mask, softmax, their matmuls
+  loss         gradient ops outside the layer scan (no `while` in the name): embedding, final norm,
+               LM head and cross-entropy, forward and backward
+  gemm         the layers' other dots / convolutions (alone, fused, or a matmul custom call)
+  copies       data movement only: copy, transpose, (dynamic-)slice / update-slice, concatenate, ...
+  elementwise  every other fusion or op (norms, activations, reductions, loop bookkeeping)
+  other        loops and conditionals (never timed: their events enclose their body's) and ops the
+               module does not have (none expected)
+The rules read the layer scan as the only loop of the gradient, so pipelines and micro-batch
+accumulation (which add loops around the layers) are refused by the caller.
+
+`op_seconds(events, module)` splits each device's traced time among the ops running on it: where
+ops overlap (the CPU runtime runs independent thunks on several threads) each gets an equal share,
+so a device's ops add up to its busy time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from boost_jax.analysis.hlo import KINDS, attr, parse_module
+
+CATEGORIES = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives", "copies", "other")
+_COLLECTIVES = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
+# Their events enclose their body's ops (a CPU `call` runs inline, as one op of its own).
+_CONTAINERS = {"while", "conditional"}
+_GEMMS = {"dot", "convolution"}
+_MOVES = {"copy", "copy-start", "copy-done", "transpose", "bitcast", "reshape", "broadcast", "slice",
+          "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "parameter", "constant", "tuple",
+          "get-tuple-element"}
+_MATMUL_TARGET = re.compile(r"gemm|matmul|cublas", re.I)
+_ATTENTION_TARGET = re.compile(r"fmha|flash|attention", re.I)  # cuDNN's fused attention on GPU
+_ATTENTION_SCOPE = re.compile(r"\battention\b")
+_SCALAR = re.compile(r"^[a-z]\w*\[\]")
+
+
+@dataclass(frozen=True)
+class Op:
+    opcode: str
+    category: str
+    op_name: str  # the JAX name ("" when XLA made the instruction up)
+
+
+def module_name(hlo_text: str) -> str:
+    m = re.search(r"^HloModule\s+([\w.\-]+)", hlo_text, re.M)
+    if not m:
+        raise ValueError("no HloModule header in the HLO text")
+    return m.group(1)
+
+
+def classify(hlo_text: str) -> dict[str, Op]:
+    """Each instruction's category, by name (instruction names are unique in a module)."""
+    comps, _, _ = parse_module(hlo_text)
+
+    def body_ops(comp_name: str) -> set[str]:
+        """The op kinds on arrays inside a fused computation, nested fusions included (scalar index
+        arithmetic of a dynamic slice is no work of its own)."""
+        ops = set()
+        for ins in comps[comp_name].instrs.values():
+            if not _SCALAR.match(ins.shape):
+                ops.add(ins.op)
+            if (inner := attr(ins.attrs, "calls")) and inner in comps:
+                ops |= body_ops(inner)
+        return ops
+
+    out = {}
+    for comp in comps.values():
+        for ins in comp.instrs.values():
+            m = re.search(r'op_name="((?:[^"\\]|\\.)*)"', ins.attrs)
+            name = m.group(1) if m else ""
+            target = m.group(1) if (m := re.search(r'custom_call_target="([^"]*)"', ins.attrs)) else ""
+            kinds = body_ops(callee) if ins.op == "fusion" and (callee := attr(ins.attrs, "calls")) else {ins.op}
+            out[ins.name] = Op(ins.op, _category(ins.op, kinds, name, target), name)
+    return out
+
+
+def _category(op: str, kinds: set[str], name: str, target: str) -> str:
+    if op in _COLLECTIVES:
+        return "collectives"
+    if op in _CONTAINERS:
+        return "other"
+    if name and "jvp(" not in name and "transpose(" not in name:
+        return "optimizer"
+    if _ATTENTION_SCOPE.search(name) or (op == "custom-call" and _ATTENTION_TARGET.search(target)):
+        return "attention"
+    if name and "while" not in name:
+        return "loss"
+    if kinds & _GEMMS or (op == "custom-call" and _MATMUL_TARGET.search(target)):
+        return "gemm"
+    if kinds <= _MOVES:
+        return "copies"
+    return "elementwise"
+
+
+def read_trace(trace_dir: Path) -> tuple[Path, list[dict]]:
+    """The Chrome trace `jax.profiler.trace` wrote under `trace_dir` (the newest run) and its events."""
+    paths = sorted(Path(trace_dir).glob("plugins/profile/*/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not paths:
+        raise FileNotFoundError(f"no plugins/profile/*/*.trace.json.gz under {trace_dir}")
+    with gzip.open(paths[-1]) as f:
+        return paths[-1], json.load(f)["traceEvents"]
+
+
+@dataclass
+class DeviceTime:
+    """One device's traced ops: seconds per instruction, and how its steps were laid out in time."""
+
+    ops: dict[str, float]  # instruction name -> seconds it held the device (shared where ops overlap)
+    busy_s: float  # time with at least one op running
+    span_s: float  # first op start to last op end, all steps
+
+
+def op_seconds(events: list[dict], module: str, ops: dict[str, Op]) -> dict[str, DeviceTime]:
+    """Per device (its ordinal, or the trace's process on a GPU), the time of each op of `module`
+    (`ops`: its `classify`). A loop or conditional is no op of its own: its event encloses its
+    body's, and the time between those is the runtime's, a gap."""
+    containers = {name for name, op in ops.items() if op.opcode in _CONTAINERS}
+    per_dev: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for e in events:
+        a = e.get("args") or {}
+        if e.get("ph") == "X" and a.get("hlo_module") == module and "hlo_op" in a and a["hlo_op"] not in containers:
+            dev = str(a.get("device_ordinal", e.get("pid")))
+            per_dev[dev].append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, a["hlo_op"]))
+    return {dev: _sweep(iv) for dev, iv in per_dev.items()}
+
+
+def _sweep(intervals: list[tuple[float, float, str]]) -> DeviceTime:
+    """(start, end, op) intervals of one device -> each op's time, overlaps shared equally."""
+    edges = sorted({t for s, e, _ in intervals for t in (s, e)})
+    starts = defaultdict(list)
+    for i, (s, _, _) in enumerate(intervals):
+        starts[s].append(i)
+    ops: dict[str, float] = defaultdict(float)
+    active: set[int] = set()
+    busy = 0.0
+    for t0, t1 in zip(edges, edges[1:]):
+        active = {i for i in active if intervals[i][1] > t0} | set(starts[t0])
+        if not active:
+            continue
+        for i in active:
+            ops[intervals[i][2]] += (t1 - t0) / len(active)
+        busy += t1 - t0
+    span = max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals)
+    return DeviceTime(dict(ops), busy, span)

@@ -1,0 +1,107 @@
+"""`bench profile`: where a compiled train step's time goes, read from a JAX profiler trace.
+
+Traces --steps compiled, warmed-up steps of one config (`bench step`'s flags and overrides), puts
+each XLA op's time in a category (`boost_jax/analysis/timeline.py` says which op goes where) and
+prints each category's ms per step and share of the step, then the top ops. The trace directory
+is kept: TensorBoard's profile plugin (`tensorboard --logdir DIR`) or ui.perfetto.dev (the
+`*.trace.json.gz` file) shows it.
+
+Step time is the wall time of the traced steps (profiler overhead included; the untraced step is
+printed beside it). Op times are per device: with several devices (simulated ones share this
+host's cores) each figure is the mean over the devices. Host gaps are measured in the trace: the
+time a device ran no op between the start of its first traced step and the end of its last. The
+accounted fraction is the categorised op time (not `other`) plus those gaps, over the step time
+(the ops alone: `ops_fraction`); the rest lies outside the devices' traced span (the first
+dispatch, the wait for the last result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+
+from boost_jax.analysis.timeline import CATEGORIES, classify, module_name, op_seconds, read_trace
+from boost_jax.bench.common import add_model_flags, bench_config
+from boost_jax.bench.step import Runner
+from boost_jax.config import Config
+from boost_jax.errors import ConfigError
+
+
+def profile(cfg: Config, steps: int, trace_dir: Path, top: int) -> dict:
+    p = cfg.parallel
+    if p.pp > 1 or cfg.train.microbatches > 1:  # their loops would read as the layers' (timeline.py)
+        raise ConfigError("bench profile: pipelines and micro-batch accumulation are not supported (pp=1, microbatches=1)")
+    runner = Runner(cfg)
+    untraced = runner.steps(steps)
+    with jax.profiler.trace(str(trace_dir)):
+        step_s = runner.steps(steps)
+    trace_file, events = read_trace(trace_dir)
+    hlo = runner.compiled.as_text()
+    ops = classify(hlo)
+    devices = op_seconds(events, module_name(hlo), ops)
+    if not devices:
+        raise RuntimeError(f"{trace_file}: no op of {module_name(hlo)} in the trace")
+    n = len(devices)
+    per_op: dict[str, float] = {}  # seconds per step, mean over devices
+    for d in devices.values():
+        for name, sec in d.ops.items():
+            per_op[name] = per_op.get(name, 0.0) + sec / steps / n
+    categories = dict.fromkeys(CATEGORIES, 0.0)
+    for name, sec in per_op.items():
+        categories[ops[name].category if name in ops else "other"] += sec
+    categories["host_gaps"] = sum(d.span_s - d.busy_s for d in devices.values()) / steps / n
+    ops_s = sum(v for k, v in categories.items() if k not in ("other", "host_gaps"))
+    accounted = (ops_s + categories["host_gaps"]) / step_s
+    ranked = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
+    top_ops = [{"name": name, "category": ops[name].category if name in ops else "other",
+                "op_name": ops[name].op_name if name in ops else "", "s_per_step": sec, "fraction": sec / step_s}
+               for name, sec in ranked]
+    m = cfg.model
+    return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "dp": p.dp,
+            "batch": cfg.train.batch_size, "seq": cfg.train.seq_len, "dtype": m.dtype, "steps": steps,
+            "devices": n, "device_kind": jax.devices()[0].device_kind, "step_s": step_s, "untraced_step_s": untraced,
+            "categories": categories, "accounted_fraction": accounted, "ops_fraction": ops_s / step_s, "top_ops": top_ops,
+            "trace_dir": str(trace_dir), "trace_file": str(trace_file)}
+
+
+def print_table(r: dict) -> None:
+    ms = lambda s: f"{1e3 * s:9.2f}"
+    pct = lambda s: f"{100 * s / r['step_s']:7.1f}%"
+    print(f"{r['model']} {r['arch']}/{r['scheme']} tp={r['tp']} dp={r['dp']}, batch {r['batch']} x {r['seq']}, "
+          f"{r['dtype']}, {r['steps']} traced steps on {r['device_kind']}")
+    print(f"step {1e3 * r['step_s']:.1f} ms traced ({1e3 * r['untraced_step_s']:.1f} ms untraced); op times per device"
+          + (f" (mean of {r['devices']} devices)" if r["devices"] > 1 else ""))
+    print(f"{'category':14s} {'ms/step':>9s} {'of step':>8s}")
+    for k, v in r["categories"].items():
+        print(f"{k:14s} {ms(v)} {pct(v)}")
+    print(f"{'accounted':14s} {'':9s} {100 * r['accounted_fraction']:7.1f}%  (categorised ops + host gaps; "
+          f"the ops alone {100 * r['ops_fraction']:.1f}%)")
+    print(f"\ntop {len(r['top_ops'])} ops")
+    print(f"{'op':36s} {'category':12s} {'ms/step':>9s} {'of step':>8s}  jax name")
+    for o in r["top_ops"]:
+        name = o["op_name"].removeprefix("jit(train_step)/")
+        print(f"{o['name'][:36]:36s} {o['category']:12s} {ms(o['s_per_step'])} {pct(o['s_per_step'])}  {name[-70:]}")
+    print(f"\ntrace kept in {r['trace_dir']} (tensorboard --logdir, or {Path(r['trace_file']).name} in ui.perfetto.dev)")
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.bench profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_flags(p)
+    p.set_defaults(model="llama-60m", batch=4, seq=256, dtype="fp32")
+    p.add_argument("--steps", type=int, default=3, help="traced steps")
+    p.add_argument("--trace-dir", type=Path, help="where the trace goes (default: a new runs/profile/<run>)")
+    p.add_argument("--top", type=int, default=10, help="ops listed")
+    a = p.parse_args(argv)
+    cfg = bench_config(a)
+    trace_dir = a.trace_dir or Path("runs/profile") / (
+        f"{a.model}-{a.arch}-tp{a.tp}-{time.strftime('%Y%m%d-%H%M%S')}")
+    r = profile(cfg, a.steps, trace_dir, a.top)
+    if a.json:
+        print(json.dumps(r, indent=1))
+    else:
+        print_table(r)
