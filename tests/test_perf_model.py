@@ -148,9 +148,11 @@ def test_report_writes_page_plots_and_json(tmp_path):
     assert [r["variant"] for r in rows] == ["dense/megatron", "cola/vanilla", "cola/btp"]
     assert all(r["gemm_flops_hlo"] == r["gemm_flops_analytic"] for r in rows)
     dense = rows[0]["predicted"]["a100-80gb"]["seconds"]
-    assert f"| llama-1b | 1,1 | {dense:.2f} / 0.85" in page
+    assert f"| llama-1b | 1,1,1 | {dense:.2f} / 0.85" in page
     assert len(result["step_compare"]["rows"]["cola/btp"]["step_times_s"]) == 2
     assert 0 < result["single_device"]["rows"][0]["fraction_of_matmul_peak"] < 2
+    assert [(r["arch"], r["tp"]) for r in result["profile"]] == [("cola", 1), ("dense", 1), ("cola", 4), ("dense", 4)]
+    assert all(r["categories"]["gemm"] > 0 for r in result["profile"]) and "### Where the step time goes" in page
     for png in ("paper_vs_model.png", "layer_comm.png", "cpu_measured.png"):
         data = (tmp_path / "img" / png).read_bytes()
         assert data[:4] == b"\x89PNG" and len(data) > 10_000
@@ -161,9 +163,14 @@ def test_report_writes_page_plots_and_json(tmp_path):
     assert (tmp_path / "again" / "results.md").read_text() == page
 
 
-def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak():
+def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch):
     from boost_jax.analysis.program import config_for
+    from boost_jax.bench import step
     from boost_jax.bench.step import measure_with_peak
+    from boost_jax.flops import measure_matmul_peak
+
+    # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the benchmark.
+    monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))
 
     (row,), peak = measure_with_peak([config_for("llama-tiny", "cola", tp=1, batch=2, seq=32, dtype="fp32")], 1, 1)
     assert peak > 0 and row["fraction_of_peak"] == row["model_flops_per_s"] / peak  # CPU: the host's peak
