@@ -111,6 +111,9 @@ class TrainConfig:
     b2: float = 0.95
     seed: int = 0
     remat: Literal["none", "full", "lowrank"] = "none"
+    # LM head + cross-entropy this many sequence positions at a time, each chunk's logits recomputed
+    # in the backward: the fp32 [batch, seq, vocab] logits never exist whole. 0 = all at once.
+    loss_chunk: int = 0
     eval_every: int = 50  # 0 disables
     eval_batches: int = 4
     # A non-finite loss or gradient norm: stop the run (no checkpoint after it), or skip = drop
@@ -326,6 +329,8 @@ def _validate(c: Config) -> None:
         _require(getattr(t, name) > 0, f"train.{name}", "must be > 0")
     _require(t.batch_size % t.microbatches == 0, "train.microbatches",
              f"train.batch_size={t.batch_size} must divide by train.microbatches={t.microbatches}")
+    _require(t.loss_chunk >= 0 and (t.loss_chunk == 0 or t.seq_len % t.loss_chunk == 0), "train.loss_chunk",
+             f"must be 0 (whole sequence) or divide train.seq_len={t.seq_len}, got {t.loss_chunk}")
     _require(t.lr > 0, "train.lr", "must be > 0")
     _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
     _require(t.schedule_steps >= 0, "train.schedule_steps", "must be >= 0 (0 = steps)")

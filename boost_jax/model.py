@@ -69,6 +69,10 @@ class Model(nnx.Module):
 
     def __call__(self, tokens: jax.Array, *, plan: Plan, remat_mode: str = "none") -> jax.Array:
         """tokens: int[B, S] -> fp32 logits [B, S, V], laid out and communicating as `plan` says."""
+        return self.logits(self.hidden(tokens, plan=plan, remat_mode=remat_mode), plan)
+
+    def hidden(self, tokens: jax.Array, *, plan: Plan, remat_mode: str = "none") -> jax.Array:
+        """tokens: int[B, S] -> the final-normed hidden states [B, S, d] the LM head reads."""
         cfg = self.cfg
         x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
         carry = (x, self._initial_latents(tokens.shape))  # the residual, and the latents LaX crosses
@@ -86,9 +90,12 @@ class Model(nnx.Module):
             micro = jax.tree.map(lambda v: split_microbatches(v, plan.pipeline.microbatches), carry)
             x, _ = run_pipeline(plan.mesh, plan.pipeline, lambda p, c: layer(c, p)[0], state, micro)
             x = plan.constrain(merge_microbatches(x), RESIDUAL_AXES)
-        x = self.final_norm(plan.constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
-        if cfg.tie_embeddings:
-            logits = x @ self.embed[...].astype(cfg.dtype).T
+        return self.final_norm(plan.constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
+
+    def logits(self, x: jax.Array, plan: Plan) -> jax.Array:
+        """Hidden states [B, S, d] -> fp32 logits [B, S, V] (vocab-parallel where the plan splits the head)."""
+        if self.cfg.tie_embeddings:
+            logits = x @ self.embed[...].astype(self.cfg.dtype).T
         else:
             logits = self.lm_head(plan, x)
         return plan.constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
@@ -101,7 +108,19 @@ class Model(nnx.Module):
         return {p: jnp.zeros((*shape, rank(p)), cfg.dtype) for p in PROJECTIONS}
 
 
-def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none") -> jax.Array:
-    """Mean next-token cross-entropy over all tokens of a packed batch."""
-    logits = model(batch["inputs"], plan=plan, remat_mode=remat_mode)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none",
+            loss_chunk: int = 0) -> jax.Array:
+    """Mean next-token cross-entropy over all tokens of a packed batch; with `loss_chunk`, the LM head
+    and cross-entropy run that many positions at a time (`train.loss_chunk`)."""
+    x, targets = model.hidden(batch["inputs"], plan=plan, remat_mode=remat_mode), batch["targets"]
+    xent_sum = lambda x, t: optax.softmax_cross_entropy_with_integer_labels(model.logits(x, plan), t).sum()
+    b, s, d = x.shape
+    if not loss_chunk or loss_chunk == s:
+        return xent_sum(x, targets) / targets.size
+    # Chunks along the sequence keep the batch axis (and its data-parallel split) whole. Checkpointing
+    # each chunk makes the backward recompute its logits rather than keep them: at most one chunk's
+    # fp32 [B, loss_chunk, V] logits (and their gradient) are alive at a time.
+    chunks = lambda a: jnp.moveaxis(a.reshape(b, s // loss_chunk, loss_chunk, *a.shape[2:]), 1, 0)
+    total, _ = jax.lax.scan(lambda acc, xt: (acc + jax.checkpoint(xent_sum)(*xt), None), jnp.float32(0),
+                            (chunks(x), chunks(targets)))
+    return total / targets.size

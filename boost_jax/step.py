@@ -7,6 +7,7 @@ default device layout, and only then placed: the mesh never changes the initial 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from boost_jax.config import Config, TrainConfig
+from boost_jax.config import Config, ModelConfig, TrainConfig
 from boost_jax.model import Model, loss_fn
 from boost_jax.parallel import Plan
 from boost_jax.parallel.pipeline import split_microbatches
@@ -79,8 +80,14 @@ def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:
 
 def init_params(cfg: Config) -> dict:
     """Parameters from the seed alone (jitted, on one device): identical on every mesh."""
-    build = lambda: nnx.to_pure_dict(nnx.state(Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed)), nnx.Param))
-    return jax.jit(build)()
+    return _jitted_init(cfg.model, cfg.train.seed)()
+
+
+@functools.cache
+def _jitted_init(model_cfg: ModelConfig, seed: int) -> Callable[[], dict]:
+    # One jitted initializer per (model, seed), so a process that initialises the same model again
+    # (a resume, an export, a test) reuses its trace and executable; it holds no arrays.
+    return jax.jit(lambda: nnx.to_pure_dict(nnx.state(Model(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)))
 
 
 def place_params(cfg: Config, plan: Plan) -> dict:
@@ -121,7 +128,7 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
     }
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_sharding = plan.sharding(("batch", None))
-    loss_of = sharded_loss(graphdef, plan, cfg.train.remat)
+    loss_of = sharded_loss(graphdef, plan, cfg.train)
 
     grad_of = accumulated_grad(loss_of, plan, cfg.train.microbatches, plan.named(pspecs))
 
@@ -175,11 +182,11 @@ def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_sha
     return grad_of
 
 
-def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str = "none") -> Callable:
-    """loss(params, batch) of the model run under `plan`."""
+def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, train: TrainConfig) -> Callable:
+    """loss(params, batch) of the model run under `plan`, with the train config's remat and loss chunking."""
 
     def loss_of(params, batch):
-        return loss_fn(nnx.merge(graphdef, params), batch, plan, remat_mode)
+        return loss_fn(nnx.merge(graphdef, params), batch, plan, train.remat, train.loss_chunk)
 
     return loss_of
 

@@ -34,7 +34,7 @@ def tokens(b=2, s=16, vocab=512, seed=1):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_forward_backward_shapes(arch, dtype):
     model = Model(tiny(arch, dtype=dtype), rngs=nnx.Rngs(0))
     t = tokens()
@@ -148,7 +148,7 @@ def test_layers_are_scanned_so_program_size_does_not_grow_with_depth():
     assert hlo_size(2) == hlo_size(16)
 
 
-@pytest.mark.parametrize("arch", ["dense", "lax"])
+@pytest.mark.parametrize("arch", [pytest.param("dense", marks=pytest.mark.slow), "lax"])
 def test_full_remat_gives_the_same_gradients(arch):
     model = Model(tiny(arch), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)

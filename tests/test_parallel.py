@@ -57,8 +57,13 @@ def assert_close(a, b, rtol):
         assert np.abs(x - y).max() <= rtol * np.abs(y).max(), (np.abs(x - y).max(), np.abs(y).max())
 
 
-@pytest.mark.parametrize("arch, scheme, mesh", CASES,
-                         ids=[f"{a}-{s}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}" for a, s, m in CASES])
+# The inner loop (-m "not slow") runs one case per scheme, each on a mesh with two parallel axes.
+INNER_LOOP = {("dense", "megatron", (2, 2, 2)), ("cola", "vanilla", (2, 1, 4)), ("cola", "btp", (4, 1, 2))}
+
+
+@pytest.mark.parametrize("arch, scheme, mesh", [
+    pytest.param(a, s, m, id=f"{a}-{s}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}",
+                 marks=() if (a, s, m) in INNER_LOOP else pytest.mark.slow) for a, s, m in CASES])
 def test_scheme_equals_single_device(arch, scheme, mesh):
     value, logits, grads = loss_logits_grads(config(arch, scheme, *mesh), jax.devices())
     ref_value, ref_logits, ref_grads = reference(arch)
@@ -116,6 +121,7 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path, tiny_overrides):
     np.testing.assert_allclose(resumed["losses"], full["losses"][3:], atol=1e-5)
 
 
+@pytest.mark.slow  # the kernels against their twins: tests/test_kernels.py
 def test_pallas_kernels_match_xla_in_a_btp_model():
     """The whole model with the Pallas kernels (interpreted on CPU) inside its shard_map blocks."""
     xla = loss_logits_grads(config("cola", "btp", 2, 1, 4, "model.kernels=xla"), jax.devices())

@@ -23,7 +23,8 @@ def toy_layer(w, x):
     return {"h": jnp.tanh(x["h"] @ w) + x["h"], "n": x["n"] + 1.0}
 
 
-@pytest.mark.parametrize("stages, repeats, micro", [(2, 1, 2), (2, 2, 4), (4, 1, 8), (4, 2, 4)])
+@pytest.mark.parametrize("stages, repeats, micro", [(2, 2, 4), (4, 1, 8),
+                                                    *(pytest.param(*c, marks=pytest.mark.slow) for c in [(2, 1, 2), (4, 2, 4)])])
 def test_schedule_equals_sequential_layers_and_hides_bubbles(stages, repeats, micro):
     mesh = jax.make_mesh((stages, 8 // stages), ("pp", "dp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     layers = jax.random.normal(jax.random.key(0), (8, 16, 16)) * 0.3
@@ -89,8 +90,8 @@ def reference(arch):
 
 @pytest.mark.parametrize("arch, scheme, pp, tp, micro, repeats, remat", [
     ("cola", "btp", 2, 4, 2, 1, "none"),
-    ("dense", "megatron", 2, 4, 4, 1, "full"),
-    # The rest of the grid (pp 4, R 2, LaX, lowrank remat) runs in the full suite.
+    # The rest of the grid (megatron, pp 4, R 2, LaX, full and lowrank remat) runs in the full suite.
+    pytest.param("dense", "megatron", 2, 4, 4, 1, "full", marks=pytest.mark.slow),
     pytest.param("lax", "btp", 2, 2, 4, 2, "lowrank", marks=pytest.mark.slow),  # dp=2; LaX; circular
     pytest.param("dense", "megatron", 4, 2, 4, 2, "none", marks=pytest.mark.slow),
     pytest.param("cola", "btp", 4, 2, 8, 1, "lowrank", marks=pytest.mark.slow),
@@ -117,6 +118,7 @@ def test_pipeline_shapes_that_do_not_divide_fail_early(overrides, needle):
                                      *overrides]))
 
 
+@pytest.mark.slow  # the inner loop checks the stage-to-stage bytes in tests/test_perf_model.py
 def test_stage_boundary_traffic_and_tp_collectives_from_the_hlo():
     """btp at pp=2 x tp=2: each iteration moves one [b/M, s, d/tp] residual per device (measured on
     the compiled HLO = analytic); the layers' TP collectives are those of the unpipelined model at

@@ -44,7 +44,7 @@ def test_full_saves_only_layer_inputs_and_none_saves_more(capsys):
     assert len(saved_per_layer("cola", "none", capsys)) > 6
 
 
-@pytest.mark.parametrize("mode", ["full", "lowrank"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "lowrank"])
 def test_remat_keeps_the_gradients(mode):
     cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=lax"])
     graphdef, params = nnx.split(Model(cfg.model, rngs=nnx.Rngs(0)))

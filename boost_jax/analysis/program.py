@@ -67,7 +67,7 @@ def build(cfg: Config) -> Program:
     tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
                                   sharding=plan.sharding(("batch", None)))
     batch = {"inputs": tokens, "targets": tokens}
-    return Program(cfg, plan, graphdef, params, batch, sharded_loss(graphdef, plan, cfg.train.remat))
+    return Program(cfg, plan, graphdef, params, batch, sharded_loss(graphdef, plan, cfg.train))
 
 
 def peak_bytes(compiled) -> int:
