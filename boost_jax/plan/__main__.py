@@ -114,8 +114,8 @@ def print_plan(a: argparse.Namespace, hw, cands) -> None:
     for i, c in enumerate(priced[:a.top]):
         r, l = c.row(hw, a.gpus), c.layout
         print(f"{i + 1:2d} {l.scheme:8s} {l.tp:3d} {l.pp:3d} {l.pp_repeats:2d} {l.dp:3d} {l.fsdp:4d} {l.microbatches:4d} "
-              f"{l.remat:8s} {r['step_s']:8.3f} {r['tokens_per_s_per_gpu']:10.0f} {100 * r['mfu']:5.1f}% "
-              f"{r['memory_bytes_per_gpu'] / GIB:8.1f}  {c.why or '-'}")
+              f"{l.remat:8s} {r['step_s']:8.3g} {r['tokens_per_s_per_gpu']:10.0f} {100 * r['mfu']:5.1f}% "
+              f"{r['memory_bytes_per_gpu'] / GIB:8.3g}  {c.why or '-'}")
     losers = [c for c in cands if not c.step]
     if losers:
         print("\nWhy the others lost (one of each reason):")
