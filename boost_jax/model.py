@@ -77,13 +77,7 @@ class Model(nnx.Module):
         x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
         carry = (x, self._initial_latents(tokens.shape))  # the residual, and the latents LaX crosses
         graphdef, state = nnx.split(self.layers)
-
-        def layer(carry, layer_state):
-            x, latents = carry
-            positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-            return nnx.merge(graphdef, layer_state)(plan, x, positions, latents), None
-
-        layer = remat(layer, remat_mode)
+        layer = decoder_layer(graphdef, plan, remat_mode)
         if plan.pipeline is None:
             (x, _), _ = jax.lax.scan(layer, carry, state)
         else:  # the same layers as stages over pp, the micro-batches flowing through them
@@ -106,6 +100,18 @@ class Model(nnx.Module):
             return {}
         rank = lambda p: cfg.attn_rank if p in ("q", "k", "v", "o") else cfg.mlp_rank
         return {p: jnp.zeros((*shape, rank(p)), cfg.dtype) for p in PROJECTIONS}
+
+
+def decoder_layer(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str):
+    """The scan body of the decoder stack: (carry, one layer's state) -> (carry, None), under the
+    remat policy (also what the memory model compiles to read one layer's saved activations)."""
+
+    def layer(carry, layer_state):
+        x, latents = carry
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+        return nnx.merge(graphdef, layer_state)(plan, x, positions, latents), None
+
+    return remat(layer, remat_mode)
 
 
 def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax.errors import ConfigError
 from boost_jax.parallel.mesh import DP, FSDP, MESH_AXES, PP, TP, make_mesh
@@ -94,20 +94,34 @@ class Plan:
 def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
     """The plan of `cfg` on `devices` (default: all), after checking every split the scheme makes divides."""
     mesh = make_mesh(cfg.parallel, devices)
+    return _plan(cfg, mesh, dict(mesh.shape))
+
+
+def abstract_plan(cfg: Config) -> Plan:
+    """The plan of `cfg` on a device-free mesh of its `parallel.*` sizes (none may be -1), with the
+    same checks: for layouts larger than the machine (the planner, the memory model)."""
+    sizes = tuple(getattr(cfg.parallel, a) for a in MESH_AXES)
+    if -1 in sizes:
+        raise ConfigError(f"parallel: an abstract plan needs every mesh size set, got {dict(zip(MESH_AXES, sizes))}")
+    return _plan(cfg, AbstractMesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)),
+                 dict(zip(MESH_AXES, sizes)))
+
+
+def _plan(cfg: Config, mesh, shape: dict[str, int]) -> Plan:
     scheme = SCHEMES[cfg.parallel.scheme]
     for req in scheme.requires:
-        ways = math.prod(mesh.shape[a] for a in req.axes)
+        ways = math.prod(shape[a] for a in req.axes)
         value = _config_value(cfg, req.key)
         if value % ways:
             axes = " x ".join(req.axes)
             why = f" ({req.why})" if req.why else ""
             raise ConfigError(f"parallel: {req.key}={value} must divide by {axes} = {ways}{why} "
-                              f"(scheme={scheme.name}, mesh {dict(mesh.shape)})")
-    rows, shards = cfg.train.batch_size // cfg.train.microbatches, mesh.shape[DP] * mesh.shape[FSDP]
+                              f"(scheme={scheme.name}, mesh {shape})")
+    rows, shards = cfg.train.batch_size // cfg.train.microbatches, shape[DP] * shape[FSDP]
     if rows % shards:
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
-                          f"divide by dp x fsdp = {shards} (mesh {dict(mesh.shape)})")
-    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, mesh.shape[TP]), _schedule(cfg, mesh.shape[PP]))
+                          f"divide by dp x fsdp = {shards} (mesh {shape})")
+    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP]), _schedule(cfg, shape[PP]))
 
 
 def _schedule(cfg: Config, stages: int) -> Schedule | None:

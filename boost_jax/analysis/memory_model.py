@@ -1,0 +1,151 @@
+"""Per-device memory of a config's train step, before it runs: what `python -m boost_jax.plan`
+checks a layout against the GPU's HBM with.
+
+    b = breakdown(cfg)                  # bytes per device, by part
+    b["total"], b["step"]               # with and without the AdamW moments
+    b["param_elems"]                    # parameters per device (a count)
+
+Parts (docs/design.md, "Memory model"):
+  params, grads     each weight's shard under the plan (dp/fsdp/tp/pp splits), at model.param_dtype;
+                    with gradient accumulation, a second fp32 copy that sums the micro-batches
+  fsdp_gathered     under FSDP, the rest of each weight's tp shard: XLA gathers the stacked
+                    weights for the whole step (measured on the compiled program)
+  adamw             two fp32 moments per parameter, sharded like it
+  activations       what one decoder layer saves for the backward pass under train.remat (read off
+                    one compiled layer: the residuals of its vjp, per device) x the layers of a stage
+                    x the micro-batches whose residuals are live at once (1 with accumulation; all
+                    M * R + S - 1 iterations of the pipeline's loop, each running Lc layers)
+  pipeline_buffers  the pipeline's inbox and outbox (M micro-batches' carries each), kept for
+                    every iteration of its loop by the backward pass
+  loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent
+  transient         the largest working set on top: one layer's backward (its recomputed forward
+                    and cotangents), or the loss's
+
+The layer's saved residuals are measured at the compute dtype, so a bf16 config gets bf16
+activations at 2 bytes (what a GPU keeps; the CPU backend's own bf16 figures hold f32 copies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from boost_jax.config import Config
+from boost_jax.archs import ARCHS
+from boost_jax.model import PROJECTIONS, RESIDUAL_AXES, decoder_layer
+from boost_jax.parallel import Plan, abstract_plan, make_plan
+from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.step import abstract_model
+
+FP32 = 4
+ATTENTION = ("q", "k", "v", "o")  # projections at model.attn_rank; the MLP's at mlp_rank
+
+
+def _shard_bytes(a: jax.ShapeDtypeStruct) -> int:
+    return math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+
+
+def one_layer_config(cfg: Config) -> Config:
+    """What one device runs of one decoder layer: cfg's TP split and one micro-batch of the rows a
+    device holds, on no other axis (dp/fsdp/pp change how many rows and layers, not the layer)."""
+    p, t = cfg.parallel, cfg.train
+    rows = t.batch_size // t.microbatches // (p.dp * p.fsdp)
+    return dataclasses.replace(
+        cfg, parallel=dataclasses.replace(p, dp=1, fsdp=1, pp=1, pp_repeats=1),
+        train=dataclasses.replace(t, batch_size=rows, microbatches=1))
+
+
+def layer_bytes(layer_cfg: Config) -> tuple[int, int]:
+    """(bytes one decoder layer keeps for its backward under train.remat, bytes its backward holds
+    on top while it runs: the recomputed forward, cotangents, the layer's gradients), per device, for
+    a `one_layer_config`. Measured from two compiles of the layer alone on its tp devices: its
+    forward returning the vjp's residuals (minus the layer's weights, which a scan reads from the
+    stack rather than copying), and its backward taking them."""
+    cfg, m = layer_cfg, layer_cfg.model
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
+    graphdef, abstract = abstract_model(cfg)
+    layers_def, layers = nnx.split(nnx.merge(graphdef, abstract).layers)
+    one = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=plan.named(P(*s[1:]))),
+                       nnx.to_pure_dict(layers), plan.param_specs(layers), is_leaf=lambda x: isinstance(x, P))
+    dt = jnp.dtype(m.dtype)
+    act = lambda width, axes: jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len, width), dt,
+                                                   sharding=plan.sharding(axes))
+    latents = {p: act(m.attn_rank if p in ATTENTION else m.mlp_rank, ("batch", "seq", None))
+               for p in PROJECTIONS} if ARCHS[m.arch].carries_latents else {}
+    carry = (act(m.d_model, RESIDUAL_AXES), latents)
+    layer = decoder_layer(layers_def, plan, cfg.train.remat)
+
+    def forward(params, carry):
+        return jax.vjp(lambda p, c: layer(c, p)[0], params, carry)[1]
+
+    fwd = jax.jit(forward).lower(one, carry).compile()
+    jaxpr = jax.make_jaxpr(forward)(one, carry).jaxpr
+    weights = set(jaxpr.invars[:len(jax.tree.leaves(one))])
+    residuals = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             jax.eval_shape(forward, one, carry), fwd.output_shardings)
+    saved = sum(_shard_bytes(r) for r, v in zip(jax.tree.leaves(residuals), jaxpr.outvars) if v not in weights)
+    bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile().memory_analysis()
+    return saved, bwd.temp_size_in_bytes + bwd.output_size_in_bytes
+
+
+_ELEMS: dict[tuple, int] = {}  # the planner asks for the same model and mesh many times
+
+
+def param_elems(cfg: Config, plan: Plan) -> int:
+    """Parameter elements one device holds: each weight's shard under the plan's specs."""
+    key = (cfg.model, plan.scheme.name, tuple(plan.mesh.shape.items()))
+    if key not in _ELEMS:
+        _, abstract = abstract_model(cfg)
+        specs = jax.tree.leaves(plan.param_specs(abstract), is_leaf=lambda x: isinstance(x, P))
+        _ELEMS[key] = sum(math.prod(plan.named(s).shard_shape(a.shape))
+                          for a, s in zip(jax.tree.leaves(nnx.to_pure_dict(abstract)), specs))
+    return _ELEMS[key]
+
+
+def breakdown(cfg: Config, layer: Callable[[Config], tuple[int, int]] = layer_bytes) -> dict[str, int]:
+    """Per-device bytes of cfg's train step by part (module docstring), with `step` (what the
+    compiled gradient program holds: all but the AdamW moments) and `total`. `layer` measures one
+    layer (`layer_bytes`; the planner passes a cached one). Needs devices only for cfg's tp."""
+    plan = abstract_plan(cfg)
+    m, t, mesh = cfg.model, cfg.train, plan.mesh.shape
+    elems = param_elems(cfg, plan)
+    pbytes = elems * jnp.dtype(m.param_dtype).itemsize
+    shards = mesh["dp"] * mesh["fsdp"]
+    rows = t.batch_size // t.microbatches // shards  # of one micro-batch, on one device
+    saved, transient = layer(one_layer_config(cfg))
+    pipe = plan.pipeline
+    layers_per_stage = m.n_layers // mesh["pp"]
+    if pipe is None:
+        live, buffers = layers_per_stage, 0
+    else:  # every iteration runs one chunk of layers_per_stage / R layers, and keeps its residuals
+        live = pipe.iterations * layers_per_stage // pipe.repeats
+        carry = rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize // plan.size("act_embed")
+        # The inbox and outbox (M carries each) are the loop's carry: its backward keeps them for
+        # every iteration, besides the live pair (measured; memory grows as M^2 per device).
+        buffers = (pipe.iterations + 1) * 2 * t.microbatches * carry
+    # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
+    accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
+    # train.loss_chunk: only one chunk's logits (and cotangent) exist at a time.
+    logits = rows * (t.loss_chunk or t.seq_len) * m.vocab_size // plan.size("act_vocab") * FP32
+    parts = {
+        "params": pbytes, "grads": pbytes + accum, "adamw": 2 * FP32 * elems,
+        # Under FSDP, XLA gathers the stacked weights for the step: the rest of each tp shard (measured).
+        "fsdp_gathered": pbytes * (mesh["fsdp"] - 1),
+        "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32
+        "activations": live * saved, "pipeline_buffers": buffers,
+        "loss": 2 * logits,  # the logits and their cotangent (the softmax fuses into the loss)
+        "transient": transient,
+        "param_elems": elems,  # a count, not bytes: the optimizer's work per device
+    }
+    # The loss's working set is freed before the first layer's backward starts.
+    parts["step"] = sum(parts[k] for k in ("params", "grads", "fsdp_gathered", "tokens", "activations",
+                                                      "pipeline_buffers")) \
+        + max(parts["loss"], parts["transient"])
+    parts["total"] = parts["step"] + parts["adamw"]
+    return parts

@@ -1,0 +1,81 @@
+"""The layouts a planner considers: every (scheme, tp, pp, pp_repeats, dp, fsdp, micro-batches,
+remat) whose mesh is the GPU count, each checked the way a run checks it (config validation and
+the plan's divisibility rules) before anything is compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.parallel import SCHEMES, abstract_plan
+from boost_jax.remat import REMAT_POLICIES
+
+
+@dataclass(frozen=True)
+class Layout:
+    scheme: str
+    tp: int
+    pp: int
+    pp_repeats: int
+    dp: int
+    fsdp: int
+    microbatches: int
+    remat: str
+
+    def overrides(self) -> list[str]:
+        """The config keys this layout sets."""
+        return [f"parallel.scheme={self.scheme}", f"parallel.tp={self.tp}", f"parallel.pp={self.pp}",
+                f"parallel.pp_repeats={self.pp_repeats}", f"parallel.dp={self.dp}", f"parallel.fsdp={self.fsdp}",
+                f"train.microbatches={self.microbatches}", f"train.remat={self.remat}"]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the enumeration ranges over; each a tuple of allowed values (empty: all sensible)."""
+
+    schemes: tuple[str, ...] = ()
+    tp: tuple[int, ...] = ()
+    pp: tuple[int, ...] = ()
+    pp_repeats: tuple[int, ...] = (1, 2)
+    remat: tuple[str, ...] = tuple(REMAT_POLICIES)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(arch: str, gpus: int, global_batch: int, gpus_per_node: int, space: Space) -> Iterator[Layout]:
+    """Every layout of `gpus` devices. TP stays inside a node (its all-reduces are per layer; over
+    the network they would dominate), so tp <= gpus_per_node unless `space.tp` asks otherwise."""
+    schemes = space.schemes or tuple(name for name, s in SCHEMES.items() if arch in s.archs)
+    for name in schemes:
+        if name not in SCHEMES:
+            raise ConfigError(f"--schemes: unknown scheme {name!r}; choose from {sorted(SCHEMES)}")
+    tps = space.tp or tuple(t for t in _divisors(gpus) if t <= gpus_per_node)
+    for scheme in schemes:
+        for tp in tps:
+            if gpus % tp:
+                continue
+            for pp in space.pp or _divisors(gpus // tp):
+                if gpus % (tp * pp):
+                    continue
+                for repeats in space.pp_repeats if pp > 1 else (1,):
+                    data = gpus // (tp * pp)
+                    for fsdp in _divisors(data):
+                        for m in _divisors(global_batch):
+                            if m < pp or (global_batch // m) % data:
+                                continue
+                            for remat in space.remat:
+                                yield Layout(scheme, tp, pp, repeats, data // fsdp, fsdp, m, remat)
+
+
+def layout_config(base: Sequence[str], layout: Layout, overrides: Sequence[str] = ()) -> Config:
+    """The config a run of `layout` loads (the planner's keys, the user's overrides, then the
+    layout's own keys), checked like make_plan checks it; raises ConfigError naming what does not divide."""
+    cfg = load_config(None, [*base, *overrides, *layout.overrides()])
+    abstract_plan(cfg)
+    return cfg

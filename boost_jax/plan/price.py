@@ -1,0 +1,129 @@
+"""Pricing a layout: seconds per iteration from the performance model, on one abstract compile of
+the per-device program, cached in memory and on disk (a re-run of a plan compiles nothing).
+
+What is compiled is what determines one device's program: scheme, tp, pp, pp_repeats, remat,
+the rows of a micro-batch on a device and (under a pipeline) the micro-batch count, at dp = fsdp = 1
+on tp x pp simulated devices with every layer of the model. Two things are then added analytically
+and said so in the output: data-parallel gradient all-reduces (over dp) and FSDP's weight
+all-gathers and gradient reduce-scatters (over fsdp), whose group sizes a dp = fsdp = 1 compile
+cannot show; and without a pipeline, M micro-batches cost M times one (gradient accumulation
+runs the same program M times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from boost_jax.analysis.hlo import Collective, collectives
+from boost_jax.analysis.memory_model import layer_bytes
+from boost_jax.analysis.program import build
+from boost_jax.analysis.work import Gemm, Traffic, analyze
+from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict
+from boost_jax.config import Config
+from boost_jax.data.cache import atomic_write, digest
+
+# Ring factors of the analytic data-parallel collectives (perf_model's conventions).
+_ALL_REDUCE = lambda g: 2 * (g - 1) / g
+_GATHER_OR_SCATTER = lambda g: (g - 1) / g
+
+
+class DiskCache:
+    """JSON values under `root`, keyed by the tuple that determines them (and the JAX version)."""
+
+    def __init__(self, root: Path | None):
+        self.root, self.memory = root, {}
+
+    def get(self, key: tuple, compute: Callable[[], object]):
+        name = digest(jax.__version__, *map(str, key))
+        if name in self.memory:
+            return self.memory[name]
+        path = self.root / f"{name}.json" if self.root else None
+        if path and path.is_file():
+            value = json.loads(path.read_text())
+        else:
+            value = compute()
+            if path:
+                atomic_write(path, lambda f: f.write(json.dumps(value).encode()))
+        self.memory[name] = value
+        return value
+
+
+def compile_key(cfg: Config) -> tuple:
+    """What determines the per-device program the performance model prices."""
+    p, t = cfg.parallel, cfg.train
+    rows = t.batch_size // t.microbatches // (p.dp * p.fsdp)
+    return ("step", cfg.model, p.scheme, p.tp, p.pp, p.pp_repeats, t.microbatches if p.pp > 1 else 1, rows,
+            t.remat, t.seq_len)
+
+
+def device_program(cfg: Config) -> Config:
+    """cfg at dp = fsdp = 1 with one device's rows: the same per-device program on tp x pp devices
+    (without a pipeline, one micro-batch of it)."""
+    p, t = cfg.parallel, cfg.train
+    rows = t.batch_size // t.microbatches // (p.dp * p.fsdp)
+    micro = t.microbatches if p.pp > 1 else 1
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(p, dp=1, fsdp=1),
+                               train=dataclasses.replace(t, batch_size=rows * micro, microbatches=micro))
+
+
+def measure_work(cfg: Config) -> dict:
+    """The compiled gradient program's work, as JSON-able lists (perf_model.Work's fields)."""
+    prog = build(device_program(cfg))
+    text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
+    itemsize = jnp.dtype(cfg.model.dtype).itemsize
+    gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize)
+    return {"gemms": [dataclasses.asdict(g) for g in gemms], "traffic": [dataclasses.asdict(t) for t in traffic],
+            "collectives": [dataclasses.asdict(c) for c in collectives(text)], "itemsize": itemsize,
+            "params_per_device": prog.params_per_device}
+
+
+def _tuples(x):
+    """JSON's lists back to the tuples the dataclasses hold."""
+    return tuple(map(_tuples, x)) if isinstance(x, list) else x
+
+
+def _work(raw: dict) -> Work:
+    collective = lambda c: Collective(**{k: _tuples(v) for k, v in c.items()})
+    return Work([Gemm(**g) for g in raw["gemms"]], [Traffic(**t) for t in raw["traffic"]],
+                [collective(c) for c in raw["collectives"]], raw["itemsize"], raw["params_per_device"])
+
+
+def _ring_seconds(factor: float, nbytes: float, crosses_nodes: bool, hw: Hardware) -> float:
+    link = hw.net_bytes_per_s if crosses_nodes else hw.node_link_bytes_per_s
+    return hw.collective_latency_s + factor * nbytes / (link * hw.collective_efficiency)
+
+
+def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) -> dict:
+    """Predicted seconds per iteration of cfg's train step on `hw` and its parts; `param_elems`:
+    the parameters on one device (the memory model's count, FSDP shards included)."""
+    p, t = cfg.parallel, cfg.train
+    pred = predict(_work(cache.get(compile_key(cfg), lambda: measure_work(cfg))), hw)
+    repeat = 1 if p.pp > 1 else t.microbatches
+    program = (pred["seconds"] - pred["parts"]["optimizer"]) * repeat
+    optimizer = param_elems * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
+    grad_bytes = param_elems * jnp.dtype(cfg.model.param_dtype).itemsize
+    # Mesh order pp, dp, fsdp, tp (tp innermost): a group over fsdp spans fsdp x tp neighbouring
+    # devices, one over dp spans dp x fsdp x tp.
+    dp_s = _ring_seconds(_ALL_REDUCE(p.dp), grad_bytes, p.dp * p.fsdp * p.tp > hw.gpus_per_node, hw) if p.dp > 1 else 0.0
+    fsdp_s = 0.0
+    if p.fsdp > 1:  # each micro-batch gathers the weights forward and backward; gradients scatter once
+        gathered = param_elems * p.fsdp * jnp.dtype(cfg.model.dtype).itemsize
+        crosses = p.fsdp * p.tp > hw.gpus_per_node
+        fsdp_s = (2 * t.microbatches * _ring_seconds(_GATHER_OR_SCATTER(p.fsdp), gathered, crosses, hw)
+                  + _ring_seconds(_GATHER_OR_SCATTER(p.fsdp), grad_bytes * p.fsdp, crosses, hw))
+    parts = {"program": program, "optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
+    return {"seconds": sum(parts.values()), "parts": parts}
+
+
+def layer_cache(cache: DiskCache) -> Callable[[Config], tuple[int, int]]:
+    """memory_model.layer_bytes, cached."""
+    return lambda layer_cfg: tuple(cache.get(("layer", layer_cfg.model, layer_cfg.parallel.scheme,
+                                                  layer_cfg.parallel.tp, layer_cfg.train.batch_size,
+                                                  layer_cfg.train.seq_len, layer_cfg.train.remat),
+                                                 lambda: list(layer_bytes(layer_cfg))))

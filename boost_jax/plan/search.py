@@ -1,0 +1,96 @@
+"""The planner: every layout, checked, sized by the memory model, priced by the performance model,
+ranked; each loser keeps the reason it lost."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from boost_jax.analysis.memory_model import breakdown
+from boost_jax.bench.perf_model import Hardware
+from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.flops import count
+from boost_jax.plan.layouts import Layout, Space, enumerate_layouts, layout_config
+from boost_jax.plan.price import DiskCache, layer_cache, step_seconds
+
+PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    cfg: Config | None = None
+    memory: dict | None = None
+    fits: bool = False
+    step: dict | None = None
+    why: str = ""  # why it lost ("" for a priced candidate until ranked)
+
+    def row(self, hw: Hardware, gpus: int) -> dict:
+        """The JSON row of a priced candidate."""
+        t = self.cfg.train
+        tokens = t.batch_size * t.seq_len
+        flops = count(self.cfg.model, t.seq_len).train_flops_per_token * tokens
+        s = self.step["seconds"]
+        return {"layout": self.layout.as_dict(), "step_s": s, "tokens_per_s_per_gpu": tokens / s / gpus,
+                "mfu": flops / (s * gpus * hw.peak_flops), "memory_bytes_per_gpu": self.memory["total"],
+                "fits": self.fits, "step_parts_s": self.step["parts"], "memory_parts": self.memory}
+
+
+def base_overrides(model: str, arch: str, global_batch: int, seq: int, dtype: str) -> list[str]:
+    return [f"model.preset={model}", f"model.arch={arch}", f"model.dtype={dtype}", "model.param_dtype=float32",
+            f"train.batch_size={global_batch}", f"train.seq_len={seq}"]
+
+
+def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
+         cache: DiskCache, log=lambda s: None) -> list[Candidate]:
+    """All candidates, priced ones first (fastest first), then the rest with their reasons."""
+    first = load_config(None, [*base, *overrides])
+    out = [Candidate(layout) for layout in enumerate_layouts(first.model.arch, gpus, first.train.batch_size,
+                                                             hw.gpus_per_node, space)]
+    budget = hw.hbm_bytes * (1 - headroom)
+    layer = layer_cache(cache)
+    for c in out:
+        try:
+            c.cfg = layout_config(base, c.layout, overrides)
+        except ConfigError as e:
+            c.why = f"does not divide: {e}"
+            continue
+        c.memory = breakdown(c.cfg, layer)
+        c.fits = c.memory["total"] <= budget
+        if not c.fits:
+            c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
+    to_price = _choose(out)
+    for i, c in enumerate(to_price):
+        log(f"pricing {i + 1}/{len(to_price)}: {c.layout}")
+        c.step = step_seconds(c.cfg, hw, c.memory["param_elems"], cache)
+    priced = sorted(to_price, key=lambda c: c.step["seconds"])
+    for c in priced[1:]:
+        c.why = f"slower by {c.step['seconds'] / priced[0].step['seconds']:.2f}x"
+    rest = [c for c in out if c.step is None]
+    return priced + rest
+
+
+def _choose(cands: list[Candidate]) -> list[Candidate]:
+    """The fitting candidates worth compiling. Without a pipeline, micro-batches only trade memory
+    for smaller GEMMs: the fewest that fit, per remat mode. Under one, more micro-batches shrink the
+    bubble and grow the buffers: pp x 1, 2, 4, 8 of them. The others get their reason here."""
+    groups = defaultdict(list)
+    for c in cands:
+        if c.fits:
+            l = c.layout
+            groups[(l.scheme, l.tp, l.pp, l.pp_repeats, l.dp, l.fsdp, l.remat)].append(c)
+    chosen = []
+    for (*_, pp, _r, _dp, _fsdp, _remat), group in groups.items():
+        group.sort(key=lambda c: c.layout.microbatches)
+        if pp == 1:
+            chosen.append(group[0])
+            for c in group[1:]:
+                c.why = f"not priced: M={group[0].layout.microbatches} fits with fewer, larger micro-batches"
+            continue
+        for c in group:
+            if c.layout.microbatches in [pp * k for k in PIPELINE_MICROBATCHES]:
+                chosen.append(c)
+            else:
+                c.why = f"not priced: pipelines are priced at M = pp x {PIPELINE_MICROBATCHES}"
+    return chosen

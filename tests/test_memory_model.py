@@ -1,0 +1,65 @@
+"""The memory model (analysis/memory_model.py) against XLA's compiled memory analysis of the fp32
+gradient program `bench memory` compiles (where the CPU backend is faithful: no bf16 upcasts)."""
+
+import pytest
+
+from boost_jax.analysis.memory_model import breakdown
+from boost_jax.analysis.program import config_for
+from boost_jax.bench.memory import compiled_peak
+
+TOLERANCE = 0.10
+
+
+def check(model, arch, scheme, *, tp=1, pp=1, fsdp=1, microbatches=1, remat="none", batch=4, seq=64, overrides=()):
+    cfg = config_for(model, arch, scheme, tp=tp, pp=pp, microbatches=microbatches, batch=batch, seq=seq,
+                     dtype="fp32", overrides=[f"parallel.fsdp={fsdp}", f"train.remat={remat}", *overrides])
+    predicted, compiled = breakdown(cfg)["step"], compiled_peak(cfg)["fwd_bwd_peak_bytes"]
+    assert abs(predicted - compiled) / compiled < TOLERANCE, (predicted, compiled)
+
+
+FAST = [
+    dict(arch="cola", scheme="btp", tp=2, remat="lowrank"),
+    dict(arch="cola", scheme="vanilla", tp=2, remat="full"),
+    dict(arch="dense", scheme="megatron", tp=2, remat="none"),
+    dict(arch="cola", scheme="btp", tp=2, pp=2, microbatches=2, remat="full"),
+]
+SLOW = [
+    dict(arch="cola", scheme="btp", tp=1, remat="none"),
+    dict(arch="cola", scheme="btp", tp=4, remat="none"),
+    dict(arch="cola", scheme="btp", tp=2, fsdp=2, remat="lowrank"),
+    dict(arch="cola", scheme="vanilla", tp=2, fsdp=2, remat="none"),
+    dict(arch="cola", scheme="vanilla", tp=4, remat="lowrank"),
+    dict(arch="dense", scheme="megatron", tp=4, remat="full"),
+    dict(arch="cola", scheme="btp", tp=2, pp=2, microbatches=2, remat="none"),
+    dict(arch="cola", scheme="btp", tp=1, microbatches=2, remat="lowrank"),
+    dict(arch="lax", scheme="btp", tp=2, remat="lowrank"),
+    dict(arch="cola", scheme="btp", tp=1, remat="none", overrides=("model.vocab_size=4096",)),
+]
+
+
+@pytest.mark.parametrize("case", FAST, ids=str)
+def test_memory_model_within_10_percent(case):
+    check("llama-tiny", **case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW, ids=str)
+def test_memory_model_within_10_percent_grid(case):
+    check("llama-tiny", **case)
+
+
+# More micro-batches than stages: the pipeline's buffers are modelled as kept per iteration, which
+# matches M = S but is off by 15-20% (either way) at M = 2S: known, not yet explained.
+@pytest.mark.slow
+@pytest.mark.xfail(reason="pipeline buffers at M > pp: model off by 15-20%", strict=False)
+@pytest.mark.parametrize("case", [dict(arch="cola", scheme="vanilla", tp=2, pp=2, microbatches=4, remat="lowrank"),
+                                  dict(arch="cola", scheme="btp", tp=2, pp=2, microbatches=4, batch=8, remat="full")],
+                         ids=str)
+def test_memory_model_pipeline_many_microbatches(case):
+    check("llama-tiny", **case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("remat", ["none", "full", "lowrank"])
+def test_memory_model_llama_60m(remat):
+    check("llama-60m", "cola", "btp", tp=2, batch=2, seq=128, remat=remat, overrides=("model.n_layers=2",))
