@@ -29,6 +29,7 @@ def planned(tmp_path_factory):
     return json.loads(out.stdout), tmp / "recipe.yaml"
 
 
+@pytest.mark.slow  # one planner run (a subprocess compiling its candidates): ~30 s
 def test_every_printed_layout_divides_and_validates(planned):
     result, _ = planned
     cands = result["candidates"]
