@@ -1,8 +1,11 @@
 """`bench profile`: a traced llama-tiny step, its time by category, and the op classification rules."""
 
+import pytest
+
 from boost_jax.analysis.program import config_for
 from boost_jax.analysis.timeline import CATEGORIES, _category, _sweep
 from boost_jax.bench.profile import profile
+from boost_jax.errors import ConfigError
 
 
 def test_profile_puts_a_tiny_steps_time_in_categories(tmp_path):
@@ -36,3 +39,12 @@ def test_op_categories_follow_op_kind_then_jax_name():
 def test_overlapping_ops_share_the_time_they_overlap():
     d = _sweep([(0.0, 2.0, "a"), (1.0, 3.0, "b"), (5.0, 6.0, "a")])
     assert d.ops == {"a": 2.5, "b": 1.5} and d.busy_s == 4.0 and d.span_s == 6.0
+
+
+@pytest.mark.parametrize("override", ["parallel.pp=2", "train.microbatches=2", "train.loss_chunk=16"])
+def test_loops_around_the_layers_are_refused_before_any_work(override, tmp_path):
+    extra = ["train.microbatches=2"] if override == "parallel.pp=2" else []
+    cfg = config_for("llama-tiny", "cola", tp=1, batch=4, seq=32, dtype="fp32", overrides=[override, *extra])
+    with pytest.raises(ConfigError, match="bench profile: pipelines, micro-batch accumulation and a chunked loss"):
+        profile(cfg, steps=1, trace_dir=tmp_path / "trace", top=5)
+    assert not (tmp_path / "trace").exists()

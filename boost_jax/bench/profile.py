@@ -33,8 +33,9 @@ from boost_jax.errors import ConfigError
 
 def profile(cfg: Config, steps: int, trace_dir: Path, top: int) -> dict:
     p = cfg.parallel
-    if p.pp > 1 or cfg.train.microbatches > 1:  # their loops would read as the layers' (timeline.py)
-        raise ConfigError("bench profile: pipelines and micro-batch accumulation are not supported (pp=1, microbatches=1)")
+    if p.pp > 1 or cfg.train.microbatches > 1 or cfg.train.loss_chunk:  # their loops would read as the layers' (timeline.py)
+        raise ConfigError("bench profile: pipelines, micro-batch accumulation and a chunked loss are not supported "
+                          "(pp=1, microbatches=1, loss_chunk=0)")
     runner = Runner(cfg)
     untraced = runner.steps(steps)
     with jax.profiler.trace(str(trace_dir)):
