@@ -113,10 +113,15 @@ def _crosses_nodes(c: Collective, hw: Hardware) -> bool:
     return any(int(a) // hw.gpus_per_node != int(b) // hw.gpus_per_node for a, b in pairs)
 
 
+def ring_seconds(kind: str, group_size: int, nbytes: float, crosses_nodes: bool, hw: Hardware) -> float:
+    """One collective of `kind` over `group_size` devices moving `nbytes` per device."""
+    link = hw.net_bytes_per_s if crosses_nodes else hw.node_link_bytes_per_s
+    latency = hw.p2p_latency_s if kind == "collective-permute" else hw.collective_latency_s
+    return latency + _RING_FACTOR[kind](group_size) * nbytes / (link * hw.collective_efficiency)
+
+
 def collective_seconds(c: Collective, hw: Hardware) -> float:
-    link = hw.net_bytes_per_s if _crosses_nodes(c, hw) else hw.node_link_bytes_per_s
-    latency = hw.p2p_latency_s if c.kind == "collective-permute" else hw.collective_latency_s
-    return latency + _RING_FACTOR[c.kind](c.group_size) * c.bytes / (link * hw.collective_efficiency)
+    return ring_seconds(c.kind, c.group_size, c.bytes, _crosses_nodes(c, hw), hw)
 
 
 # ----------------------------------------------------------------------------- prediction

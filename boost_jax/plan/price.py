@@ -24,14 +24,9 @@ from boost_jax.analysis.hlo import Collective, collectives
 from boost_jax.analysis.memory_model import layer_bytes
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
-from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict
+from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
 from boost_jax.config import Config
 from boost_jax.data.cache import atomic_write, digest
-
-# Ring factors of the analytic data-parallel collectives (perf_model's conventions).
-_ALL_REDUCE = lambda g: 2 * (g - 1) / g
-_GATHER_OR_SCATTER = lambda g: (g - 1) / g
-
 
 class DiskCache:
     """JSON values under `root`, keyed by the tuple that determines them (and the JAX version)."""
@@ -54,14 +49,6 @@ class DiskCache:
         return value
 
 
-def compile_key(cfg: Config) -> tuple:
-    """What determines the per-device program the performance model prices."""
-    p, t = cfg.parallel, cfg.train
-    rows = t.batch_size // t.microbatches // (p.dp * p.fsdp)
-    return ("step", cfg.model, p.scheme, p.tp, p.pp, p.pp_repeats, t.microbatches if p.pp > 1 else 1, rows,
-            t.remat, t.seq_len)
-
-
 def device_program(cfg: Config) -> Config:
     """cfg at dp = fsdp = 1 with one device's rows: the same per-device program on tp x pp devices
     (without a pipeline, one micro-batch of it)."""
@@ -73,8 +60,9 @@ def device_program(cfg: Config) -> Config:
 
 
 def measure_work(cfg: Config) -> dict:
-    """The compiled gradient program's work, as JSON-able lists (perf_model.Work's fields)."""
-    prog = build(device_program(cfg))
+    """The compiled gradient program's work of a `device_program` config, as JSON-able lists
+    (perf_model.Work's fields)."""
+    prog = build(cfg)
     text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
     itemsize = jnp.dtype(cfg.model.dtype).itemsize
     gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize)
@@ -94,29 +82,27 @@ def _work(raw: dict) -> Work:
                 [collective(c) for c in raw["collectives"]], raw["itemsize"], raw["params_per_device"])
 
 
-def _ring_seconds(factor: float, nbytes: float, crosses_nodes: bool, hw: Hardware) -> float:
-    link = hw.net_bytes_per_s if crosses_nodes else hw.node_link_bytes_per_s
-    return hw.collective_latency_s + factor * nbytes / (link * hw.collective_efficiency)
-
-
 def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) -> dict:
     """Predicted seconds per iteration of cfg's train step on `hw` and its parts; `param_elems`:
     the parameters on one device (the memory model's count, FSDP shards included)."""
     p, t = cfg.parallel, cfg.train
-    pred = predict(_work(cache.get(compile_key(cfg), lambda: measure_work(cfg))), hw)
+    # The per-device program's config is the key: every knob that shapes the compile is in it.
+    program_cfg = device_program(cfg)
+    key = ("step", program_cfg.model, program_cfg.parallel, program_cfg.train)
+    pred = predict(_work(cache.get(key, lambda: measure_work(program_cfg))), hw)
     repeat = 1 if p.pp > 1 else t.microbatches
     program = (pred["seconds"] - pred["parts"]["optimizer"]) * repeat
     optimizer = param_elems * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
     grad_bytes = param_elems * jnp.dtype(cfg.model.param_dtype).itemsize
     # Mesh order pp, dp, fsdp, tp (tp innermost): a group over fsdp spans fsdp x tp neighbouring
     # devices, one over dp spans dp x fsdp x tp.
-    dp_s = _ring_seconds(_ALL_REDUCE(p.dp), grad_bytes, p.dp * p.fsdp * p.tp > hw.gpus_per_node, hw) if p.dp > 1 else 0.0
+    dp_s = ring_seconds("all-reduce", p.dp, grad_bytes, p.dp * p.fsdp * p.tp > hw.gpus_per_node, hw) if p.dp > 1 else 0.0
     fsdp_s = 0.0
     if p.fsdp > 1:  # each micro-batch gathers the weights forward and backward; gradients scatter once
         gathered = param_elems * p.fsdp * jnp.dtype(cfg.model.dtype).itemsize
         crosses = p.fsdp * p.tp > hw.gpus_per_node
-        fsdp_s = (2 * t.microbatches * _ring_seconds(_GATHER_OR_SCATTER(p.fsdp), gathered, crosses, hw)
-                  + _ring_seconds(_GATHER_OR_SCATTER(p.fsdp), grad_bytes * p.fsdp, crosses, hw))
+        fsdp_s = (2 * t.microbatches * ring_seconds("all-gather", p.fsdp, gathered, crosses, hw)
+                  + ring_seconds("reduce-scatter", p.fsdp, grad_bytes * p.fsdp, crosses, hw))
     parts = {"program": program, "optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
     return {"seconds": sum(parts.values()), "parts": parts}
 
