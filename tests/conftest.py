@@ -6,9 +6,14 @@ import shutil
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Tests compile many small programs: skip LLVM's expensive optimisations (2-3x faster compiles).
-# This changes only CPU code generation speed, not the HLO (collectives, shardings) tests inspect.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# Tests compile many small programs, and compiling is most of their time. Two CPU-only switches
+# make a tiny sharded train step compile ~3x faster (the suite: 12.8 -> 6.1 min on 2 cores):
+# - LLVM at -O0: the optimised HLO is byte-identical;
+# - XLA's elemental fusion emitter instead of the MLIR fusion emitters: fusion boundaries move a
+#   little, while the collectives, shardings and GEMMs the tests inspect are identical and the
+#   compiled peak memory agrees to < 0.01% (llama-60m cola/btp tp=2). The suite passes with either;
+#   `XLA_FLAGS=--xla_backend_optimization_level=0 pytest` runs it on the emitters users get.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 # One persistent XLA compilation cache per test run, shared by the xdist workers and the
 # subprocesses they start (jax reads these variables): tests compile many identical programs
