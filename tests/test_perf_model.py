@@ -137,8 +137,9 @@ def test_shipped_hardware_file_and_its_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_writes_page_plots_and_json(tmp_path):
+def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     """`bench report` end to end, on the paper's 1B row and llama-tiny for the measured part."""
+    monkeypatch.setenv("BOOST_JAX_CACHE", str(tmp_path / "cache"))  # the planner's compiles
     report.main(["--models", "llama-1b", "--variants", "dense/megatron,cola/vanilla,cola/btp", "--hardware", "a100-80gb",
                  "--step-model", "llama-tiny", "--step-seq", "32", "--single-models", "llama-tiny",
                  "--reps", "2", "--steps", "1", "--out", str(tmp_path)])
@@ -158,6 +159,10 @@ def test_report_writes_page_plots_and_json(tmp_path):
         assert data[:4] == b"\x89PNG" and len(data) > 10_000
         assert f"(img/{png})" in page
     assert math.isfinite(result["paper"]["rows"][2]["predicted"]["a100-80gb"]["gemm_utilization"])
+    assert 0 < rows[2]["memory_model_bytes"] < rows[2]["peak_bytes"] + rows[2]["adamw_bytes"]  # GPU bf16 < CPU's
+    (plan,) = result["planner"]["rows"]
+    assert plan["model"] == "llama-1b" and plan["choice"]["step_s"] <= plan["paper_layout"]["step_s"]
+    assert "## 3. The planner on the paper's rows" in page and "| llama-1b | 1 | 4 x 4096 |" in page
     # The page is a pure function of the saved measurements.
     report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page

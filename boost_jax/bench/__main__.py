@@ -1,12 +1,12 @@
-"""python -m boost_jax.bench {comm,step,profile,memory,kernels,paper,report,data} [flags] [section.key=value ...]"""
+"""python -m boost_jax.bench {comm,step,profile,memory,kernels,paper,planner,report,data} [flags] [section.key=value ...]"""
 
 import sys
 
 from boost_jax.cli import DEBUG_HELP, run_main
 
-COMMANDS = ("comm", "step", "profile", "memory", "kernels", "paper", "report", "data")
-# Simulated CPU devices each command needs by default: the paper's 30B row is TP 4 x PP 4.
-CPU_DEVICES = {"paper": 16, "report": 16}
+COMMANDS = ("comm", "step", "profile", "memory", "kernels", "paper", "planner", "report", "data")
+# Simulated CPU devices each command needs by default: the paper's 30B row is TP 4 x PP 4 (16 GPUs).
+CPU_DEVICES = {"paper": 16, "planner": 16, "report": 16}
 
 
 def main() -> None:

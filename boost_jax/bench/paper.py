@@ -4,7 +4,9 @@ For llama-1b .. 30b at bf16, seq 4096, micro-batch 4 and the paper's (TP, PP), e
 (dense/megatron and every low-rank arch under vanilla TP and BTP) is compiled here without
 allocating anything. From the compiled train step we measure, per device: collectives per decoder
 layer (forward and backward), GEMM and attention FLOPs (next to the analytic count and XLA's own
-cost analysis), and peak memory. The performance model (`perf_model.py`, constants in
+cost analysis), and memory: the CPU compile's peak beside the memory model's figure
+(`analysis/memory_model.py`), which is what a GPU holds (the CPU backend keeps f32 copies of bf16
+work). The performance model (`perf_model.py`, constants in
 `configs/hardware.yaml`) turns them into seconds per iteration on A100, H100 and H200 nodes,
 printed beside the paper's measurements.
 
@@ -26,11 +28,11 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.analysis.hlo import collectives, summarize
+from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.work import analyze
 from boost_jax.analysis.comm import layer_split, pipeline_comm
 from boost_jax.analysis.program import build, config_for, peak_bytes
-from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, load_hardware, predict
-from boost_jax.config import ConfigError
+from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, predict, select_hardware
 from boost_jax.flops import count
 
 GIB = 2**30
@@ -92,6 +94,8 @@ def measure(model: str, variant: str, *, tp: int, pp: int, microbatches: int, ba
         "attention_flops_analytic_causal": (c.train_flops_per_token - 6 * c.matmul_params) * tokens / tp / pp,
         "xla_cost_analysis_flops": float(cost.get("flops", 0.0)),  # counts a while body once
         "peak_bytes": peak_bytes(step), "adamw_bytes": 8 * params, "params_per_device": params,
+        # What a GPU holds (bf16 activations at 2 bytes; the CPU compile keeps f32 copies of bf16 work).
+        "memory_model_bytes": breakdown(cfg)["total"],
     }, work, [c for c in fwd if c.loop_depth and c.kind != "collective-permute"]
 
 
@@ -130,14 +134,16 @@ def find_row(result: dict, model: str, variant: str) -> dict | None:
 def measured_table(result: dict) -> list[str]:
     """Markdown: what was measured per variant (per device: its pipeline stage, all micro-batches)."""
     lines = ["| model | variant | TP,PP,M | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic "
-             "| attention TFLOP HLO / analytic causal | XLA cost_analysis TFLOP | peak GiB + AdamW GiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| attention TFLOP HLO / analytic causal | XLA cost_analysis TFLOP | CPU compile: peak GiB + AdamW GiB "
+             "| memory model GiB (GPU, AdamW included) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['model']} | {r['variant']} | {_layout(r)} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
                      f"| {r['layer_backward_bytes'] / GIB:.4f} ({r['layer_backward_collectives']}) "
                      f"| {r['gemm_flops_hlo'] / 1e12:.2f} / {r['gemm_flops_analytic'] / 1e12:.2f} "
                      f"| {r['attention_flops_hlo'] / 1e12:.2f} / {r['attention_flops_analytic_causal'] / 1e12:.2f} "
-                     f"| {r['xla_cost_analysis_flops'] / 1e12:.2f} | {r['peak_bytes'] / GIB:.1f} + {r['adamw_bytes'] / GIB:.1f} |")
+                     f"| {r['xla_cost_analysis_flops'] / 1e12:.2f} | {r['peak_bytes'] / GIB:.1f} + {r['adamw_bytes'] / GIB:.1f} "
+                     f"| {r['memory_model_bytes'] / GIB:.1f} |")
     return lines
 
 
@@ -254,15 +260,7 @@ def from_flags(a: argparse.Namespace, log=print) -> dict:
     variants = None if a.variants == "paper" else tuple(a.variants.split(","))
     if bad := [v for v in variants or () if v not in VARIANTS]:
         raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
-    try:
-        hardware = load_hardware(a.hardware_file)
-    except ConfigError as e:
-        raise SystemExit(f"--hardware-file: {e}") from None
-    if a.hardware != "all":
-        names = a.hardware.split(",")
-        if bad := [n for n in names if n not in hardware]:
-            raise SystemExit(f"--hardware: unknown {bad}; {a.hardware_file} has {list(hardware)}")
-        hardware = {n: hardware[n] for n in names}
+    hardware = select_hardware(a.hardware_file, a.hardware)
     if a.microbatches is not None and a.microbatches < 1:
         raise SystemExit("--microbatches must be at least 1")
     return run(models, variants, hardware, microbatches=a.microbatches, batch=a.batch, seq=a.seq, dtype=a.dtype, log=log)

@@ -84,6 +84,26 @@ def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
     return out
 
 
+def select_hardware(path: str | Path | None, names: str) -> dict[str, Hardware]:
+    """The machines `names` (comma-separated, or "all") of a hardware file (None: configs/hardware.yaml),
+    in the order named; an unknown name raises ConfigError listing the file's machines."""
+    machines = load_hardware(path or HARDWARE_FILE)
+    if names == "all":
+        return machines
+    wanted = [n for n in names.split(",") if n]
+    if bad := [n for n in wanted if n not in machines] or not wanted:
+        raise ConfigError(f"--hardware: unknown machine(s) {bad}; {path or HARDWARE_FILE} has {list(machines)}")
+    return {n: machines[n] for n in wanted}
+
+
+def one_machine(path: str | Path | None, name: str) -> Hardware:
+    """The one machine `name` of a hardware file (select_hardware's errors, and one for a list)."""
+    machines = select_hardware(path, name)
+    if len(machines) != 1:
+        raise ConfigError(f"--hardware: name one machine, got {name!r}")
+    return next(iter(machines.values()))
+
+
 # ----------------------------------------------------------------------------- pieces
 
 

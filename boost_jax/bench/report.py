@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 
-from boost_jax.bench import paper
+from boost_jax.bench import paper, planner
 from boost_jax.bench.profile import profile
 from boost_jax.analysis.program import config_for
 from boost_jax.bench.step import compare_configs, measure as measure_steps, measure_with_peak
@@ -227,10 +227,13 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "FLOPs are TP times those of the other schemes.",
         "- **XLA's `cost_analysis()`** counts a while-loop body once, so on a scanned stack it reports one layer plus the edge; "
         "it is shown raw for transparency and not used.",
-        "- **Memory** is `compiled.memory_analysis()` of the train step (arguments + outputs + temporaries), plus the AdamW "
-        "moments. It is measured on the CPU backend, which keeps fp32 copies of bf16 elementwise work a GPU does not: treat it "
-        "as an upper bound. The paper's numbers need no activation checkpointing to be compared, so `train.remat=none` here; "
-        "`bench memory` compares remat modes.",
+        "- **Memory**, two figures. The CPU compile's: `compiled.memory_analysis()` of the train step (arguments + outputs + "
+        "temporaries) plus the AdamW moments; the CPU backend keeps fp32 copies of bf16 elementwise work a GPU does not, so "
+        "it overstates a GPU's peak. The memory model's (`analysis/memory_model.py`, validated within 10% of fp32 CPU "
+        "compiles): weights, gradients and AdamW moments by their sharding, each layer's saved activations at 2 bytes, "
+        "pipeline buffers, the loss and the largest transient; this is the figure to hold against an 80 GB GPU. The paper's "
+        "numbers need no activation checkpointing to be compared, so `train.remat=none` here; `bench memory` compares remat "
+        "modes and section 3 lets the planner choose.",
         "",
         "## 2. Performance model beside the paper",
         "",
@@ -266,10 +269,12 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
               "bytes, against the paper's measured all-reduce time (docs/design.md section 3):", "",
               *paper.layer_comm_table(pr, hw_names[0]), ""]
     L += ["### Where the model and the paper differ", "", *differences(pr), ""]
+    if "planner" in result:
+        L += planner_section(result["planner"])
     sc, sd = result["step_compare"], result["single_device"]
     med = {v: sc["rows"][v]["median_step_s"] for v in TRIO}
     L += [
-        "## 3. Measured on this machine",
+        "## 4. Measured on this machine",
         "",
         f"`bench step --compare`: {sc['model']}, fp32, batch {sc['batch']} x {sc['seq']}, TP={sc['tp']} on simulated CPU "
         f"devices, the three variants interleaved in {sc['reps']} repetitions of {sc['steps']} steps (machine noise hits all alike).",
@@ -308,6 +313,34 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     L += ["## Plots", ""]
     L += [f"![{name}]({img_dir}/{name})" for name in images]
     return "\n".join(L) + "\n"
+
+
+def planner_section(pl: dict) -> list[str]:
+    """Markdown: `bench planner`'s table (the planner's choice beside the paper's layout, per paper row)."""
+    st = pl["settings"]
+    budget = st["hbm_bytes"] * (1 - st["headroom"]) / GIB
+    return [
+        "## 3. The planner on the paper's rows",
+        "",
+        f"`python -m boost_jax.plan` on each row's GPUs ({st['hardware']}) and batch ({st['arch']}, {st['dtype']}, "
+        f"seq {st['seq']}; an iteration of PP micro-batches of {st['batch']}, as section 1 compiles it). It enumerates every "
+        "layout (scheme, TP, PP, pipeline repeats, DP, FSDP, micro-batches, remat), keeps those the memory model puts "
+        f"within {budget:.1f} GiB per GPU ({100 * st['headroom']:.0f}% headroom: the paper's layouts ran in this memory), "
+        "and prices them with the performance model of section 2, each on its own abstract compile: in order of a lower "
+        "bound on their time that needs no compile (`plan/price.py`), skipping those whose bound cannot beat the fastest "
+        f"priced, at most {st['max_priced'] or 'all'} besides the paper's layout. The paper's layout (BTP at its TP and PP, "
+        "DP = FSDP = 1, M = PP) is priced in every remat mode that fits and shown at its fastest. Schemes searched: "
+        f"{', '.join(st['schemes'])}; pipeline repeats {', '.join(map(str, st['pp_repeats']))}. Seconds per iteration, "
+        "predicted.",
+        "",
+        *planner.table(pl),
+        "",
+        "The planner's choice is never slower than the paper's layout when that layout fits: it is one of the priced "
+        "candidates. Its layouts in every remat mode (memory by the memory model, and why each lost):",
+        "",
+        *planner.paper_layout_lines(pl),
+        "",
+    ]
 
 
 def profile_section(rows: list[dict]) -> list[str]:
@@ -401,6 +434,7 @@ def main(argv: list[str]) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     paper.add_flags(p)
     p.add_argument("--paper-json", help="reuse a saved `bench paper --json` instead of compiling")
+    p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
     p.add_argument("--step-batch", type=int, default=4)
     p.add_argument("--step-seq", type=int, default=256)
@@ -431,6 +465,13 @@ def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
         micro = "" if a.microbatches is None else f" --microbatches {a.microbatches}"
         paper_cmd = (f"python -m boost_jax.bench paper --models {a.models} --variants {a.variants}{micro} "
                      f"--batch {a.batch} --seq {a.seq} --dtype {a.dtype}")
+    if a.planner_json:
+        pl = json.loads(Path(a.planner_json).read_text())
+    else:
+        log("bench planner: the planner on the paper's rows (compiles cached on disk)")
+        pl = planner.run(a.models.split(","), planner.paper_hardware(), batch=a.batch, seq=a.seq,
+                         dtype=a.dtype, log=log)
+        pl["settings"]["command"] = f"python -m boost_jax.bench planner --models {a.models} --batch {a.batch} --seq {a.seq}"
     log(f"bench step --compare: {a.step_model}, TP=4, {a.reps} interleaved repetitions")
     sc = step_compare(a.step_model, 4, a.step_batch, a.step_seq, a.reps, a.steps)
     log(f"single device: {a.single_models}")
@@ -439,6 +480,7 @@ def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
     prof = profiles(a.step_model, a.step_batch, a.step_seq, a.steps)
     commands = [
         paper_cmd,
+        pl["settings"]["command"],
         f"python -m boost_jax.bench step --compare --model {a.step_model} --tp 4 --batch {a.step_batch} --seq {a.step_seq} "
         f"--dtype fp32 --reps {a.reps} --steps {a.steps}",
         *(f"python -m boost_jax.bench step --model {m} --arch {arch} --tp 1 --batch {a.step_batch} --seq {a.step_seq} "
@@ -447,5 +489,5 @@ def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
     ]
     commands += [f"python -m boost_jax.bench profile --model {a.step_model} --arch {arch} --scheme {scheme} --tp {tp} "
                  f"--batch {a.step_batch} --seq {a.step_seq} --dtype fp32 --steps {a.steps}" for arch, scheme, tp in PROFILED]
-    return {"machine": machine(), "commands": commands, "paper": pr, "step_compare": sc, "single_device": sd,
-            "profile": prof}
+    return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
+            "single_device": sd, "profile": prof}

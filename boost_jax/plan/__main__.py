@@ -5,7 +5,9 @@ micro-batches, remat) of --gpus devices that divides the model and the batch, si
 the memory model (analysis/memory_model.py; bf16 activations at 2 bytes, fp32 master weights and
 AdamW moments) against the GPU's memory less --headroom, priced by the performance model
 (bench/perf_model.py) on an abstract compile of each per-device program (plan/price.py says what
-is added analytically), best first. --out writes the winner as a config `python -m boost_jax.train`
+is added analytically), best first. Compiles go in order of a lower bound on each layout's time
+(plan/price.py) and stop where the bound cannot beat the fastest priced (exact), or after
+--max-priced of them (a heuristic). --out writes the winner as a config `python -m boost_jax.train`
 runs as is.
 """
 
@@ -35,7 +37,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="preset (boost_jax/presets.py)")
     p.add_argument("--arch", default="cola")
     p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--hardware", default="a100-80gb", help="a machine of the hardware file")
+    p.add_argument("--hardware", default="a100-80gb", help="one machine of the hardware file")
     p.add_argument("--hardware-file", default=None, help="default: configs/hardware.yaml")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")
     p.add_argument("--seq", type=int, required=True)
@@ -49,11 +51,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=5, help="candidates printed")
     p.add_argument("--out", default="", help="write the best layout as a config YAML")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--max-priced", type=int, default=0,
+                   help="compile at most this many layouts, lowest lower bound first (default 0: every one that can "
+                        "win, exact; a cap is faster but can miss the best where overheads dominate the bound's FLOPs)")
     p.add_argument("--no-cache", action="store_true", help="compile again instead of reading the disk cache")
     p.add_argument("overrides", nargs="*", help="section.key=value, applied under every layout")
     a = p.parse_args(argv)
-    if a.gpus < 1 or a.global_batch < 1 or a.seq < 1 or not 0 <= a.headroom < 1:
-        p.error("--gpus, --global-batch, --seq must be positive and --headroom in [0, 1)")
+    if a.gpus < 1 or a.global_batch < 1 or a.seq < 1 or a.max_priced < 0 or not 0 <= a.headroom < 1:
+        p.error("--gpus, --global-batch, --seq must be positive, --max-priced >= 0 and --headroom in [0, 1)")
     return a
 
 
@@ -65,7 +70,9 @@ def _main(argv: list[str]) -> None:
 
     space = Space(schemes=tuple(s for s in a.schemes.split(",") if s), tp=_ints(a.tp), pp=_ints(a.pp),
                   pp_repeats=_ints(a.pp_repeats), remat=tuple(a.remat.split(",")))
-    hw = _hardware(a)
+    from boost_jax.bench.perf_model import one_machine
+
+    hw = one_machine(a.hardware_file, a.hardware)
     # Compiles run on tp x pp simulated devices (dp = fsdp = 1): request the most any layout needs
     # before JAX's backend starts.
     if jax.config.jax_platforms in (None, "", "cpu"):
@@ -81,7 +88,8 @@ def _main(argv: list[str]) -> None:
     base = base_overrides(a.model, a.arch, a.global_batch, a.seq, a.dtype)
     root = None if a.no_cache else cache_root(load_config(None, [*base, *a.overrides]).data) / "plan"
     log = lambda s: print(s, file=sys.stderr, flush=True)
-    cands = plan(base, a.overrides, gpus=a.gpus, hw=hw, space=space, headroom=a.headroom, cache=DiskCache(root), log=log)
+    cands = plan(base, a.overrides, gpus=a.gpus, hw=hw, space=space, headroom=a.headroom, cache=DiskCache(root), log=log,
+                 max_priced=a.max_priced or None)
     priced = [c for c in cands if c.step]
     if a.out and priced:
         write_recipe(a.out, base, a.overrides, priced[0].layout)
@@ -89,16 +97,6 @@ def _main(argv: list[str]) -> None:
         print(json.dumps({"candidates": [c.row(hw, a.gpus) for c in priced]}, indent=1))
         return
     print_plan(a, hw, cands)
-
-
-def _hardware(a: argparse.Namespace):
-    from boost_jax.bench.perf_model import HARDWARE_FILE, load_hardware
-    from boost_jax.errors import ConfigError
-
-    machines = load_hardware(a.hardware_file or HARDWARE_FILE)
-    if a.hardware not in machines:
-        raise ConfigError(f"--hardware: unknown machine {a.hardware!r}; the hardware file has {sorted(machines)}")
-    return machines[a.hardware]
 
 
 def print_plan(a: argparse.Namespace, hw, cands) -> None:

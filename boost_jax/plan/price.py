@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,15 +28,19 @@ from boost_jax.analysis.work import Gemm, Traffic, analyze
 from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
 from boost_jax.config import Config
 from boost_jax.data.cache import atomic_write, digest
+from boost_jax.flops import count
+from boost_jax.parallel import SCHEMES
 
 class DiskCache:
-    """JSON values under `root`, keyed by the tuple that determines them (and the JAX version)."""
+    """JSON values under `root`, keyed by the tuple that determines them, the JAX version and any
+    XLA_FLAGS (which can change the compiled program)."""
 
     def __init__(self, root: Path | None):
         self.root, self.memory = root, {}
 
     def get(self, key: tuple, compute: Callable[[], object]):
-        name = digest(jax.__version__, *map(str, key))
+        flags = os.environ.get("XLA_FLAGS", "")
+        name = digest(jax.__version__, *([flags] if flags else []), *map(str, key))
         if name in self.memory:
             return self.memory[name]
         path = self.root / f"{name}.json" if self.root else None
@@ -91,7 +96,14 @@ def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) 
     key = ("step", program_cfg.model, program_cfg.parallel, program_cfg.train)
     pred = predict(_work(cache.get(key, lambda: measure_work(program_cfg))), hw)
     repeat = 1 if p.pp > 1 else t.microbatches
-    program = (pred["seconds"] - pred["parts"]["optimizer"]) * repeat
+    parts = {"program": (pred["seconds"] - pred["parts"]["optimizer"]) * repeat, **_analytic_parts(cfg, hw, param_elems)}
+    return {"seconds": sum(parts.values()), "parts": parts}
+
+
+def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
+    """What a dp = fsdp = 1 compile cannot show, priced analytically: the AdamW update, the
+    data-parallel gradient all-reduce and FSDP's weight all-gathers and gradient reduce-scatter."""
+    p, t = cfg.parallel, cfg.train
     optimizer = param_elems * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
     grad_bytes = param_elems * jnp.dtype(cfg.model.param_dtype).itemsize
     # Mesh order pp, dp, fsdp, tp (tp innermost): a group over fsdp spans fsdp x tp neighbouring
@@ -103,8 +115,37 @@ def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) 
         crosses = p.fsdp * p.tp > hw.gpus_per_node
         fsdp_s = (2 * t.microbatches * ring_seconds("all-gather", p.fsdp, gathered, crosses, hw)
                   + ring_seconds("reduce-scatter", p.fsdp, grad_bytes * p.fsdp, crosses, hw))
-    parts = {"program": program, "optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
-    return {"seconds": sum(parts.values()), "parts": parts}
+    return {"optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
+
+
+def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
+    """Seconds that `step_seconds` cannot undercut, without compiling: the useful matmul FLOPs of
+    one device (flops.py, split evenly over every mesh axis; the LM head split over pp too) at the
+    GEMM efficiency with no wave loss, the causal attention FLOPs at the attention efficiency, the
+    layers' share stretched by the pipeline's bubble iterations and grown by full remat's forward
+    recompute (lowrank's recompute is not counted), the forward TP all-reduces' bandwidth time (the
+    backward's and every latency left out), plus the analytic parts exactly. Every term is at
+    most what the performance model charges the compiled program for it, so a layout whose bound
+    exceeds a priced layout's seconds cannot be faster."""
+    p, t, m = cfg.parallel, cfg.train, cfg.model
+    c = count(m, t.seq_len)
+    tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.tp * p.pp)
+    head = m.d_model * m.vocab_size
+    layer_flops = 6.0 * (c.matmul_params - head) * (4 / 3 if t.remat == "full" else 1)
+    stretch = 1.0
+    if p.pp > 1:
+        runs = t.microbatches * p.pp_repeats
+        stretch = (runs + p.pp - 1) / runs
+    attention = c.train_flops_per_token - 6.0 * c.matmul_params
+    program = tokens * ((layer_flops * stretch + 6.0 * head) / (hw.peak_flops * hw.gemm_efficiency)
+                        + attention * stretch / (hw.peak_flops * hw.attention_efficiency))
+    if p.tp > 1:  # the layers' forward TP all-reduces (the scheme's analytic bytes = the HLO's), no latency
+        rows = t.batch_size // (p.dp * p.fsdp * t.microbatches)
+        nbytes = SCHEMES[p.scheme].layer_forward_elements(m.resolved(), rows * t.seq_len) * jnp.dtype(m.dtype).itemsize
+        runs = t.microbatches * m.n_layers // p.pp * stretch
+        crosses = p.tp > hw.gpus_per_node
+        program += runs * (ring_seconds("all-reduce", p.tp, nbytes, crosses, hw) - hw.collective_latency_s)
+    return program + sum(_analytic_parts(cfg, hw, param_elems).values())
 
 
 def layer_cache(cache: DiskCache) -> Callable[[Config], tuple[int, int]]:

@@ -1,10 +1,12 @@
-"""The planner: every layout, checked, sized by the memory model, priced by the performance model,
+"""The planner: every layout, checked, sized by the memory model, priced by the performance model
+(branch and bound: a layout whose lower bound cannot beat the fastest priced one is not compiled),
 ranked; each loser keeps the reason it lost."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from boost_jax.analysis.memory_model import breakdown
@@ -12,7 +14,7 @@ from boost_jax.bench.perf_model import Hardware
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.flops import count
 from boost_jax.plan.layouts import Layout, Space, enumerate_layouts, layout_config
-from boost_jax.plan.price import DiskCache, layer_cache, step_seconds
+from boost_jax.plan.price import DiskCache, layer_cache, lower_bound, step_seconds
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 
@@ -43,8 +45,11 @@ def base_overrides(model: str, arch: str, global_batch: int, seq: int, dtype: st
 
 
 def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
-         cache: DiskCache, log=lambda s: None) -> list[Candidate]:
-    """All candidates, priced ones first (fastest first), then the rest with their reasons."""
+         cache: DiskCache, log=lambda s: None, must_price: Callable[[Layout], bool] = lambda layout: False,
+         max_priced: int | None = None) -> list[Candidate]:
+    """All candidates, priced ones first (fastest first), then the rest with their reasons. At most
+    `max_priced` (None: all that can win) are priced besides the `must_price` ones, in order of
+    their lower bound."""
     first = load_config(None, [*base, *overrides])
     out = [Candidate(layout) for layout in enumerate_layouts(first.model.arch, gpus, first.train.batch_size,
                                                              hw.gpus_per_node, space)]
@@ -60,11 +65,25 @@ def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardwa
         c.fits = c.memory["total"] <= budget
         if not c.fits:
             c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
-    to_price = _choose(out)
-    for i, c in enumerate(to_price):
-        log(f"pricing {i + 1}/{len(to_price)}: {c.layout}")
+    # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound), and
+    # stop where the next bound exceeds the fastest priced so far; `must_price` layouts are priced
+    # regardless (e.g. one to compare with).
+    worth = sorted(_choose(out), key=lambda c: (not must_price(c.layout), lower_bound(c.cfg, hw, c.memory["param_elems"])))
+    best, optional = math.inf, 0
+    for i, c in enumerate(worth):
+        bound = lower_bound(c.cfg, hw, c.memory["param_elems"])
+        if not must_price(c.layout):
+            if bound >= best:
+                c.why = f"not priced: cannot beat {best:.3g} s (lower bound {bound:.3g} s)"
+                continue
+            if max_priced and optional == max_priced:
+                c.why = f"not priced: past the {max_priced} lowest lower bounds (--max-priced)"
+                continue
+            optional += 1
+        log(f"pricing {i + 1}/{len(worth)} (lower bound {bound:.3g} s, best so far {best:.3g} s): {c.layout}")
         c.step = step_seconds(c.cfg, hw, c.memory["param_elems"], cache)
-    priced = sorted(to_price, key=lambda c: c.step["seconds"])
+        best = min(best, c.step["seconds"])
+    priced = sorted((c for c in worth if c.step), key=lambda c: c.step["seconds"])
     for c in priced[1:]:
         c.why = f"slower by {c.step['seconds'] / priced[0].step['seconds']:.2f}x"
     rest = [c for c in out if c.step is None]
