@@ -483,3 +483,30 @@ def test_cli_prepare_and_one_line_errors(tmp_path):
     assert f"skipped 1 malformed lines (first: {src}:101)" in r.stdout and "MB/s" in r.stdout
     r = run("--debug", "prepare", str(tmp_path / "nothing*"), "--out", str(tmp_path / "o2"))
     assert r.returncode == 1 and "Traceback" in r.stderr and "DataError" in r.stderr
+
+
+@pytest.mark.slow  # two prepares and a 10 s wait
+def test_processes_sharing_a_cold_cache_prepare_it_once(tmp_path):
+    """The hosts of a multi-process run start together on an empty shared cache: one prepares the
+    dataset while the others wait for it (two preparers deleted each other's parts: FileNotFoundError
+    in a 2-process test run). Here this process holds the dataset's lock: a build started meanwhile
+    writes nothing until it is released, then reads a complete dataset."""
+    import fcntl
+    import time
+
+    cfg = lambda root: DataConfig(cache_dir=str(root), max_bytes=300_000)
+    build_data(cfg(tmp_path / "first"), vocab_size=512, seq_len=16, seed=0)
+    (name,) = [d.name for d in (tmp_path / "first" / "prepared").iterdir() if d.is_dir()]
+    shared = tmp_path / "shared" / "prepared"
+    shared.mkdir(parents=True)
+    code = ("import sys; from boost_jax.config import DataConfig; from boost_jax.data.build import build_data; "
+            "build_data(DataConfig(cache_dir=sys.argv[1], max_bytes=300_000), vocab_size=512, seq_len=16, seed=0)")
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "shared")], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        time.sleep(10)  # a prepare of 300 kB takes ~3 s
+        assert proc.poll() is None and not (shared / name).exists()
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out
+    assert read_index(shared / name).splits == read_index(tmp_path / "first" / "prepared" / name).splits

@@ -6,6 +6,7 @@ corpus fingerprint and the recipe) on first use, so every run reads the same for
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import time
@@ -83,15 +84,20 @@ def _cached(cfg: DataConfig, vocab_size: int) -> tuple[Path, Index, Tokenizer]:
                          val_fraction=cfg.val_fraction)
     given = tokenizer_hash(load_tokenizer(Path(cfg.tokenizer_path).expanduser())) if cfg.tokenizer_path else ""
     directory = cache_root(cfg) / "prepared" / digest(corpus.fingerprint(), json.dumps(pcfg.recipe(given)))
-    if (directory / INDEX).is_file():
-        try:
-            index, tok = _open(directory)
-            verify_ids(directory, index)  # a cache is bounded by data.max_bytes: read it all
-            return directory, index, tok
-        except DataError:
-            shutil.rmtree(directory)  # damaged or altered: rebuilt, never trusted
-    prepare(corpus, directory, pcfg)
-    return directory, *_open(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Processes sharing a cache (the hosts of one run, two runs) prepare it once: the first builds it
+    # under the lock, the others wait and read its result (two preparers would delete each other's parts).
+    with open(directory.with_name(directory.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (directory / INDEX).is_file():
+            try:
+                index, tok = _open(directory)
+                verify_ids(directory, index)  # a cache is bounded by data.max_bytes: read it all
+                return directory, index, tok
+            except DataError:
+                shutil.rmtree(directory)  # damaged or altered: rebuilt, never trusted
+        prepare(corpus, directory, pcfg)
+        return directory, *_open(directory)
 
 
 def _check_run(directory: Path, index: Index, cfg: DataConfig, vocab_size: int) -> None:

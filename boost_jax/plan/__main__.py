@@ -106,7 +106,7 @@ def print_plan(a: argparse.Namespace, hw, cands) -> None:
           f"{a.global_batch} x {a.seq} tokens, {a.dtype}; memory budget {hw.hbm_bytes * (1 - a.headroom) / GIB:.1f} GiB "
           f"per GPU ({100 * a.headroom:.0f}% headroom)")
     print(f"{len(cands)} layouts: {sum(c.cfg is None for c in cands)} do not divide, "
-          f"{sum(c.cfg is not None and not c.fits for c in cands)} do not fit, {len(priced)} priced\n")
+          f"{sum(c.memory is not None and not c.fits for c in cands)} do not fit, {len(priced)} priced\n")
     print(f"{'#':>2s} {'scheme':8s} {'tp':>3s} {'pp':>3s} {'R':>2s} {'dp':>3s} {'fsdp':>4s} {'M':>4s} {'remat':8s} "
           f"{'s/iter':>8s} {'tok/s/GPU':>10s} {'MFU':>6s} {'GiB/GPU':>8s}  why not first")
     for i, c in enumerate(priced[:a.top]):

@@ -5,7 +5,6 @@ ranked; each loser keeps the reason it lost."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,20 +54,27 @@ def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardwa
                                                              hw.gpus_per_node, space)]
     budget = hw.hbm_bytes * (1 - headroom)
     layer = layer_cache(cache)
-    for c in out:
+    fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
+    for c in sorted(out, key=lambda c: c.layout.microbatches):
         try:
             c.cfg = layout_config(base, c.layout, overrides)
         except ConfigError as e:
             c.why = f"does not divide: {e}"
             continue
+        c.why = _not_worth_sizing(c.layout, fewest)
+        if c.why:
+            continue
         c.memory = breakdown(c.cfg, layer)
         c.fits = c.memory["total"] <= budget
         if not c.fits:
             c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
+        elif c.layout.pp == 1:
+            fewest[_without_m(c.layout)] = c.layout.microbatches
     # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound), and
     # stop where the next bound exceeds the fastest priced so far; `must_price` layouts are priced
     # regardless (e.g. one to compare with).
-    worth = sorted(_choose(out), key=lambda c: (not must_price(c.layout), lower_bound(c.cfg, hw, c.memory["param_elems"])))
+    worth = sorted((c for c in out if c.fits), key=lambda c: (not must_price(c.layout),
+                                                             lower_bound(c.cfg, hw, c.memory["param_elems"])))
     best, optional = math.inf, 0
     for i, c in enumerate(worth):
         bound = lower_bound(c.cfg, hw, c.memory["param_elems"])
@@ -90,26 +96,16 @@ def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardwa
     return priced + rest
 
 
-def _choose(cands: list[Candidate]) -> list[Candidate]:
-    """The fitting candidates worth compiling. Without a pipeline, micro-batches only trade memory
-    for smaller GEMMs: the fewest that fit, per remat mode. Under one, more micro-batches shrink the
-    bubble and grow the buffers: pp x 1, 2, 4, 8 of them. The others get their reason here."""
-    groups = defaultdict(list)
-    for c in cands:
-        if c.fits:
-            l = c.layout
-            groups[(l.scheme, l.tp, l.pp, l.pp_repeats, l.dp, l.fsdp, l.remat)].append(c)
-    chosen = []
-    for (*_, pp, _r, _dp, _fsdp, _remat), group in groups.items():
-        group.sort(key=lambda c: c.layout.microbatches)
-        if pp == 1:
-            chosen.append(group[0])
-            for c in group[1:]:
-                c.why = f"not priced: M={group[0].layout.microbatches} fits with fewer, larger micro-batches"
-            continue
-        for c in group:
-            if c.layout.microbatches in [pp * k for k in PIPELINE_MICROBATCHES]:
-                chosen.append(c)
-            else:
-                c.why = f"not priced: pipelines are priced at M = pp x {PIPELINE_MICROBATCHES}"
-    return chosen
+def _without_m(l: Layout) -> tuple:
+    return (l.scheme, l.tp, l.pp, l.pp_repeats, l.dp, l.fsdp, l.remat)
+
+
+def _not_worth_sizing(l: Layout, fewest: dict[tuple, int]) -> str:
+    """Why a layout is not worth sizing or compiling ("" if it is). Without a pipeline, micro-batches
+    only trade memory for smaller GEMMs: the fewest that fit win (layouts come fewest first). Under
+    one, more micro-batches shrink the bubble and grow the buffers: pp x 1, 2, 4, 8 of them."""
+    if l.pp == 1 and _without_m(l) in fewest:
+        return f"not priced: M={fewest[_without_m(l)]} fits with fewer, larger micro-batches"
+    if l.pp > 1 and l.microbatches not in [l.pp * k for k in PIPELINE_MICROBATCHES]:
+        return f"not priced: pipelines are priced at M = pp x {PIPELINE_MICROBATCHES}"
+    return ""
