@@ -48,13 +48,15 @@ def test_memory_model_within_10_percent_grid(case):
     check("llama-tiny", **case)
 
 
-# More micro-batches than stages: the pipeline's buffers are modelled as kept per iteration, which
-# matches M = S but is off by 15-20% (either way) at M = 2S: known, not yet explained.
+# More micro-batches than stages. With btp the model is within 10% (its loss term once missed that the
+# head sees all M micro-batches merged: -15%); with vanilla at M = 2S it over-predicts by ~20%: the
+# pipeline buffers are modelled as kept per iteration, which matches M = S; not yet explained.
 @pytest.mark.slow
-@pytest.mark.xfail(reason="pipeline buffers at M > pp: model off by 15-20%", strict=False)
-@pytest.mark.parametrize("case", [dict(arch="cola", scheme="vanilla", tp=2, pp=2, microbatches=4, remat="lowrank"),
-                                  dict(arch="cola", scheme="btp", tp=2, pp=2, microbatches=4, batch=8, remat="full")],
-                         ids=str)
+@pytest.mark.parametrize("case", [
+    pytest.param(dict(arch="cola", scheme="vanilla", tp=2, pp=2, microbatches=4, remat="lowrank"),
+                 marks=pytest.mark.xfail(reason="vanilla pipeline buffers at M = 2 pp: model +20%", strict=True)),
+    dict(arch="cola", scheme="btp", tp=2, pp=2, microbatches=4, batch=8, remat="full"),
+], ids=str)
 def test_memory_model_pipeline_many_microbatches(case):
     check("llama-tiny", **case)
 

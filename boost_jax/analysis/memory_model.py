@@ -17,7 +17,8 @@ Parts (docs/design.md, "Memory model"):
                     M * R + S - 1 iterations of the pipeline's loop, each running Lc layers)
   pipeline_buffers  the pipeline's inbox and outbox (M micro-batches' carries each), kept for
                     every iteration of its loop by the backward pass
-  loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent
+  loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent (rows:
+                    one micro-batch's, or under a pipeline all M, which the head sees merged)
   transient         the largest working set on top: one layer's backward (its recomputed forward
                     and cotangents), or the loss's
 
@@ -131,8 +132,11 @@ def breakdown(cfg: Config, layer: Callable[[Config], tuple[int, int]] = layer_by
         buffers = (pipe.iterations + 1) * 2 * t.microbatches * carry
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
-    # train.loss_chunk: only one chunk's logits (and cotangent) exist at a time.
-    logits = rows * (t.loss_chunk or t.seq_len) * m.vocab_size // plan.size("act_vocab") * FP32
+    # The head and loss run once per micro-batch under accumulation, but once on all M merged
+    # micro-batches after a pipeline (model.py); train.loss_chunk: one chunk's logits (and
+    # cotangent) at a time.
+    loss_rows = rows * (t.microbatches if pipe is not None else 1)
+    logits = loss_rows * (t.loss_chunk or t.seq_len) * m.vocab_size // plan.size("act_vocab") * FP32
     parts = {
         "params": pbytes, "grads": pbytes + accum, "adamw": 2 * FP32 * elems,
         # Under FSDP, XLA gathers the stacked weights for the step: the rest of each tp shard (measured).
