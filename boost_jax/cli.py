@@ -34,6 +34,12 @@ def run_main(fn: Callable[[list[str]], object], argv: Sequence[str] | None = Non
         sys.exit(f"{e.kind}: {e}\n(rerun with {DEBUG_FLAG} or {DEBUG_ENV}=1 for the traceback)")
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """An argparse `type`: a comma-separated flag value such as "1,2,4" (empty: ()); argparse names
+    the flag when it is not one."""
+    return tuple(int(v) for v in text.split(",") if v)
+
+
 def quiet_libraries() -> None:
     """Orbax and TensorStore log through absl at INFO/WARNING (save/restore chatter, and their
     own copy of an error we already report by name): show only their errors."""

@@ -91,8 +91,9 @@ def select_hardware(path: str | Path | None, names: str) -> dict[str, Hardware]:
     if names == "all":
         return machines
     wanted = [n for n in names.split(",") if n]
-    if bad := [n for n in wanted if n not in machines] or not wanted:
-        raise ConfigError(f"--hardware: unknown machine(s) {bad}; {path or HARDWARE_FILE} has {list(machines)}")
+    bad = [n for n in wanted if n not in machines]
+    if bad or not wanted:
+        raise ConfigError(f"--hardware: unknown machine(s) {bad or names!r}; {path or HARDWARE_FILE} has {list(machines)}")
     return {n: machines[n] for n in wanted}
 
 

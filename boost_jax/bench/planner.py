@@ -22,6 +22,7 @@ import time
 from boost_jax.analysis.program import DTYPES
 from boost_jax.bench.paper import PAPER
 from boost_jax.bench.perf_model import HARDWARE_FILE, Hardware, one_machine
+from boost_jax.cli import int_list
 from boost_jax.errors import ConfigError
 
 GIB = 2**30
@@ -80,8 +81,7 @@ def run(models: list[str], hw: Hardware, *, batch: int, seq: int, dtype: str, sc
                     headroom=headroom, max_priced=max_priced, cache=cache, log=log) for m in models]
     return {"settings": {"hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "headroom": headroom, "arch": ARCH,
                          "schemes": list(schemes), "pp_repeats": list(pp_repeats), "max_priced": max_priced,
-                         "batch": batch, "seq": seq,
-                         "dtype": dtype},
+                         "batch": batch, "seq": seq, "dtype": dtype},
             "rows": rows}
 
 
@@ -115,10 +115,6 @@ def paper_layout_lines(result: dict) -> list[str]:
             for r in result["rows"]]
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v)
-
-
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m boost_jax.bench planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,7 +122,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--hardware", default=PAPER_HARDWARE, help=f"one machine of the hardware file (the paper's: {PAPER_HARDWARE})")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
     p.add_argument("--schemes", default=SCHEME, help="schemes the planner may choose (comma-separated)")
-    p.add_argument("--pp-repeats", default="1,2")
+    p.add_argument("--pp-repeats", type=int_list, default="1,2")
     p.add_argument("--headroom", type=float, default=0.0, help="fraction of GPU memory left free")
     p.add_argument("--max-priced", type=int, default=MAX_PRICED,
                    help="layouts priced per row besides the paper's, lowest lower bound first (0: every one that can win)")
@@ -143,7 +139,7 @@ def main(argv: list[str]) -> None:
     hw = one_machine(a.hardware_file, a.hardware)
     log = lambda s: print(s, file=sys.stderr, flush=True)
     result = run(models, hw, batch=a.batch, seq=a.seq, dtype=a.dtype, schemes=tuple(a.schemes.split(",")),
-                 pp_repeats=_ints(a.pp_repeats), headroom=a.headroom, max_priced=a.max_priced or None, log=log)
+                 pp_repeats=a.pp_repeats, headroom=a.headroom, max_priced=a.max_priced or None, log=log)
     result["settings"]["command"] = " ".join(["python -m boost_jax.bench planner", *argv])
     if a.json:
         print(json.dumps(result, indent=1))

@@ -471,7 +471,7 @@ def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
         log("bench planner: the planner on the paper's rows (compiles cached on disk)")
         pl = planner.run(a.models.split(","), planner.paper_hardware(), batch=a.batch, seq=a.seq,
                          dtype=a.dtype, log=log)
-        pl["settings"]["command"] = f"python -m boost_jax.bench planner --models {a.models} --batch {a.batch} --seq {a.seq}"
+        pl["settings"]["command"] = f"python -m boost_jax.bench planner --models {a.models} --batch {a.batch} --seq {a.seq} --dtype {a.dtype}"
     log(f"bench step --compare: {a.step_model}, TP=4, {a.reps} interleaved repetitions")
     sc = step_compare(a.step_model, 4, a.step_batch, a.step_seq, a.reps, a.steps)
     log(f"single device: {a.single_models}")

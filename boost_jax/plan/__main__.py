@@ -18,17 +18,13 @@ import json
 import math
 import sys
 
-from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax.cli import DEBUG_HELP, int_list, run_main
 
 GIB = 2**30
 
 
 def main(argv: list[str] | None = None) -> None:
     run_main(_main, argv)
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -44,9 +40,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--headroom", type=float, default=0.10, help="fraction of GPU memory left free")
     p.add_argument("--schemes", default="", help="comma-separated; default: every scheme of the arch")
-    p.add_argument("--tp", default="", help="comma-separated sizes; default: divisors of --gpus within a node")
-    p.add_argument("--pp", default="", help="comma-separated sizes; default: every divisor")
-    p.add_argument("--pp-repeats", default="1,2")
+    p.add_argument("--tp", type=int_list, default="", help="comma-separated sizes; default: divisors of --gpus within a node")
+    p.add_argument("--pp", type=int_list, default="", help="comma-separated sizes; default: every divisor")
+    p.add_argument("--pp-repeats", type=int_list, default="1,2")
     p.add_argument("--remat", default="none,lowrank,full")
     p.add_argument("--top", type=int, default=5, help="candidates printed")
     p.add_argument("--out", default="", help="write the best layout as a config YAML")
@@ -68,8 +64,8 @@ def _main(argv: list[str]) -> None:
 
     from boost_jax.plan.layouts import Space, enumerate_layouts
 
-    space = Space(schemes=tuple(s for s in a.schemes.split(",") if s), tp=_ints(a.tp), pp=_ints(a.pp),
-                  pp_repeats=_ints(a.pp_repeats), remat=tuple(a.remat.split(",")))
+    space = Space(schemes=tuple(s for s in a.schemes.split(",") if s), tp=a.tp, pp=a.pp,
+                  pp_repeats=a.pp_repeats, remat=tuple(a.remat.split(",")))
     from boost_jax.bench.perf_model import one_machine
 
     hw = one_machine(a.hardware_file, a.hardware)

@@ -73,11 +73,11 @@ def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardwa
     # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound), and
     # stop where the next bound exceeds the fastest priced so far; `must_price` layouts are priced
     # regardless (e.g. one to compare with).
-    worth = sorted((c for c in out if c.fits), key=lambda c: (not must_price(c.layout),
-                                                             lower_bound(c.cfg, hw, c.memory["param_elems"])))
+    bounds = {id(c): lower_bound(c.cfg, hw, c.memory["param_elems"]) for c in out if c.fits}
+    worth = sorted((c for c in out if c.fits), key=lambda c: (not must_price(c.layout), bounds[id(c)]))
     best, optional = math.inf, 0
     for i, c in enumerate(worth):
-        bound = lower_bound(c.cfg, hw, c.memory["param_elems"])
+        bound = bounds[id(c)]
         if not must_price(c.layout):
             if bound >= best:
                 c.why = f"not priced: cannot beat {best:.3g} s (lower bound {bound:.3g} s)"
