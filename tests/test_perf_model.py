@@ -176,13 +176,14 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
 def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch):
     from boost_jax.analysis.program import config_for
     from boost_jax.bench import step
-    from boost_jax.bench.step import measure_with_peak
+    from boost_jax.bench.step import Runner, measure_with_peak
     from boost_jax.flops import measure_matmul_peak
 
     # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the benchmark.
     monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))
 
-    (row,), peak = measure_with_peak([config_for("llama-tiny", "cola", tp=1, batch=2, seq=32, dtype="fp32")], 1, 1)
+    cfg = config_for("llama-tiny", "cola", tp=1, batch=2, seq=32, dtype="fp32")
+    (row,), peak = measure_with_peak([Runner(cfg)], 1, 1)
     assert peak > 0 and row["fraction_of_peak"] == row["model_flops_per_s"] / peak  # CPU: the host's peak
     assert 0 < row["fraction_of_peak"] < 2
     assert "mfu" not in row  # a CPU has no datasheet peak

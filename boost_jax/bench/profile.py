@@ -31,12 +31,17 @@ from boost_jax.config import Config
 from boost_jax.errors import ConfigError
 
 
-def profile(cfg: Config, steps: int, trace_dir: Path, top: int) -> dict:
+def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner | None = None) -> dict:
+    """Trace `steps` train steps of cfg; `runner`: cfg's compiled step if the caller has one already
+    (`bench report` profiles the runners it has just timed)."""
     p = cfg.parallel
     if p.pp > 1 or cfg.train.microbatches > 1 or cfg.train.loss_chunk:  # their loops would read as the layers' (timeline.py)
         raise ConfigError("bench profile: pipelines, micro-batch accumulation and a chunked loss are not supported "
                           "(pp=1, microbatches=1, loss_chunk=0)")
-    runner = Runner(cfg)
+    if runner is None:
+        runner = Runner(cfg)
+    elif runner.cfg != cfg:
+        raise ValueError("profile: the runner was compiled for another config")
     untraced = runner.steps(steps)
     with jax.profiler.trace(str(trace_dir)):
         step_s = runner.steps(steps)

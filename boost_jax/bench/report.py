@@ -24,7 +24,7 @@ import jax
 from boost_jax.bench import paper, planner
 from boost_jax.bench.profile import profile
 from boost_jax.analysis.program import config_for
-from boost_jax.bench.step import compare_configs, measure as measure_steps, measure_with_peak
+from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.flops import PEAK_BF16_FLOPS, count
 
 GIB = 2**30
@@ -36,30 +36,43 @@ LABELS = {"dense/megatron": "full rank (Megatron TP)", "cola/vanilla": "vanilla 
 # ----------------------------------------------------------------------------- measurements
 
 
-def step_compare(model: str, tp: int, batch: int, seq: int, reps: int, steps: int) -> dict:
-    cfgs = compare_configs(model, "cola", tp=tp, batch=batch, seq=seq, dtype="fp32")
-    results = measure_steps(cfgs, reps, steps)
-    return {"model": model, "tp": tp, "batch": batch, "seq": seq, "reps": reps, "steps": steps,
-            "rows": dict(zip(TRIO, results))}
+def step_compare(runners: list[Runner], reps: int, steps: int) -> dict:
+    cfg = runners[0].cfg
+    return {"model": cfg.model.preset, "tp": cfg.parallel.tp, "batch": cfg.train.batch_size, "seq": cfg.train.seq_len,
+            "reps": reps, "steps": steps, "rows": dict(zip(TRIO, time_runners(runners, reps, steps)))}
 
 
-def single_device(models: list[str], batch: int, seq: int, reps: int, steps: int) -> dict:
+def single_device(runners: list[Runner], reps: int, steps: int) -> dict:
     """Training throughput on one device next to the best fp32 matmul FLOP/s, measured before and after."""
-    cfgs = [config_for(m, a, tp=1, batch=batch, seq=seq, dtype="fp32") for m in models for a in ("dense", "cola")]
-    rows, peak = measure_with_peak(cfgs, reps, steps)
+    rows, peak = measure_with_peak(runners, reps, steps)
     for r in rows:
         r["fraction_of_matmul_peak"] = r.pop("fraction_of_peak")  # the name results.json has always used
-    return {"matmul_peak_flops": peak, "batch": batch, "seq": seq, "rows": rows}
+    cfg = runners[0].cfg
+    return {"matmul_peak_flops": peak, "batch": cfg.train.batch_size, "seq": cfg.train.seq_len, "rows": rows}
 
 
 PROFILED = (("cola", "btp", 1), ("dense", "megatron", 1), ("cola", "btp", 4), ("dense", "megatron", 4))
 
 
-def profiles(model: str, batch: int, seq: int, steps: int) -> list[dict]:
-    """`bench profile` of cola and dense at TP=1 and TP=4 (traces in a temporary directory)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return [profile(config_for(model, arch, scheme, tp=tp, batch=batch, seq=seq, dtype="fp32"), steps,
-                        Path(tmp) / f"{arch}-tp{tp}", top=5) for arch, scheme, tp in PROFILED]
+class Profiles:
+    """`bench profile` of the step model's PROFILED variants (traces in a temporary directory). The
+    report profiles the runners it has just timed (`offer`), so no variant is compiled twice, and
+    compiles only the variants it did not time."""
+
+    def __init__(self, model: str, batch: int, seq: int, steps: int, trace_root: Path):
+        self.model, self.batch, self.seq, self.steps, self.root = model, batch, seq, steps, trace_root
+        self.done: dict[tuple, dict] = {}
+
+    def offer(self, runners: list[Runner]) -> None:
+        for r in runners:
+            key = (r.cfg.model.arch, r.cfg.parallel.scheme, r.cfg.parallel.tp)
+            if r.cfg.model.preset == self.model and key in PROFILED and key not in self.done:
+                self.done[key] = profile(r.cfg, self.steps, self.root / f"{key[0]}-tp{key[2]}", top=5, runner=r)
+
+    def rows(self) -> list[dict]:
+        self.offer([Runner(config_for(self.model, arch, scheme, tp=tp, batch=self.batch, seq=self.seq, dtype="fp32"))
+                    for arch, scheme, tp in PROFILED if (arch, scheme, tp) not in self.done])
+        return [self.done[k] for k in PROFILED]
 
 
 def machine() -> dict:
@@ -472,12 +485,20 @@ def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
         pl = planner.run(a.models.split(","), planner.paper_hardware(), batch=a.batch, seq=a.seq,
                          dtype=a.dtype, log=log)
         pl["settings"]["command"] = f"python -m boost_jax.bench planner --models {a.models} --batch {a.batch} --seq {a.seq} --dtype {a.dtype}"
-    log(f"bench step --compare: {a.step_model}, TP=4, {a.reps} interleaved repetitions")
-    sc = step_compare(a.step_model, 4, a.step_batch, a.step_seq, a.reps, a.steps)
-    log(f"single device: {a.single_models}")
-    sd = single_device(a.single_models.split(","), a.step_batch, a.step_seq, a.reps, a.steps)
-    log(f"bench profile: {a.step_model}, cola and dense at TP=1 and TP=4")
-    prof = profiles(a.step_model, a.step_batch, a.step_seq, a.steps)
+    knobs = dict(batch=a.step_batch, seq=a.step_seq, dtype="fp32")
+    with tempfile.TemporaryDirectory() as traces:
+        profiles = Profiles(a.step_model, a.step_batch, a.step_seq, a.steps, Path(traces))
+        log(f"bench step --compare: {a.step_model}, TP=4, {a.reps} interleaved repetitions; then bench profile")
+        runners = [Runner(c) for c in compare_configs(a.step_model, "cola", tp=4, **knobs)]
+        sc = step_compare(runners, a.reps, a.steps)
+        profiles.offer(runners)
+        del runners  # each set of compiled steps is freed before the next is built
+        log(f"single device: {a.single_models}; then bench profile")
+        runners = [Runner(config_for(m, arch, tp=1, **knobs)) for m in a.single_models.split(",") for arch in ("dense", "cola")]
+        sd = single_device(runners, a.reps, a.steps)
+        profiles.offer(runners)
+        del runners
+        prof = profiles.rows()
     commands = [
         paper_cmd,
         pl["settings"]["command"],

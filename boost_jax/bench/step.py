@@ -54,27 +54,30 @@ class Runner:
                 "peak_bytes_per_device": self.peak}
 
 
-def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
-    runners = [Runner(c) for c in cfgs]
+def time_runners(runners: list[Runner], reps: int, steps: int) -> list[dict]:
     for _ in range(reps):
         for r in runners:  # interleaved: each repetition times every variant once
             r.times.append(r.steps(steps))
     return [r.result() for r in runners]
 
 
-def measure_with_peak(cfgs: list[Config], reps: int, steps: int) -> tuple[list[dict], float]:
-    """`measure`, bracketed by the 2048^3 matmul probe (`flops.measure_matmul_peak`, best of before and
-    after: noise only slows); each result gets its model FLOP/s as a `fraction_of_peak` of the
+def measure(cfgs: list[Config], reps: int, steps: int) -> list[dict]:
+    return time_runners([Runner(c) for c in cfgs], reps, steps)
+
+
+def measure_with_peak(runners: list[Runner], reps: int, steps: int) -> tuple[list[dict], float]:
+    """`time_runners`, bracketed by the 2048^3 matmul probe (`flops.measure_matmul_peak`, best of before
+    and after: noise only slows); each result gets its model FLOP/s as a `fraction_of_peak` of the
     devices it ran on (simulated CPU devices share one host, so there the host's peak), and on an
     accelerator in `flops.PEAK_BF16_FLOPS` its `mfu` against the datasheet peak."""
-    dtype = cfgs[0].model.dtype
+    dtype = runners[0].cfg.model.dtype
     before = measure_matmul_peak(dtype)
-    results = measure(cfgs, reps, steps)
+    results = time_runners(runners, reps, steps)
     peak = max(before, measure_matmul_peak(dtype))
     dev = jax.devices()[0]
     sheet = datasheet_peak_flops(dev, dtype)
-    for r, cfg in zip(results, cfgs):
-        n = 1 if dev.platform == "cpu" else len(mesh_devices(cfg.parallel))
+    for r, runner in zip(results, runners):
+        n = 1 if dev.platform == "cpu" else len(mesh_devices(runner.cfg.parallel))
         r["fraction_of_peak"] = r["model_flops_per_s"] / (peak * n)
         if sheet:
             r["mfu"] = r["model_flops_per_s"] / (sheet * n)
@@ -97,7 +100,7 @@ def main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     knobs = dict(tp=a.tp, dp=a.dp, batch=a.batch, seq=a.seq, dtype=a.dtype, overrides=a.overrides)
     cfgs = compare_configs(a.model, a.arch, **knobs) if a.compare else [bench_config(a)]
-    results, peak = measure_with_peak(cfgs, a.reps, a.steps)
+    results, peak = measure_with_peak([Runner(c) for c in cfgs], a.reps, a.steps)
     sheet = datasheet_peak_flops(jax.devices()[0], cfgs[0].model.dtype)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results)
