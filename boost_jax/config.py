@@ -49,6 +49,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    # Off GPU, XLA's attention loops over blocks of this many queries when it divides train.seq_len
+    # (one block's scores live at a time); cuDNN's flash kernel on GPU needs no blocks.
+    attention_query_block: int = 512
     dtype: DType = "float32"
     param_dtype: DType = "float32"
     # BOOST's optimizations (low-rank archs under btp; docs/design.md sections 4-5):
@@ -306,7 +309,7 @@ def _require(ok: bool, key: str, msg: str) -> None:
 
 def _validate_model(m: ModelConfig) -> None:
     for name in ("d_model", "d_ff", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                 "vocab_size", "attn_rank", "mlp_rank"):
+                 "vocab_size", "attn_rank", "mlp_rank", "attention_query_block"):
         v = getattr(m, name)
         _require(v is not None and v > 0, f"model.{name}",
                  f"must be a positive integer, got {v!r}"

@@ -46,6 +46,23 @@ def test_compiled_gemm_flops_equal_the_analytic_count(measured, variant):
     assert row["attention_flops_analytic_causal"] == 4 * 3 * 2 * 8 * 8 * SEQ * (2 * SEQ) / 2  # 3 x 2 H dh s per token / TP
 
 
+@pytest.mark.slow
+def test_attention_in_query_blocks_is_priced_as_one_block(measured, a100):
+    """Attention as a loop over query blocks (4 x 10 of the 40 positions; off GPU at s > 512 by
+    default): the GEMM and attention FLOPs of one block, the score-shaped values still left out of
+    the traffic, and the same predicted attention time."""
+    row, work, _ = paper.measure("llama-tiny", "cola/btp", tp=2, pp=1, microbatches=1, batch=2, seq=SEQ, dtype="fp32",
+                                 overrides=(*TINY, "model.attention_query_block=10"))
+    ref_row, ref_work, _ = measured["cola/btp"]
+    for key in ("gemm_flops_hlo", "attention_flops_hlo"):
+        assert row[key] == ref_row[key], key
+    attention = [g for g in work.gemms if g.attention]
+    assert attention and all(10 in (g.m, g.n, g.k) and g.trip_count == 4 * 4 for g in attention)  # 4 layers x 4 blocks
+    pred, ref = predict(work, a100), predict(ref_work, a100)
+    assert pred["parts"]["attention"] == pytest.approx(ref["parts"]["attention"])
+    assert pred["seconds"] == pytest.approx(ref["seconds"], rel=0.05)
+
+
 def test_btp_moves_less_and_sends_a_residual_shard(measured):
     btp, vanilla = measured["cola/btp"][0], measured["cola/vanilla"][0]
     assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3

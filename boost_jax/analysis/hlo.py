@@ -129,7 +129,8 @@ def attr(attrs: str, key: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _callees(ins: _Instr) -> list[str]:
+def callees(ins: _Instr) -> list[str]:
+    """The computations an instruction runs (a while's body and condition, a fusion's, a call's)."""
     keys = _CALLEE_ATTRS + (("to_apply",) if ins.op == "call" else ())
     names = [c for k in keys if (c := attr(ins.attrs, k))]
     if m := re.search(r"branch_computations=\{([^}]*)\}", ins.attrs):
@@ -151,7 +152,7 @@ def loop_contexts(comps: dict[str, _Comp], entry: str) -> dict[str, tuple[int, i
             if ins.op == "while":
                 m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
                 inner = (depth + 1, trips * int(m.group(1) if m else 1), known and m is not None)
-            for callee in _callees(ins):
+            for callee in callees(ins):
                 if callee in comps and callee not in ctx:
                     ctx[callee] = inner
                     todo.append(callee)

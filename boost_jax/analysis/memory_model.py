@@ -15,8 +15,8 @@ Parts (docs/design.md, "Memory model"):
                     one compiled layer: the residuals of its vjp, per device) x the layers of a stage
                     x the micro-batches whose residuals are live at once (1 with accumulation; all
                     M * R + S - 1 iterations of the pipeline's loop, each running Lc layers)
-  pipeline_buffers  the pipeline's inbox and outbox (M micro-batches' carries each), kept for
-                    every iteration of its loop by the backward pass
+  pipeline_buffers  the pipeline's inbox and outbox (M micro-batches' carries each) and what the
+                    pipeline keeps around them, as (iterations + 1) x 2 x M carries: fitted at M = S
   loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent (rows:
                     one micro-batch's, or under a pipeline all M, which the head sees merged)
   transient         the largest working set on top: one layer's backward (its recomputed forward
@@ -127,8 +127,8 @@ def breakdown(cfg: Config, layer: Callable[[Config], tuple[int, int]] = layer_by
     else:  # every iteration runs one chunk of layers_per_stage / R layers, and keeps its residuals
         live = pipe.iterations * layers_per_stage // pipe.repeats
         carry = rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize // plan.size("act_embed")
-        # The inbox and outbox (M carries each) are the loop's carry: its backward keeps them for
-        # every iteration, besides the live pair (measured; memory grows as M^2 per device).
+        # A fit to M = S programs, not a mechanism: the compiled loop keeps no per-iteration copy of
+        # the inbox and outbox (M carries each); see tests/test_memory_model.py for where it misses.
         buffers = (pipe.iterations + 1) * 2 * t.microbatches * carry
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0

@@ -3,15 +3,17 @@ it runs, and the bytes moved by the memory-bound instructions around them. The p
 (`boost_jax/bench/perf_model.py`) turns these into seconds.
 
 GEMMs: each `dot` (standalone or inside a fusion) as (batch, m, n, k), FLOPs = 2 * batch * m * n * k,
-run trip_count times (the scanned decoder stack is one while loop). A dot with two of m, n, k equal
-to the sequence length is attention's score or value matmul (`attention=True`): a GPU runs those
-inside a flash-attention kernel, so the model prices them separately.
+run trip_count times (the scanned decoder stack is one while loop, attention's query blocks a loop
+inside it). A batched dot over a block of queries and the whole sequence (m, n, k include `rows`
+and the sequence length; `rows` is the sequence itself when attention runs in one block) is
+attention's score or value matmul (`attention=True`): a GPU runs those inside a flash-attention
+kernel, so the model prices them separately.
 
 Memory-bound traffic: for each executed instruction that is not a GEMM, a collective or pure
 bookkeeping, the bytes it reads plus the bytes it writes. Floating-point values are counted at the
 program's compute width (`itemsize`): the CPU backend keeps f32 copies of bf16 elementwise work
-that a GPU does not. Instructions on [.., s, s] attention scores are left out (flash attention
-keeps them on chip), an in-place dynamic-update-slice counts only the slice it writes, and pure
+that a GPU does not. Instructions on [.., rows, s] attention scores, and everything inside attention's
+query-block loop, are left out (a flash-attention kernel keeps them on chip), an in-place dynamic-update-slice counts only the slice it writes, and pure
 dtype conversions, fills and layout copies are CPU artifacts that are left out. This part is the
 roughest of the model: it follows XLA:CPU's fusion decisions, not a GPU's.
 """
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
-from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, parse_module, users
+from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, parse_module, users
 
 # Instructions that move no data of their own (or whose cost is accounted elsewhere).
 # `copy` is a layout change or a copy XLA:CPU inserts around loop-carried scan stacks; a GPU's
@@ -33,6 +36,7 @@ _FREE = {"copy", "parameter", "constant", "get-tuple-element", "tuple", "bitcast
 _DTYPE_AND_FILL = {"convert", "bitcast", "broadcast", "constant", "reshape"}
 _SLICES = ("dynamic-slice", "slice", "gather")
 _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
+_ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # layers/attention.py's loop over query blocks
 
 
 @dataclass(frozen=True)
@@ -62,43 +66,58 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
     return tuple(int(v) for v in m.group(1).split(",") if v) if m else ()
 
 
-def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, seq: int, trips: int, depth: int) -> Gemm:
+def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, seq: int, rows: int, trips: int, depth: int) -> Gemm:
     lb, lc, rb, rc = (_dims(attrs, k) for k in ("lhs_batch_dims", "lhs_contracting_dims",
                                                     "rhs_batch_dims", "rhs_contracting_dims"))
     batch = math.prod(lhs[i] for i in lb)
     k = math.prod(lhs[i] for i in lc)
     m = math.prod(s for i, s in enumerate(lhs) if i not in lb + lc)
     n = math.prod(s for i, s in enumerate(rhs) if i not in rb + rc)
-    # Attention's S x S matmuls (QK^T, PV and their gradients): two of m, n, k are the sequence.
-    attention = seq > 1 and [m, n, k].count(seq) >= 2 and batch > 1
+    # Attention's matmuls (QK^T, PV and their gradients) pair a block of queries with every key:
+    # m, n, k hold the block's rows and the sequence length (the sequence twice without blocks).
+    attention = seq > 1 and batch > 1 and Counter((m, n, k)) >= Counter((rows, seq))
     return Gemm(batch, m, n, k, trips, depth > 0, attention)
 
 
-def _scaled_bytes(shape: str, itemsize: int, seq: int) -> int | None:
+def _scaled_bytes(shape: str, itemsize: int, seq: int, rows: int) -> int | None:
     """Bytes of an HLO shape with floats at `itemsize`; None for attention-score shaped values."""
     total = 0
     for dt, dims in arrays(shape):
-        if seq > 1 and len(dims) >= 2 and dims[-1] == seq and dims[-2] == seq:
+        if seq > 1 and len(dims) >= 2 and sorted(dims[-2:]) == sorted((rows, seq)):
             return None
         total += math.prod(dims) * itemsize if dt in ("f32", "bf16", "f16", "f64") else nbytes(dt, dims)
     return total
 
 
-def _read_bytes(comp, ins, body, index: int, itemsize: int, seq: int) -> int | None:
+def _read_bytes(comp, ins, body, index: int, itemsize: int, seq: int, rows: int) -> int | None:
     """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
     (e.g. the stacked weights of every layer) is used through slices alone."""
-    full = _scaled_bytes(comp.instrs[ins.operands[index]].shape, itemsize, seq)
+    full = _scaled_bytes(comp.instrs[ins.operands[index]].shape, itemsize, seq, rows)
     if body is None:
         return full
     params = {p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)}
     readers = [u for p in params for u in users(body, p)]
     if readers and all(u.op in _SLICES and u.operands[0] in params for u in readers):
-        return sum(_scaled_bytes(u.shape, itemsize, seq) or 0 for u in readers)
+        return sum(_scaled_bytes(u.shape, itemsize, seq, rows) or 0 for u in readers)
     return full
 
 
-def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list[Traffic]]:
-    """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`)."""
+def _attention_loops(comps) -> set[str]:
+    """The computations attention's query-block loop runs, and everything they call."""
+    todo = [c for comp in comps.values() for ins in comp.instrs.values()
+            if ins.op == "while" and _ATTENTION_LOOP.search(ins.attrs) for c in callees(ins)]
+    inside = set()
+    while todo:
+        name = todo.pop()
+        if name in comps and name not in inside:
+            inside.add(name)
+            todo += [c for ins in comps[name].instrs.values() for c in callees(ins)]
+    return inside
+
+
+def analyze(hlo_text: str, *, seq: int, itemsize: int, rows: int) -> tuple[list[Gemm], list[Traffic]]:
+    """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`); `rows`:
+    queries per attention block (`layers.attention.query_rows`)."""
     comps, entry, _ = parse_module(hlo_text)
     ctx = loop_contexts(comps, entry)
     fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
@@ -110,10 +129,11 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list
         for ins in comp.instrs.values():
             if ins.op == "dot":
                 lhs, rhs = (arrays(comp.instrs[o].shape)[0][1] for o in ins.operands[:2])
-                gemms.append(_gemm(lhs, rhs, ins.attrs, seq, trips, depth))
+                gemms.append(_gemm(lhs, rhs, ins.attrs, seq, rows, trips, depth))
                 has_dot.add(comp.name)
+    on_chip = _attention_loops(comps)
     for comp in comps.values():
-        if comp.name not in ctx or comp.name in fusion_bodies:
+        if comp.name not in ctx or comp.name in fusion_bodies or comp.name in on_chip:
             continue  # fusion bodies are priced as their fusion instruction
         depth, trips, _ = ctx[comp.name]
         for ins in comp.instrs.values():
@@ -129,14 +149,14 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int) -> tuple[list[Gemm], list
                 ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
-            out = _scaled_bytes(ins.shape, itemsize, seq)
-            reads = [_read_bytes(comp, ins, body, i, itemsize, seq)
+            out = _scaled_bytes(ins.shape, itemsize, seq, rows)
+            reads = [_read_bytes(comp, ins, body, i, itemsize, seq, rows)
                      for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
             if dus is not None:  # in place into a scan stack: reads and writes the update only
                 upd = (body or comp).instrs[dus.operands[1]].shape
-                moved = 2 * (_scaled_bytes(upd, itemsize, seq) or 0)
+                moved = 2 * (_scaled_bytes(upd, itemsize, seq, rows) or 0)
             elif ins.op in _SLICES:
                 moved = 2 * out
             else:
