@@ -12,10 +12,11 @@ kernel, so the model prices them separately.
 Memory-bound traffic: for each executed instruction that is not a GEMM, a collective or pure
 bookkeeping, the bytes it reads plus the bytes it writes. Floating-point values are counted at the
 program's compute width (`itemsize`): the CPU backend keeps f32 copies of bf16 elementwise work
-that a GPU does not. Instructions on [.., rows, s] attention scores, and everything inside attention's
-query-block loop, are left out (a flash-attention kernel keeps them on chip), an in-place dynamic-update-slice counts only the slice it writes, and pure
-dtype conversions, fills and layout copies are CPU artifacts that are left out. This part is the
-roughest of the model: it follows XLA:CPU's fusion decisions, not a GPU's.
+that a GPU does not. Instructions on [.., rows, s] attention scores, and everything inside
+attention's query-block loop, are left out (a flash-attention kernel keeps them on chip), an
+in-place dynamic-update-slice counts only the slice it writes, and pure dtype conversions, fills
+and layout copies are CPU artifacts that are left out. This part is the roughest of the model: it
+follows XLA:CPU's fusion decisions, not a GPU's.
 """
 
 from __future__ import annotations
