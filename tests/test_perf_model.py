@@ -65,6 +65,28 @@ def test_attention_in_query_blocks_is_priced_as_one_block(measured, a100):
     assert pred["seconds"] == pytest.approx(ref["seconds"], rel=0.05)
 
 
+def test_a_model_dimension_equal_to_the_sequence_is_not_taken_for_attention_scores():
+    """llama-tiny at seq = d_model = 64: the residual's [.., 64, 64] values are memory traffic; only
+    [.., 64, 64] values made under attention's name scope are its scores, left to the flash kernel
+    (a shape-only rule once dropped the residual and MLP traffic of llama-3b and llama-7b at s=4096)."""
+    import re
+
+    import jax
+
+    from boost_jax.analysis import work
+    from boost_jax.analysis.hlo import parse_module
+    from boost_jax.analysis.program import build, config_for
+
+    prog = build(config_for("llama-tiny", "cola", "btp", tp=1, batch=2, seq=64, dtype="fp32"))
+    comps, _, _ = parse_module(jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text())
+    square = [i for c in comps.values() for i in c.instrs.values() if re.search(r"\b64,64\]", i.shape)]
+    scores = [i for i in square if work._ATTENTION_SCOPE.search(i.attrs)]
+    others = [i for i in square if not work._ATTENTION_SCOPE.search(i.attrs)]
+    assert scores and others
+    assert all(work._scaled_bytes(i, 4, 64, 64) is None for i in scores)
+    assert all(work._scaled_bytes(i, 4, 64, 64) > 0 for i in others)
+
+
 def test_btp_moves_less_and_sends_a_residual_shard(measured):
     btp, vanilla = measured("cola/btp")[0], measured("cola/vanilla")[0]
     assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3

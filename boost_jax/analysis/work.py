@@ -12,8 +12,9 @@ kernel, so the model prices them separately.
 Memory-bound traffic: for each executed instruction that is not a GEMM, a collective or pure
 bookkeeping, the bytes it reads plus the bytes it writes. Floating-point values are counted at the
 program's compute width (`itemsize`): the CPU backend keeps f32 copies of bf16 elementwise work
-that a GPU does not. Instructions on [.., rows, s] attention scores, and everything inside
-attention's query-block loop, are left out (a flash-attention kernel keeps them on chip), an
+that a GPU does not. Attention's [.., rows, s] scores (values of that shape made under its name
+scope) and everything inside its query-block loop are left out (a flash-attention kernel keeps them
+on chip), an
 in-place dynamic-update-slice counts only the slice it writes, and pure dtype conversions, fills
 and layout copies are CPU artifacts that are left out. This part is the roughest of the model: it
 follows XLA:CPU's fusion decisions, not a GPU's.
@@ -37,7 +38,8 @@ _FREE = {"copy", "parameter", "constant", "get-tuple-element", "tuple", "bitcast
 _DTYPE_AND_FILL = {"convert", "bitcast", "broadcast", "constant", "reshape"}
 _SLICES = ("dynamic-slice", "slice", "gather")
 _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
-_ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # layers/attention.py's loop over query blocks
+_ATTENTION_SCOPE = re.compile(r'op_name="[^"]*/attention/')  # layers/attention.py's name scope
+_ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # its loop over query blocks
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,14 @@ def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, seq: int, rows
     return Gemm(batch, m, n, k, trips, depth > 0, attention)
 
 
-def _scaled_bytes(shape: str, itemsize: int, seq: int, rows: int) -> int | None:
-    """Bytes of an HLO shape with floats at `itemsize`; None for attention-score shaped values."""
+def _scaled_bytes(ins, itemsize: int, seq: int, rows: int) -> int | None:
+    """Bytes of an instruction's value with floats at `itemsize`; None for attention's scores: a
+    [.., rows, seq] value made under the `attention` name scope (a model dimension can equal the
+    sequence length or the block, so the shape alone does not tell)."""
+    scores = _ATTENTION_SCOPE.search(ins.attrs) is not None
     total = 0
-    for dt, dims in arrays(shape):
-        if seq > 1 and len(dims) >= 2 and sorted(dims[-2:]) == sorted((rows, seq)):
+    for dt, dims in arrays(ins.shape):
+        if scores and seq > 1 and len(dims) >= 2 and sorted(dims[-2:]) == sorted((rows, seq)):
             return None
         total += math.prod(dims) * itemsize if dt in ("f32", "bf16", "f16", "f64") else nbytes(dt, dims)
     return total
@@ -93,13 +98,13 @@ def _scaled_bytes(shape: str, itemsize: int, seq: int, rows: int) -> int | None:
 def _read_bytes(comp, ins, body, index: int, itemsize: int, seq: int, rows: int) -> int | None:
     """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
     (e.g. the stacked weights of every layer) is used through slices alone."""
-    full = _scaled_bytes(comp.instrs[ins.operands[index]].shape, itemsize, seq, rows)
+    full = _scaled_bytes(comp.instrs[ins.operands[index]], itemsize, seq, rows)
     if body is None:
         return full
     params = {p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)}
     readers = [u for p in params for u in users(body, p)]
     if readers and all(u.op in _SLICES and u.operands[0] in params for u in readers):
-        return sum(_scaled_bytes(u.shape, itemsize, seq, rows) or 0 for u in readers)
+        return sum(_scaled_bytes(u, itemsize, seq, rows) or 0 for u in readers)
     return full
 
 
@@ -150,14 +155,13 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, rows: int) -> tuple[list[
                 ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
-            out = _scaled_bytes(ins.shape, itemsize, seq, rows)
+            out = _scaled_bytes(ins, itemsize, seq, rows)
             reads = [_read_bytes(comp, ins, body, i, itemsize, seq, rows)
                      for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
             if dus is not None:  # in place into a scan stack: reads and writes the update only
-                upd = (body or comp).instrs[dus.operands[1]].shape
-                moved = 2 * (_scaled_bytes(upd, itemsize, seq, rows) or 0)
+                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, seq, rows) or 0)
             elif ins.op in _SLICES:
                 moved = 2 * out
             else:
