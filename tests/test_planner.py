@@ -70,3 +70,13 @@ def test_lower_bound_never_exceeds_the_price(layout):
     elems = param_elems(cfg, abstract_plan(cfg))
     bound, price = lower_bound(cfg, hw, elems), step_seconds(cfg, hw, elems, DiskCache(None))["seconds"]
     assert 0.3 * price < bound <= price, (bound, price)  # and not vacuous: within ~3x at 1B
+
+
+def test_disk_cache_reuses_a_value_only_under_the_same_source(tmp_path, monkeypatch):
+    """A price cached by other code (another work analysis, another model) is computed again."""
+    from boost_jax.plan import price
+
+    assert price.DiskCache(tmp_path).get(("k",), lambda: 1) == 1
+    assert price.DiskCache(tmp_path).get(("k",), lambda: 2) == 1  # from disk
+    monkeypatch.setattr(price, "_source_digest", lambda: "edited source")
+    assert price.DiskCache(tmp_path).get(("k",), lambda: 3) == 3

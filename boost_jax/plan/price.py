@@ -13,6 +13,7 @@ runs the same program M times).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -32,16 +33,26 @@ from boost_jax.flops import count
 from boost_jax.layers.attention import query_rows
 from boost_jax.parallel import SCHEMES
 
+@functools.cache
+def _source_digest() -> str:
+    """boost_jax's own source (and its Pallas kernels): the model, its compile and the analysis all
+    shape a cached value."""
+    package = Path(__file__).parents[1]
+    files = sorted(p for root in (package, package.parent / "pallas_kernels") for p in root.rglob("*.py"))
+    return digest(*(p.read_text() for p in files))
+
+
 class DiskCache:
-    """JSON values under `root`, keyed by the tuple that determines them, the JAX version and any
-    XLA_FLAGS (which can change the compiled program)."""
+    """JSON values under `root`, keyed by the tuple that determines them, the JAX version, any
+    XLA_FLAGS (which can change the compiled program) and boost_jax's source (a value computed by
+    other code is never reused: a stale entry once priced llama-1b with an older work analysis)."""
 
     def __init__(self, root: Path | None):
         self.root, self.memory = root, {}
 
     def get(self, key: tuple, compute: Callable[[], object]):
         flags = os.environ.get("XLA_FLAGS", "")
-        name = digest(jax.__version__, *([flags] if flags else []), *map(str, key))
+        name = digest(jax.__version__, _source_digest(), *([flags] if flags else []), *map(str, key))
         if name in self.memory:
             return self.memory[name]
         path = self.root / f"{name}.json" if self.root else None
