@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, parse_module, users
+from boost_jax.layers.attention import query_rows
 
 # Instructions that move no data of their own (or whose cost is accounted elsewhere).
 # `copy` is a layout change or a copy XLA:CPU inserts around loop-carried scan stacks; a GPU's
@@ -121,9 +122,10 @@ def _attention_loops(comps) -> set[str]:
     return inside
 
 
-def analyze(hlo_text: str, *, seq: int, itemsize: int, rows: int) -> tuple[list[Gemm], list[Traffic]]:
-    """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`); `rows`:
-    queries per attention block (`layers.attention.query_rows`)."""
+def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int) -> tuple[list[Gemm], list[Traffic]]:
+    """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`);
+    `query_block`: the program's `model.attention_query_block`."""
+    rows = query_rows(seq, query_block)  # queries per attention block, as layers/attention.py runs them
     comps, entry, _ = parse_module(hlo_text)
     ctx = loop_contexts(comps, entry)
     fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}

@@ -34,7 +34,6 @@ from boost_jax.analysis.comm import layer_split, pipeline_comm
 from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, predict, select_hardware
 from boost_jax.flops import count
-from boost_jax.layers.attention import query_rows
 
 GIB = 2**30
 # The paper's table: GPUs as (TP, PP), seconds per iteration of full-rank Megatron TP / vanilla
@@ -71,7 +70,7 @@ def measure(model: str, variant: str, *, tp: int, pp: int, microbatches: int, ba
     text = step.as_text()
     both = collectives(text)
     itemsize = jnp.dtype(m.dtype).itemsize
-    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize, rows=query_rows(seq, m.attention_query_block))
+    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize, query_block=m.attention_query_block)
     params = prog.params_per_device
     tokens = batch * microbatches * seq  # per iteration
     work = Work(gemms, traffic, both, itemsize, params)

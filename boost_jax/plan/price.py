@@ -30,8 +30,8 @@ from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, pr
 from boost_jax.config import Config
 from boost_jax.data.cache import atomic_write, digest
 from boost_jax.flops import count
-from boost_jax.layers.attention import query_rows
 from boost_jax.parallel import SCHEMES
+
 
 @functools.cache
 def _source_digest() -> str:
@@ -82,8 +82,7 @@ def measure_work(cfg: Config) -> dict:
     prog = build(cfg)
     text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
     itemsize = jnp.dtype(cfg.model.dtype).itemsize
-    seq = cfg.train.seq_len
-    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize, rows=query_rows(seq, cfg.model.attention_query_block))
+    gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=cfg.model.attention_query_block)
     return {"gemms": [dataclasses.asdict(g) for g in gemms], "traffic": [dataclasses.asdict(t) for t in traffic],
             "collectives": [dataclasses.asdict(c) for c in collectives(text)], "itemsize": itemsize,
             "params_per_device": prog.params_per_device}
