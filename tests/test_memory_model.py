@@ -3,7 +3,7 @@ gradient program `bench memory` compiles (where the CPU backend is faithful: no 
 
 import pytest
 
-from boost_jax.analysis.memory_model import breakdown
+from boost_jax.analysis.memory_model import breakdown, layer_bytes, one_layer_config
 from boost_jax.analysis.program import config_for
 from boost_jax.bench.memory import compiled_peak
 
@@ -35,6 +35,18 @@ SLOW = [
     dict(arch="lax", scheme="btp", tp=2, remat="lowrank"),
     dict(arch="cola", scheme="btp", tp=1, remat="none", overrides=("model.vocab_size=4096",)),
 ]
+
+
+def test_layer_residuals_split_by_what_they_depend_on():
+    """Under full remat a layer keeps its input (the residual stream: [2, 64, 64/tp] fp32) and its
+    weights, nothing computed from them; in bf16 without remat it keeps the weights' bf16 casts
+    (weight-only residuals, which a one-repeat pipeline computes once) and never the fp32 weights."""
+    layer = lambda dtype, remat: layer_bytes(one_layer_config(config_for(
+        "llama-tiny", "cola", "btp", tp=2, batch=2, seq=64, dtype=dtype, overrides=[f"train.remat={remat}"])))
+    full = layer("fp32", "full")
+    assert (full.activations, full.invariant) == (2 * 64 * 32 * 4, 0) and full.weights > 0
+    none = layer("bf16", "none")
+    assert none.weights == 0 and none.invariant > 0 and none.activations > 10 * none.invariant
 
 
 @pytest.mark.parametrize("case", FAST, ids=str)

@@ -52,6 +52,24 @@ def test_schedule_equals_sequential_layers_and_hides_bubbles(stages, repeats, mi
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("repeats, copies", [(1, 0), (2, 1)])
+def test_weights_kept_for_the_backward_once_per_stage_with_one_repeat(repeats, copies):
+    """The loop's backward needs each chunk's weights. With one repeat the chunk is the whole stage,
+    a static slice the same every iteration, so the weights are kept once (no [iterations, ...]
+    residual); with R > 1 a traced index picks the chunk and each iteration keeps its copy (the
+    memory model counts them: analysis/memory_model.py)."""
+    mesh = jax.make_mesh((2,), ("pp",), axis_types=(jax.sharding.AxisType.Auto,))
+    schedule = Schedule(2, repeats, 4)
+    layers = jax.ShapeDtypeStruct((4, 16, 16), jnp.float32)
+    x = {"h": jax.ShapeDtypeStruct((4, 2, 8, 16), jnp.float32), "n": jax.ShapeDtypeStruct((4, 2, 8, 16), jnp.float32)}
+    piped = lambda w, x: run_pipeline(mesh, schedule, toy_layer, w, x)
+    with jax.set_mesh(mesh):
+        _, residuals = jax.eval_shape(lambda w, x: jax.vjp(piped, w, x), layers, x)
+    weight_like = [r.shape for r in jax.tree.leaves(residuals) if r.shape[-2:] == (16, 16)]
+    per_iteration = [s for s in weight_like if s[0] == schedule.iterations]
+    assert weight_like and len(per_iteration) == copies, weight_like
+
+
 def test_microbatch_split_round_trips():
     x = jnp.arange(24).reshape(12, 2)
     parts = split_microbatches(x, 3)

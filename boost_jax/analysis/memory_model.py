@@ -12,9 +12,13 @@ Parts (docs/design.md, "Memory model"):
                     weights for the whole step (measured on the compiled program)
   adamw             two fp32 moments per parameter, sharded like it
   activations       what one decoder layer saves for the backward pass under train.remat (read off
-                    one compiled layer: the residuals of its vjp, per device) x the layers of a stage
-                    x the micro-batches whose residuals are live at once (1 with accumulation; all
-                    M * R + S - 1 iterations of the pipeline's loop, each running Lc layers)
+                    one compiled layer: the residuals of its vjp, per device, split into those
+                    computed from its input, from its weights alone, and the weights themselves:
+                    `LayerBytes`) x the layers of a stage x the micro-batches whose residuals are
+                    live at once (1 with accumulation; all M * R + S - 1 iterations of the
+                    pipeline's loop, each running Lc layers). A pipeline with one repeat keeps its
+                    stage's weight-only residuals once; with R > 1 each iteration keeps its chunk's
+                    weights (picked by a traced index) and what is computed from them.
   pipeline_buffers  the pipeline's inbox and outbox (M micro-batches' carries each) and what the
                     pipeline keeps around them, as (iterations + 1) x 2 x M carries: fitted at M = S
   loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent (rows:
@@ -31,10 +35,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.extend.core import Var
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import Config
@@ -62,12 +68,19 @@ def one_layer_config(cfg: Config) -> Config:
         train=dataclasses.replace(t, batch_size=rows, microbatches=1))
 
 
-def layer_bytes(layer_cfg: Config) -> tuple[int, int]:
-    """(bytes one decoder layer keeps for its backward under train.remat, bytes its backward holds
-    on top while it runs: the recomputed forward, cotangents, the layer's gradients), per device, for
-    a `one_layer_config`. Measured from two compiles of the layer alone on its tp devices: its
-    forward returning the vjp's residuals (minus the layer's weights, which a scan reads from the
-    stack rather than copying), and its backward taking them."""
+class LayerBytes(NamedTuple):
+    """What one decoder layer keeps for its backward pass, per device, split by what it depends on
+    (a loop keeps the three differently), and what its backward holds on top while it runs."""
+
+    activations: int  # residuals computed from the layer's input: one set per layer per micro-batch
+    invariant: int  # computed from the weights and constants alone (a weight's bf16 cast, the causal mask)
+    weights: int  # the weights themselves
+    transient: int  # the backward's working set: recomputed forward, cotangents, the layer's gradients
+
+
+def layer_bytes(layer_cfg: Config) -> LayerBytes:
+    """One decoder layer of a `one_layer_config`, measured from two compiles of the layer alone on
+    its tp devices: its forward returning the vjp's residuals, and its backward taking them."""
     cfg, m = layer_cfg, layer_cfg.model
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
     graphdef, abstract = abstract_model(cfg)
@@ -87,12 +100,25 @@ def layer_bytes(layer_cfg: Config) -> tuple[int, int]:
 
     fwd = jax.jit(forward).lower(one, carry).compile()
     jaxpr = jax.make_jaxpr(forward)(one, carry).jaxpr
-    weights = set(jaxpr.invars[:len(jax.tree.leaves(one))])
+    n_weights = len(jax.tree.leaves(one))
+    weights, from_input = set(jaxpr.invars[:n_weights]), _dependents(jaxpr, jaxpr.invars[n_weights:])
     residuals = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                              jax.eval_shape(forward, one, carry), fwd.output_shardings)
-    saved = sum(_shard_bytes(r) for r, v in zip(jax.tree.leaves(residuals), jaxpr.outvars) if v not in weights)
+    kinds = {"activations": 0, "invariant": 0, "weights": 0}
+    for r, v in zip(jax.tree.leaves(residuals), jaxpr.outvars):
+        kinds["weights" if v in weights else "activations" if v in from_input else "invariant"] += _shard_bytes(r)
     bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile().memory_analysis()
-    return saved, bwd.temp_size_in_bytes + bwd.output_size_in_bytes
+    return LayerBytes(**kinds, transient=bwd.temp_size_in_bytes + bwd.output_size_in_bytes)
+
+
+def _dependents(jaxpr, inputs) -> set:
+    """The variables of `jaxpr` computed from any of `inputs` (an equation's outputs depend on all
+    its inputs: conservative through nested calls)."""
+    found = set(inputs)
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, Var) and v in found for v in eqn.invars):
+            found.update(eqn.outvars)
+    return found
 
 
 _ELEMS: dict[tuple, int] = {}  # the planner asks for the same model and mesh many times
@@ -109,7 +135,7 @@ def param_elems(cfg: Config, plan: Plan) -> int:
     return _ELEMS[key]
 
 
-def breakdown(cfg: Config, layer: Callable[[Config], tuple[int, int]] = layer_bytes) -> dict[str, int]:
+def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) -> dict[str, int]:
     """Per-device bytes of cfg's train step by part (module docstring), with `step` (what the
     compiled gradient program holds: all but the AdamW moments) and `total`. `layer` measures one
     layer (`layer_bytes`; the planner passes a cached one). Needs devices only for cfg's tp."""
@@ -119,13 +145,18 @@ def breakdown(cfg: Config, layer: Callable[[Config], tuple[int, int]] = layer_by
     pbytes = elems * jnp.dtype(m.param_dtype).itemsize
     shards = mesh["dp"] * mesh["fsdp"]
     rows = t.batch_size // t.microbatches // shards  # of one micro-batch, on one device
-    saved, transient = layer(one_layer_config(cfg))
+    one = layer(one_layer_config(cfg))
     pipe = plan.pipeline
     layers_per_stage = m.n_layers // mesh["pp"]
-    if pipe is None:
-        live, buffers = layers_per_stage, 0
+    if pipe is None:  # the layer scan reads each layer's weights from the stack; its casts are kept per layer
+        activations, buffers = layers_per_stage * (one.activations + one.invariant), 0
     else:  # every iteration runs one chunk of layers_per_stage / R layers, and keeps its residuals
-        live = pipe.iterations * layers_per_stage // pipe.repeats
+        chunk = layers_per_stage // pipe.repeats
+        if pipe.repeats == 1:  # the chunk is the whole stage, the same every iteration: the loop's
+            # backward computes its weight-only residuals once (hoisted out of the loop)
+            activations = pipe.iterations * chunk * one.activations + chunk * one.invariant
+        else:  # the chunk's weights are a slice picked per iteration: the backward keeps each
+            activations = pipe.iterations * chunk * (one.activations + one.invariant + one.weights)
         carry = rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize // plan.size("act_embed")
         # A fit to M = S programs, not a mechanism: the compiled loop keeps no per-iteration copy of
         # the inbox and outbox (M carries each); see tests/test_memory_model.py for where it misses.
@@ -142,9 +173,9 @@ def breakdown(cfg: Config, layer: Callable[[Config], tuple[int, int]] = layer_by
         # Under FSDP, XLA gathers the stacked weights for the step: the rest of each tp shard (measured).
         "fsdp_gathered": pbytes * (mesh["fsdp"] - 1),
         "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32
-        "activations": live * saved, "pipeline_buffers": buffers,
+        "activations": activations, "pipeline_buffers": buffers,
         "loss": 2 * logits,  # the logits and their cotangent (the softmax fuses into the loss)
-        "transient": transient,
+        "transient": one.transient,
         "param_elems": elems,  # a count, not bytes: the optimizer's work per device
     }
     # The loss's working set is freed before the first layer's backward starts.

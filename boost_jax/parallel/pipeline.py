@@ -77,7 +77,13 @@ def run_pipeline(mesh, schedule: Schedule, layer_fn: Callable, layers, carry, *,
     staged = jax.tree.map(lambda p: p.reshape(s_, r_, per_chunk, *p.shape[1:]), layers)
 
     def run_chunk(stage_layers, repeat, x):
-        chunk = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, repeat, 0, keepdims=False), stage_layers)
+        # With one repeat the chunk is the stage's (a static slice): the loop's backward then keeps no
+        # copy of its weights. Picked by a traced repeat, it keeps one per iteration (the memory model
+        # counts them).
+        if r_ == 1:
+            chunk = jax.tree.map(lambda p: p[0], stage_layers)
+        else:
+            chunk = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, repeat, 0, keepdims=False), stage_layers)
         return jax.lax.scan(lambda c, lp: (layer_fn(lp, c), None), x, chunk)[0]
 
     def stage_step(stage, t, stage_layers, arrived, inbox, outbox):

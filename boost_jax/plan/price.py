@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.analysis.hlo import Collective, collectives
-from boost_jax.analysis.memory_model import layer_bytes
+from boost_jax.analysis.memory_model import LayerBytes, layer_bytes
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
 from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
@@ -160,9 +160,9 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
     return program + sum(_analytic_parts(cfg, hw, param_elems).values())
 
 
-def layer_cache(cache: DiskCache) -> Callable[[Config], tuple[int, int]]:
+def layer_cache(cache: DiskCache) -> Callable[[Config], LayerBytes]:
     """memory_model.layer_bytes, cached."""
-    return lambda layer_cfg: tuple(cache.get(("layer", layer_cfg.model, layer_cfg.parallel.scheme,
-                                                  layer_cfg.parallel.tp, layer_cfg.train.batch_size,
-                                                  layer_cfg.train.seq_len, layer_cfg.train.remat),
-                                                 lambda: list(layer_bytes(layer_cfg))))
+    return lambda layer_cfg: LayerBytes(*cache.get(("layer", layer_cfg.model, layer_cfg.parallel.scheme,
+                                                    layer_cfg.parallel.tp, layer_cfg.train.batch_size,
+                                                    layer_cfg.train.seq_len, layer_cfg.train.remat),
+                                                   lambda: list(layer_bytes(layer_cfg))))
