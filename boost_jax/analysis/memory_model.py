@@ -19,8 +19,9 @@ Parts (docs/design.md, "Memory model"):
                     pipeline's loop, each running Lc layers). A pipeline with one repeat keeps its
                     stage's weight-only residuals once; with R > 1 each iteration keeps its chunk's
                     weights (picked by a traced index) and what is computed from them.
-  pipeline_buffers  the pipeline's inbox and outbox (M micro-batches' carries each) and what the
-                    pipeline keeps around them, as (iterations + 1) x 2 x M carries: fitted at M = S
+  pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop (input, inbox and
+                    outbox, merged output, cotangents) as 5 x M full-width [rows, seq, d] values:
+                    the one fitted constant of the model
   loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent (rows:
                     one micro-batch's, or under a pipeline all M, which the head sees merged)
   transient         the largest working set on top: one layer's backward (its recomputed forward
@@ -157,10 +158,12 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
             activations = pipe.iterations * chunk * one.activations + chunk * one.invariant
         else:  # the chunk's weights are a slice picked per iteration: the backward keeps each
             activations = pipe.iterations * chunk * (one.activations + one.invariant + one.weights)
-        carry = rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize // plan.size("act_embed")
-        # A fit to M = S programs, not a mechanism: the compiled loop keeps no per-iteration copy of
-        # the inbox and outbox (M carries each); see tests/test_memory_model.py for where it misses.
-        buffers = (pipe.iterations + 1) * 2 * t.microbatches * carry
+        if chunk > 1:  # one iteration's [Lc, ...] residuals, copied between the loop's [T, ...]
+            activations += chunk * one.activations  # stacks and the chunk's layer scan (XLA's buffers)
+        # The M micro-batches' hidden states around the loop (embedded input, inbox and outbox, the
+        # merged output the final norm reads, their cotangents): 5 x M full-width [rows, seq, d]
+        # values, a one-constant fit (tests/test_memory_model.py says where it was fitted).
+        buffers = 5 * t.microbatches * rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
     # The head and loss run once per micro-batch under accumulation, but once on all M merged
