@@ -1,10 +1,13 @@
 """The memory model (analysis/memory_model.py) against XLA's compiled memory analysis of the fp32
 gradient program `bench memory` compiles (where the CPU backend is faithful: no bf16 upcasts)."""
 
+import json
+
 import pytest
 
 from boost_jax.analysis.memory_model import breakdown, layer_bytes, one_layer_config
 from boost_jax.analysis.program import config_for
+from boost_jax.bench import memory
 from boost_jax.bench.memory import compiled_peak
 
 TOLERANCE = 0.10
@@ -48,6 +51,16 @@ def test_layer_residuals_split_by_what_they_depend_on():
     assert (full.activations, full.invariant) == (2 * 64 * 32 * 4, 0) and full.weights > 0
     none = layer("bf16", "none")
     assert none.weights == 0 and none.invariant > 0 and none.activations > 10 * none.invariant
+
+
+@pytest.mark.slow
+def test_bench_memory_prints_the_model_beside_the_compile(capsys):
+    memory.main(["--model", "llama-tiny", "--arch", "cola", "--scheme", "btp", "--tp", "2", "--batch", "2", "--seq", "64",
+                 "--dtype", "fp32", "--remat", "lowrank", "--json"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["remat"] for r in rows] == ["none", "lowrank"]
+    for r in rows:
+        assert abs(r["memory_model_bytes"] / r["fwd_bwd_peak_bytes"] - 1) < TOLERANCE, r
 
 
 @pytest.mark.parametrize("case", FAST, ids=str)

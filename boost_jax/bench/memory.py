@@ -1,5 +1,7 @@
 """`bench memory`: per-device peak memory of the train step under each remat mode, from XLA's
 compiled memory analysis of an abstract compile (nothing allocated: llama-7b works on a laptop),
+beside the memory model's figure for it (`analysis/memory_model.py`: what the planner uses; at the
+compute dtype, so in bf16 it is a GPU's figure and below the CPU compile's, which keeps f32 copies),
 and, with `--time`, the measured step time and BOOST's efficiency metric: memory saved per
 millisecond of recomputation, against remat=none (docs/design.md section 6).
 
@@ -16,6 +18,7 @@ import json
 
 import jax
 
+from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.program import build, peak_bytes
 from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.bench.step import measure as measure_steps
@@ -80,7 +83,8 @@ def main(argv: list[str]) -> None:
         cfgs = [bench_config(a, scheme=scheme, overrides=[*a.overrides, f"train.remat={m}"]) for m in modes]
         times = [r["median_step_s"] for r in measure_steps(cfgs, a.reps, a.steps)] if a.time else [None] * len(cfgs)
         for mode, cfg, t in zip(modes, cfgs, times):
-            rows.append({"scheme": cfg.parallel.scheme, "remat": mode, **compiled_peak(cfg), "step_s": t})
+            rows.append({"scheme": cfg.parallel.scheme, "remat": mode, **compiled_peak(cfg),
+                         "memory_model_bytes": breakdown(cfg)["step"], "step_s": t})
     for row in rows:  # BOOST's metric, against the same scheme without remat
         base = next(r for r in rows if r["scheme"] == row["scheme"] and r["remat"] == "none")
         saved = (base["fwd_bwd_peak_bytes"] - row["fwd_bwd_peak_bytes"]) / MIB
@@ -92,10 +96,11 @@ def main(argv: list[str]) -> None:
         print(json.dumps({"model": a.model, "arch": a.arch, "tp": a.tp, "batch": a.batch, "seq": a.seq,
                           "dtype": a.dtype, "rows": rows}, indent=1))
         return
-    print(f"{a.model} {a.arch} tp={a.tp} b={a.batch} s={a.seq} {a.dtype}: per-device memory (compiled memory analysis)")
-    print(f"{'scheme':8s} {'remat':8s} {'fwd+bwd peak MiB':>17s} {'+AdamW MiB':>11s} {'saved MiB':>10s} "
+    print(f"{a.model} {a.arch} tp={a.tp} pp={a.pp} b={a.batch} s={a.seq} {a.dtype}: per-device memory (compiled memory analysis)")
+    print(f"{'scheme':8s} {'remat':8s} {'fwd+bwd peak MiB':>17s} {'model MiB':>10s} {'+AdamW MiB':>11s} {'saved MiB':>10s} "
           f"{'step ms':>9s} {'MiB saved/ms':>13s}")
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)
-        print(f"{r['scheme']:8s} {r['remat']:8s} {r['fwd_bwd_peak_bytes'] / MIB:17.1f} {r['optimizer_state_bytes'] / MIB:11.1f} "
+        print(f"{r['scheme']:8s} {r['remat']:8s} {r['fwd_bwd_peak_bytes'] / MIB:17.1f} {r['memory_model_bytes'] / MIB:10.1f} "
+              f"{r['optimizer_state_bytes'] / MIB:11.1f} "
               f"{r['saved_mib']:10.1f} {fmt(r['step_s'] and 1e3 * r['step_s'], '9.1f'):>9s} {fmt(r['mib_saved_per_ms'], '13.1f'):>13s}")
