@@ -162,7 +162,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
             activations += chunk * one.activations  # stacks and the chunk's layer scan (XLA's buffers)
         # The M micro-batches' hidden states around the loop (embedded input, inbox and outbox, the
         # merged output the final norm reads, their cotangents): 5 x M full-width [rows, seq, d]
-        # values, a one-constant fit (tests/test_memory_model.py says where it was fitted).
+        # values, a one-constant fit (bench/memory.py VALIDATION says where it was fitted).
         buffers = 5 * t.microbatches * rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0

@@ -9,23 +9,112 @@ millisecond of recomputation, against remat=none (docs/design.md section 6).
 per micro-batch (so the global batch grows with M): without a pipeline, gradient accumulation keeps
 one micro-batch's activations (flat); with `--pp`, what the pipeline keeps per micro-batch in
 flight (its iterations' saved activations and the stage buffers).
+
+`--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
+each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from dataclasses import asdict, dataclass
 
 import jax
 
 from boost_jax.analysis.memory_model import breakdown
-from boost_jax.analysis.program import build, peak_bytes
+from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.bench.common import add_model_flags, bench_config
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.step import accumulated_grad
 
 MODES = ("none", "full", "lowrank")
 MIB = 2**20
+TOLERANCE = 0.10  # the memory model against the compiled peak, relative
+
+
+@dataclass(frozen=True)
+class Case:
+    """One program of the validation grid: fp32 (the CPU compile is faithful there: no bf16 upcasts)."""
+
+    arch: str
+    scheme: str
+    remat: str
+    tp: int = 1
+    pp: int = 1
+    pp_repeats: int = 1
+    fsdp: int = 1
+    microbatches: int = 1
+    batch: int = 4
+    seq: int = 64
+    model: str = "llama-tiny"
+    overrides: tuple[str, ...] = ()
+    tested: bool = False  # also compiled by tests/test_memory_model.py: one case per term of the model
+
+    @property
+    def label(self) -> str:
+        layout = f"tp{self.tp} pp{self.pp}x{self.pp_repeats} fsdp{self.fsdp} M{self.microbatches} b{self.batch}"
+        return " ".join((self.model, f"{self.arch}/{self.scheme}", self.remat, layout, *self.overrides))
+
+    def config(self):
+        return config_for(self.model, self.arch, self.scheme, tp=self.tp, pp=self.pp, pp_repeats=self.pp_repeats,
+                          microbatches=self.microbatches, batch=self.batch, seq=self.seq, dtype="fp32",
+                          overrides=[f"parallel.fsdp={self.fsdp}", f"train.remat={self.remat}", *self.overrides])
+
+
+# The pipeline term's one constant was fitted on 36 pp=2 programs (btp and vanilla, 2 and 4 layers,
+# R = 1, 2, M = 2..8, every remat mode: all within 8.3%); the pp=4, 8-layer and M=8 rows lie outside
+# that fit. The tested rows cover each term: the layer scan, vanilla, dense, FSDP's gathered weights,
+# accumulation, LaX's latents, a loss-dominated vocabulary, pipelines with R = 1, R = 2 and Lc > 1.
+VALIDATION = (
+    Case("cola", "btp", "lowrank", tp=2, tested=True),
+    Case("cola", "btp", "full", tp=2, pp=2, microbatches=2, tested=True),
+    Case("cola", "vanilla", "full", tp=2),
+    Case("dense", "megatron", "none", tp=2, tested=True),
+    Case("cola", "btp", "none", tp=1),
+    Case("cola", "btp", "none", tp=4),
+    Case("cola", "btp", "lowrank", tp=2, fsdp=2),
+    Case("cola", "vanilla", "none", tp=2, fsdp=2, tested=True),
+    Case("cola", "vanilla", "lowrank", tp=4),
+    Case("dense", "megatron", "full", tp=4),
+    Case("cola", "btp", "none", tp=2, pp=2, microbatches=2),
+    Case("cola", "btp", "lowrank", tp=1, microbatches=2, tested=True),
+    Case("lax", "btp", "lowrank", tp=2, tested=True),
+    Case("cola", "btp", "none", tp=1, overrides=("model.vocab_size=4096",), tested=True),
+    Case("cola", "btp", "lowrank", tp=2, pp=4, microbatches=4, batch=8, overrides=("model.n_layers=8",), tested=True),
+    Case("cola", "vanilla", "full", tp=2, pp=4, pp_repeats=2, microbatches=4, batch=8, overrides=("model.n_layers=8",),
+         tested=True),
+    Case("cola", "btp", "lowrank", tp=1, pp=4, microbatches=4, batch=8, overrides=("model.n_layers=4",)),
+    Case("cola", "btp", "lowrank", tp=2, pp=2, microbatches=8, batch=16, overrides=("model.n_layers=8",)),
+    Case("cola", "vanilla", "lowrank", tp=2, pp=2, microbatches=4),
+    *(Case("cola", "btp", remat, tp=2, batch=2, seq=128, model="llama-60m", overrides=("model.n_layers=2",))
+      for remat in MODES),
+)
+
+
+def validate(case: Case) -> dict:
+    """The memory model's figure for one case beside its compiled peak."""
+    cfg = case.config()
+    model, compiled = breakdown(cfg)["step"], compiled_peak(cfg)["fwd_bwd_peak_bytes"]
+    return {**asdict(case), "memory_model_bytes": model, "fwd_bwd_peak_bytes": compiled, "error": model / compiled - 1}
+
+
+def validate_all(cases, as_json: bool) -> None:
+    rows = []
+    for case in cases:
+        rows.append(validate(case))
+        if not as_json:
+            r = rows[-1]
+            print(f"{case.label:72s} compiled {r['fwd_bwd_peak_bytes'] / MIB:7.2f} MiB, model "
+                  f"{r['memory_model_bytes'] / MIB:7.2f} MiB: {100 * r['error']:+5.1f}%", flush=True)
+    off = [r for r in rows if abs(r["error"]) >= TOLERANCE]
+    if as_json:
+        print(json.dumps({"tolerance": TOLERANCE, "rows": rows}, indent=1))
+    else:
+        print(f"{len(rows) - len(off)} of {len(rows)} within {100 * TOLERANCE:.0f}% of the compiled peak")
+    if off:
+        sys.exit(1)
 
 
 def compiled_peak(cfg) -> dict:
@@ -72,7 +161,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--microbatch-sweep", default="", metavar="M1,M2,...",
                    help="peak at each micro-batch count, --batch rows per micro-batch (with --pp: the pipeline)")
+    p.add_argument("--validate", action="store_true",
+                   help="the memory model against the compile on its validation grid (the model flags are not used)")
     a = p.parse_args(argv)
+    if a.validate:
+        return validate_all(VALIDATION, a.json)
     if a.microbatch_sweep:
         return sweep_microbatches(a, [int(m) for m in a.microbatch_sweep.split(",")])
     # remat=none is always measured: it is the baseline of the saved-memory metric.
