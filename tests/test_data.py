@@ -505,7 +505,11 @@ def test_processes_sharing_a_cold_cache_prepare_it_once(tmp_path):
         fcntl.flock(lock, fcntl.LOCK_EX)
         proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "shared")], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        time.sleep(10)  # a prepare of 300 kB takes ~3 s
+        before = []  # until it reaches the lock, says so, and waits (or exits)
+        while (line := proc.stdout.readline()) and not line.startswith("waiting for another process"):
+            before.append(line)
+        time.sleep(1)  # long enough to see it write anything (a prepare of 300 kB takes ~3 s)
+        assert name in line, "".join(before)
         assert proc.poll() is None and not (shared / name).exists()
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,11 @@ def _cached(cfg: DataConfig, vocab_size: int) -> tuple[Path, Index, Tokenizer]:
     # Processes sharing a cache (the hosts of one run, two runs) prepare it once: the first builds it
     # under the lock, the others wait and read its result (two preparers would delete each other's parts).
     with open(directory.with_name(directory.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # say why this process is idle, then wait
+            print(f"waiting for another process to prepare {directory}", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if (directory / INDEX).is_file():
             try:
                 index, tok = _open(directory)
