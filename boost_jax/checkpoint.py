@@ -51,11 +51,12 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     arrays = ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES)
     state = ocp.PyTreeCheckpointHandler(type_handler_registry=ocp.type_handlers.create_type_handler_registry(
         (jax.Array, arrays)))
+    meta = ocp.JsonCheckpointHandler()
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-    for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
-        registry.add("state", args, state)
-    for args in (ocp.args.JsonSave, ocp.args.JsonRestore):
-        registry.add("meta", args, ocp.JsonCheckpointHandler())
+    for item, handler, args in (("state", state, (ocp.args.PyTreeSave, ocp.args.PyTreeRestore)),
+                                ("meta", meta, (ocp.args.JsonSave, ocp.args.JsonRestore))):
+        for a in args:
+            registry.add(item, a, handler)
     return registry
 
 

@@ -15,8 +15,8 @@ program's compute width (`itemsize`): the CPU backend keeps f32 copies of bf16 e
 that a GPU does not. Attention's [.., rows, s] scores (values of that shape made under its name
 scope) and everything inside its query-block loop are left out (a flash-attention kernel keeps them
 on chip), an in-place dynamic-update-slice counts only the slice it writes, and pure dtype
-conversions, fills and layout copies are CPU artifacts that are left out. This part is the roughest of the model: it
-follows XLA:CPU's fusion decisions, not a GPU's.
+conversions, fills and layout copies are CPU artifacts that are left out. This part is the roughest
+of the model: it follows XLA:CPU's fusion decisions, not a GPU's.
 """
 
 from __future__ import annotations
