@@ -3,7 +3,7 @@
 import pytest
 
 from boost_jax.analysis.program import config_for
-from boost_jax.analysis.timeline import CATEGORIES, _category, _sweep
+from boost_jax.analysis.timeline import CATEGORIES, Interval, Op, _category, _sweep, op_seconds
 from boost_jax.bench.profile import profile
 from boost_jax.errors import ConfigError
 
@@ -37,8 +37,23 @@ def test_op_categories_follow_op_kind_then_jax_name():
 
 
 def test_overlapping_ops_share_the_time_they_overlap():
-    d = _sweep([(0.0, 2.0, "a"), (1.0, 3.0, "b"), (5.0, 6.0, "a")])
+    d = _sweep([Interval(0.0, 2.0, "a", 2.0), Interval(1.0, 3.0, "b", 3.0), Interval(5.0, 6.0, "a", 6.0)])
     assert d.ops == {"a": 2.5, "b": 1.5} and d.busy_s == 4.0 and d.span_s == 6.0
+
+
+def test_an_asynchronous_op_fills_only_the_time_no_other_op_claims():
+    """CPU trace events as XLA's runtime writes them: a matmul launched at 1 returns at 2 and its
+    result is ready at 6 (`end: dot`); `late`'s end event comes after its result was used."""
+    ev = lambda name, ts, dur, **args: {"ph": "X", "name": name, "ts": ts * 1e6, "dur": dur * 1e6, "pid": 7,
+                                        "args": args}
+    op = lambda name, ts, dur: ev(name, ts, dur, hlo_module="jit_train_step", hlo_op=name, device_ordinal="0")
+    events = [op("late", 0, 1), op("dot", 1, 1), op("add", 3, 1), ev("end: late", 3.5, 0), ev("end: dot", 6, 0),
+              op("copy", 8, 1), ev("end: add", 4, 0), ev("end: copy", 9, 0)]
+    ops = {name: Op("fusion", "elementwise", "") for name in ("late", "dot", "add", "copy")}
+    d = op_seconds(events, "jit_train_step", ops)["0"]
+    # dot: its launch (1-2), alone after add (4-6) and half of 2-3 shared with late; add: its own event.
+    assert d.ops == {"late": 1.5, "dot": 3.5, "add": 1.0, "copy": 1.0}
+    assert d.busy_s == 7.0 and d.span_s == 9.0  # 6-8: a gap
 
 
 @pytest.mark.parametrize("override", ["parallel.pp=2", "train.microbatches=2", "train.loss_chunk=16"])

@@ -18,7 +18,9 @@ accumulation (which add loops around the layers) are refused by the caller.
 
 `op_seconds(events, module)` splits each device's traced time among the ops running on it: where
 ops overlap (the CPU runtime runs independent thunks on several threads) each gets an equal share,
-so a device's ops add up to its busy time.
+so a device's ops add up to its busy time. A time when no op's event is open goes to the ops
+launched before it whose results came after it (the runtime's `end: <op>` events): the CPU
+runtime's asynchronous matmuls, which would otherwise read as gaps.
 """
 
 from __future__ import annotations
@@ -125,32 +127,65 @@ class DeviceTime:
 def op_seconds(events: list[dict], module: str, ops: dict[str, Op]) -> dict[str, DeviceTime]:
     """Per device (its ordinal, or the trace's process on a GPU), the time of each op of `module`
     (`ops`: its `classify`). A loop or conditional is no op of its own: its event encloses its
-    body's, and the time between those is the runtime's, a gap."""
+    body's, and the time between those is the runtime's, a gap. An op the CPU runtime runs
+    asynchronously (its Eigen matmuls) returns before its work is done: its event covers the launch,
+    and the runtime's `end: <op>` event comes when its result is ready."""
     containers = {name for name, op in ops.items() if op.opcode in _CONTAINERS}
-    per_dev: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    runs: dict[str, list[tuple[float, float, str]]] = defaultdict(list)  # op -> (start, stop, device)
+    ends: dict[str, list[float]] = defaultdict(list)
     for e in events:
+        if e.get("ph") != "X":
+            continue
         a = e.get("args") or {}
-        if e.get("ph") == "X" and a.get("hlo_module") == module and "hlo_op" in a and a["hlo_op"] not in containers:
+        if a.get("hlo_module") == module and "hlo_op" in a and a["hlo_op"] not in containers:
             dev = str(a.get("device_ordinal", e.get("pid")))
-            per_dev[dev].append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, a["hlo_op"]))
+            runs[a["hlo_op"]].append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, dev))
+        elif e.get("name", "").startswith("end: "):
+            ends[e["name"][len("end: "):]].append(e["ts"] * 1e-6)
+    per_dev: dict[str, list[Interval]] = defaultdict(list)
+    for op, op_runs in runs.items():
+        done = iter(sorted(ends.get(op, ())))
+        end = next(done, None)
+        for start, stop, dev in sorted(op_runs):
+            # End events carry no device: each run takes the first end at or after its start.
+            while end is not None and end < start:
+                end = next(done, None)
+            per_dev[dev].append(Interval(start, stop, op, stop if end is None else max(stop, end)))
+            end = next(done, None)
     return {dev: _sweep(iv) for dev, iv in per_dev.items()}
 
 
-def _sweep(intervals: list[tuple[float, float, str]]) -> DeviceTime:
-    """(start, end, op) intervals of one device -> each op's time, overlaps shared equally."""
-    edges = sorted({t for s, e, _ in intervals for t in (s, e)})
-    starts = defaultdict(list)
-    for i, (s, _, _) in enumerate(intervals):
-        starts[s].append(i)
+@dataclass(frozen=True)
+class Interval:
+    start: float
+    stop: float  # the end of the op's event
+    op: str
+    done: float  # its `end:` event: later than `stop` when the op ran on after its launch returned
+
+
+def _sweep(intervals: list[Interval]) -> DeviceTime:
+    """One device's op intervals -> each op's time: overlaps shared equally; a time when no op's
+    event is open goes to the ops launched before it whose results came after it (asynchronous work,
+    shared equally), else it is a gap. (An `end:` event can also come late for an op that finished
+    early, so it only ever fills time no other op claims.)"""
+    edges = sorted({t for iv in intervals for t in (iv.start, iv.stop, iv.done)})
+    starts, stops = defaultdict(list), defaultdict(list)
+    for i, iv in enumerate(intervals):
+        starts[iv.start].append(i)
+        stops[iv.stop].append(i)
     ops: dict[str, float] = defaultdict(float)
     active: set[int] = set()
+    waiting: set[int] = set()  # launched and returned, result not yet reported
     busy = 0.0
     for t0, t1 in zip(edges, edges[1:]):
-        active = {i for i in active if intervals[i][1] > t0} | set(starts[t0])
-        if not active:
+        waiting = {i for i in waiting if intervals[i].done > t0} | {
+            i for i in stops[t0] if intervals[i].done > t0}
+        active = {i for i in active if intervals[i].stop > t0} | set(starts[t0])
+        share = active or waiting
+        if not share:
             continue
-        for i in active:
-            ops[intervals[i][2]] += (t1 - t0) / len(active)
+        for i in share:
+            ops[intervals[i].op] += (t1 - t0) / len(share)
         busy += t1 - t0
-    span = max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals)
+    span = max(iv.done for iv in intervals) - min(iv.start for iv in intervals)
     return DeviceTime(dict(ops), busy, span)
