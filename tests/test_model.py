@@ -44,9 +44,10 @@ def test_forward_backward_shapes(arch, dtype):
     assert abs(float(loss) - np.log(512)) < 0.1  # a fresh model predicts ~uniformly
     params = nnx.state(model, nnx.Param)
     assert jax.tree.structure(grads) == jax.tree.structure(params)
-    for g, p in zip(jax.tree.leaves(grads), jax.tree.leaves(params)):
-        assert g.shape == p.shape and p.dtype == jnp.float32 and bool(jnp.isfinite(g).all())
-    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+    grads = jax.device_get(jax.tree.leaves(grads))  # checked on the host: no program per leaf shape
+    for g, p in zip(grads, jax.tree.leaves(params)):
+        assert g.shape == p.shape and p.dtype == jnp.float32 and np.isfinite(g).all()
+    assert all(np.abs(g).max() > 0 for g in grads)
 
 
 @pytest.mark.parametrize("arch", ["svd", "cola", "lax"])
