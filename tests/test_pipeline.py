@@ -154,19 +154,19 @@ def test_stage_boundary_traffic_and_tp_collectives_from_the_hlo():
 
 
 @pytest.mark.slow
-def test_pipelined_training_tracks_one_device_across_resumes(tmp_path, tiny_overrides):
-    """12 steps on one device against one run that trains steps 0-4 under a circular pipeline
-    (pp=2 x 2 repeats x tp=2, dp=2, btp, 4 micro-batches), resumes for steps 4-8 without one (tp=4,
-    dp=2, the 4 micro-batches accumulated) and for 8-12 under the pipeline again: the losses follow
-    the single device's, across both changes of layout."""
-    common = [*tiny_overrides, "model.n_layers=4", "train.schedule_steps=12", "checkpoint.every=4",
+def test_training_tracks_one_device_across_resumes_onto_other_layouts(tmp_path, tiny_overrides):
+    """12 steps on one device against one run (btp, 4 micro-batches) resumed three times, each time
+    on another layout of the 8 devices: steps 0-3 under a circular pipeline (pp=2 x 2 repeats x tp=2,
+    dp=2), 3-6 without one (tp=4, dp=2, the micro-batches accumulated), 6-9 with the weights sharded
+    over fsdp instead of replicated over dp (tp=4 x fsdp=2), 9-12 under the pipeline again: the
+    losses follow the single device's across every change."""
+    common = [*tiny_overrides, "model.n_layers=4", "train.schedule_steps=12", "checkpoint.every=3",
               "train.eval_every=0"]
     one = train(load_config(None, [*common, "train.steps=12", f"run_dir={tmp_path / 'one'}"]), jax.devices()[:1])
     moved = [*common, f"run_dir={tmp_path / 'moved'}", "train.microbatches=4"]
     pipelined = ["parallel.pp=2", "parallel.pp_repeats=2", "parallel.tp=2"]
-    first = train(load_config(None, [*moved, "train.steps=4", *pipelined]))
-    flat = train(load_config(None, [*moved, "train.steps=8", "parallel.tp=4"]))
-    back = train(load_config(None, [*moved, "train.steps=12", *pipelined]))
-    assert (first["start_step"], flat["start_step"], back["start_step"]) == (0, 4, 8)
-    np.testing.assert_allclose(first["losses"] + flat["losses"] + back["losses"], one["losses"], atol=1e-4)
+    layouts = [pipelined, ["parallel.tp=4"], ["parallel.tp=4", "parallel.fsdp=2", "parallel.dp=1"], pipelined]
+    runs = [train(load_config(None, [*moved, f"train.steps={3 * (i + 1)}", *layout])) for i, layout in enumerate(layouts)]
+    assert [r["start_step"] for r in runs] == [0, 3, 6, 9]
+    np.testing.assert_allclose([x for r in runs for x in r["losses"]], one["losses"], atol=1e-4)
     assert one["losses"][-1] < one["losses"][0] - 0.5
