@@ -166,7 +166,7 @@ def test_training_tracks_one_device_across_resumes_onto_other_layouts(tmp_path, 
     moved = [*common, f"run_dir={tmp_path / 'moved'}", "train.microbatches=4"]
     pipelined = ["parallel.pp=2", "parallel.pp_repeats=2", "parallel.tp=2"]
     layouts = [pipelined, ["parallel.tp=4"], ["parallel.tp=4", "parallel.fsdp=2", "parallel.dp=1"], pipelined]
-    runs = [train(load_config(None, [*moved, f"train.steps={3 * (i + 1)}", *layout])) for i, layout in enumerate(layouts)]
+    runs = [train(load_config(None, [*moved, f"train.steps={3 * i}", *layout])) for i, layout in enumerate(layouts, 1)]
     assert [r["start_step"] for r in runs] == [0, 3, 6, 9]
     np.testing.assert_allclose([x for r in runs for x in r["losses"]], one["losses"], atol=1e-4)
     assert one["losses"][-1] < one["losses"][0] - 0.5

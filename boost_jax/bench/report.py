@@ -366,9 +366,9 @@ def profile_section(rows: list[dict]) -> list[str]:
          "of the traced step. Per device (at TP=4 the mean of the simulated devices, which share the host's cores). "
          "*loss* is the gradient outside the layer scan (embedding, final norm, LM head and cross-entropy, GEMMs "
          "included); *attention* the `attention` name scope; *gemm* the layers' other matmuls; *host gaps* the time "
-         "inside the traced steps when a device ran no op and awaited no asynchronous op's result (the CPU runtime's "
-         "Eigen matmuls return before their work is done; that time is theirs). *Accounted* = categorised ops + host gaps over the step "
-         "(`boost_jax/bench/profile.py`, `boost_jax/analysis/timeline.py`).", "",
+         "inside the traced steps when a device ran no op and awaited no asynchronous op's result (the CPU "
+         "runtime's Eigen matmuls return before their work is done; that time is theirs). *Accounted* = "
+         "categorised ops + host gaps over the step (`boost_jax/bench/profile.py`, `boost_jax/analysis/timeline.py`).", "",
          f"| category | {head} |", "|---|" + "---|" * len(rows)]
     for k in r0["categories"]:
         L.append(f"| {k} | " + " | ".join(share(r, r["categories"][k]) for r in rows) + " |")
