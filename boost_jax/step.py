@@ -1,8 +1,8 @@
 """Train state, optimizer, and the jitted train / eval steps.
 
 The state is a plain pytree `{params, opt_state, step, rng}` of sharded arrays, so Orbax saves it
-as is and restores it onto any mesh. Parameters are initialised from the seed alone, on the
-default device layout, and only then placed: the mesh never changes the initial values.
+as is and restores it onto any mesh. Parameters are initialised from the seed alone: the mesh
+never changes the initial values (`place_params`).
 """
 
 from __future__ import annotations
@@ -87,14 +87,35 @@ def init_params(cfg: Config) -> dict:
 def _jitted_init(model_cfg: ModelConfig, seed: int) -> Callable[[], dict]:
     # One jitted initializer per (model, seed), so a process that initialises the same model again
     # (a resume, an export, a test) reuses its trace and executable; it holds no arrays.
-    return jax.jit(lambda: nnx.to_pure_dict(nnx.state(Model(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param)))
+    return jax.jit(_initializer(model_cfg, seed))
+
+
+def _initializer(model_cfg: ModelConfig, seed: int) -> Callable[[], dict]:
+    return lambda: nnx.to_pure_dict(nnx.state(Model(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param))
 
 
 def place_params(cfg: Config, plan: Plan) -> dict:
-    """The seed's parameters laid out for `plan`: sharded, and the layers in its storage order."""
+    """The seed's parameters laid out for `plan`: sharded, and the layers in its storage order.
+
+    On an accelerator every device computes only its own shards, so no device ever holds the whole
+    model (llama-30b in fp32: 120 GB). On the CPU (the simulated meshes of tests and analysis) the
+    parameters are computed once on one device and then placed: one compiled initializer serves
+    every mesh, where a sharded one compiles again for each. The values are the same either way
+    (JAX's threefry random bits, partitionable by default, do not depend on how an array is sharded)."""
+    if plan.mesh.devices.flat[0].platform == "cpu":
+        order = plan.layer_order(cfg.model.n_layers)
+        params = relayout_layers(init_params(cfg), np.arange(cfg.model.n_layers), order)
+        return jax.device_put(params, plan.named(plan.param_specs(abstract_model(cfg)[1])))
+    return sharded_init(cfg, plan)()
+
+
+def sharded_init(cfg: Config, plan: Plan) -> Callable[[], dict]:
+    """The seed's parameters computed where `plan` keeps them (each device its own shards, the
+    layers in the plan's storage order), as a jitted function of nothing."""
     order = plan.layer_order(cfg.model.n_layers)
-    params = relayout_layers(init_params(cfg), np.arange(cfg.model.n_layers), order)
-    return jax.device_put(params, plan.named(plan.param_specs(abstract_model(cfg)[1])))
+    init = _initializer(cfg.model, cfg.train.seed)
+    shardings = plan.named(plan.param_specs(abstract_model(cfg)[1]))
+    return jax.jit(lambda: relayout_layers(init(), np.arange(cfg.model.n_layers), order), out_shardings=shardings)
 
 
 def relayout_layers(tree, src_order, dst_order):

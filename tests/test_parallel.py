@@ -1,6 +1,7 @@
 """Every TP scheme is the single-device model: same logits, loss and gradients on any mesh."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ from flax import nnx
 
 from boost_jax.config import ConfigError, load_config
 from boost_jax.parallel import make_plan
-from boost_jax.step import abstract_model, init_params
+from boost_jax.step import abstract_model, init_params, relayout_layers, sharded_init
 
 # (dp, fsdp, tp) on 8 devices: pure data parallel, dp x tp both ways, tp=8 (replicates llama-tiny's 2 kv
 # heads), and fsdp. Every scheme runs on every mesh; the low-rank archs rotate over a scheme's meshes
@@ -79,6 +80,25 @@ def test_parameter_init_does_not_depend_on_the_mesh():
     sharded = jax.device_put(init_params(cfg), plan.named(plan.param_specs(abstract)))
     single = init_params(config("cola", "btp"))
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(sharded), jax.device_get(single))
+
+
+def test_accelerators_compute_only_their_own_parameter_shards():
+    """What `place_params` runs off the CPU: the initializer compiled for the plan's shardings (here a
+    pipeline's layer order, fsdp and tp) gives the one-device values, and no device holds the model."""
+    cfg = config("cola", "btp", 1, 2, 2, "parallel.pp=2", "parallel.pp_repeats=2", "model.n_layers=4",
+                 "train.microbatches=2")
+    plan = make_plan(cfg)
+    init = sharded_init(cfg, plan)
+    order = plan.layer_order(cfg.model.n_layers)
+    expected = relayout_layers(init_params(cfg), np.arange(cfg.model.n_layers), order)
+    params = init()
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(expected))
+    memory = init.lower().compile().memory_analysis()  # per device
+    whole = sum(x.nbytes for x in jax.tree.leaves(params))
+    shards = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(params))
+    assert shards < whole / 4
+    assert shards <= memory.output_size_in_bytes <= shards + 8 * len(jax.tree.leaves(params))  # + the tuple's pointers
+    assert memory.temp_size_in_bytes < 2 * shards  # the random bits of its own shards, not of whole arrays
 
 
 @pytest.mark.parametrize("overrides, needle", [
