@@ -103,19 +103,23 @@ def place_params(cfg: Config, plan: Plan) -> dict:
     every mesh, where a sharded one compiles again for each. The values are the same either way
     (JAX's threefry random bits, partitionable by default, do not depend on how an array is sharded)."""
     if plan.mesh.devices.flat[0].platform == "cpu":
-        order = plan.layer_order(cfg.model.n_layers)
-        params = relayout_layers(init_params(cfg), np.arange(cfg.model.n_layers), order)
-        return jax.device_put(params, plan.named(plan.param_specs(abstract_model(cfg)[1])))
+        return jax.device_put(_in_plan_order(init_params(cfg), cfg, plan), _param_shardings(cfg, plan))
     return sharded_init(cfg, plan)()
 
 
 def sharded_init(cfg: Config, plan: Plan) -> Callable[[], dict]:
     """The seed's parameters computed where `plan` keeps them (each device its own shards, the
     layers in the plan's storage order), as a jitted function of nothing."""
-    order = plan.layer_order(cfg.model.n_layers)
     init = _initializer(cfg.model, cfg.train.seed)
-    shardings = plan.named(plan.param_specs(abstract_model(cfg)[1]))
-    return jax.jit(lambda: relayout_layers(init(), np.arange(cfg.model.n_layers), order), out_shardings=shardings)
+    return jax.jit(lambda: _in_plan_order(init(), cfg, plan), out_shardings=_param_shardings(cfg, plan))
+
+
+def _in_plan_order(params: dict, cfg: Config, plan: Plan) -> dict:
+    return relayout_layers(params, np.arange(cfg.model.n_layers), plan.layer_order(cfg.model.n_layers))
+
+
+def _param_shardings(cfg: Config, plan: Plan):
+    return plan.named(plan.param_specs(abstract_model(cfg)[1]))
 
 
 def relayout_layers(tree, src_order, dst_order):
