@@ -28,6 +28,7 @@ combined op, the convert back to the narrow type that follows the result.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import defaultdict
@@ -77,19 +78,24 @@ class _Comp:
     instrs: dict[str, _Instr] = field(default_factory=dict)
 
 
+_BRACKET_RE = re.compile(r"[(){}\[\]]")
+_DEPTH = {"(": 1, "{": 1, "[": 1, ")": -1, "}": -1, "]": -1}
+
+
 def _balanced(s: str, i: int) -> int:
-    """Index just past the bracket group opening at s[i]."""
+    """Index just past the bracket group opening at s[i] (the regex skips the text between brackets)."""
     depth = 0
-    for j in range(i, len(s)):
-        depth += {"(": 1, "{": 1, "[": 1, ")": -1, "}": -1, "]": -1}.get(s[j], 0)
+    for m in _BRACKET_RE.finditer(s, i):
+        depth += _DEPTH[m.group()]
         if depth == 0:
-            return j + 1
+            return m.end()
     raise ValueError(f"unbalanced: {s[i:i + 80]}")
 
 
 _COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\)\s*->\s*.*)?\{$")
 # Instructions as compiled modules print them: "%name = shape op(%operand, ...), attr=..., ...".
 _INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
+_OPERAND_RE = re.compile(r"%([\w.\-]+)")
 
 
 def _parse_instr(line: str) -> _Instr | None:
@@ -102,7 +108,7 @@ def _parse_instr(line: str) -> _Instr | None:
     op = rest[: rest.index("(")]
     close = _balanced(rest, len(op))
     arg = rest[len(op) + 1: close - 1]
-    return _Instr(name, shape, op, re.findall(r"%([\w.\-]+)", arg), arg, rest[close:])
+    return _Instr(name, shape, op, _OPERAND_RE.findall(arg), arg, rest[close:])
 
 
 def parse_module(text: str) -> tuple[dict[str, _Comp], str, int]:
@@ -124,15 +130,28 @@ def parse_module(text: str) -> tuple[dict[str, _Comp], str, int]:
     return comps, entry or next(iter(comps)), n_dev
 
 
+@functools.cache
+def _attr_re(key: str) -> re.Pattern:
+    return re.compile(rf"\b{key}=%?([\w.\-]+)")
+
+
 def attr(attrs: str, key: str) -> str | None:
-    m = re.search(rf"\b{key}=%?([\w.\-]+)", attrs)
+    m = _attr_re(key).search(attrs)
     return m.group(1) if m else None
+
+
+# One pass over an instruction's attributes finds all its callee keys (a search per key was most of
+# the time `loop_contexts` took on a llama-7b module).
+_CALLEE_RE = re.compile(rf"\b({'|'.join(_CALLEE_ATTRS)}|to_apply)=%?([\w.\-]+)")
 
 
 def callees(ins: _Instr) -> list[str]:
     """The computations an instruction runs (a while's body and condition, a fusion's, a call's)."""
+    found: dict[str, str] = {}
+    for m in _CALLEE_RE.finditer(ins.attrs):
+        found.setdefault(m.group(1), m.group(2))
     keys = _CALLEE_ATTRS + (("to_apply",) if ins.op == "call" else ())
-    names = [c for k in keys if (c := attr(ins.attrs, k))]
+    names = [found[k] for k in keys if k in found]
     if m := re.search(r"branch_computations=\{([^}]*)\}", ins.attrs):
         names += re.findall(r"%?([\w.\-]+)", m.group(1))
     return names
