@@ -130,9 +130,12 @@ def parse_module(text: str) -> tuple[dict[str, _Comp], str, int]:
     return comps, entry or next(iter(comps)), n_dev
 
 
+_ATTR_VALUE = r"=%?([\w.\-]+)"  # after `key`: a name, the `%` optional
+
+
 @functools.cache
 def _attr_re(key: str) -> re.Pattern:
-    return re.compile(rf"\b{key}=%?([\w.\-]+)")
+    return re.compile(rf"\b{key}{_ATTR_VALUE}")
 
 
 def attr(attrs: str, key: str) -> str | None:
@@ -142,7 +145,7 @@ def attr(attrs: str, key: str) -> str | None:
 
 # One pass over an instruction's attributes finds all its callee keys (a search per key was most of
 # the time `loop_contexts` took on a llama-7b module).
-_CALLEE_RE = re.compile(rf"\b({'|'.join(_CALLEE_ATTRS)}|to_apply)=%?([\w.\-]+)")
+_CALLEE_RE = re.compile(rf"\b({'|'.join(_CALLEE_ATTRS)}|to_apply){_ATTR_VALUE}")
 
 
 def callees(ins: _Instr) -> list[str]:
