@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 
 import pytest
 
@@ -212,6 +213,26 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     # The page is a pure function of the saved measurements.
     report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page
+
+
+def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch):
+    """--rerender / --paper-json / --planner-json: a missing, damaged or foreign file is one ConfigError
+    naming the flag and the file, raised before any section is measured or a page is written."""
+    monkeypatch.setattr(report, "measure_all", lambda *a: pytest.fail("measured despite a bad saved input"))
+    (tmp_path / "damaged.json").write_text('{"rows": [')
+    (tmp_path / "paper.json").write_text(json.dumps({"settings": {}, "hardware": {}, "rows": []}))
+    (tmp_path / "rows.json").write_text(json.dumps({"rows": []}))
+    out = tmp_path / "out"
+    for args, needle in [
+        (["--rerender", str(tmp_path / "missing.json")], "--rerender " + str(tmp_path / "missing.json") + ": cannot read"),
+        (["--paper-json", str(tmp_path / "damaged.json")], "--paper-json " + str(tmp_path / "damaged.json") + ": cannot read"),
+        (["--paper-json", str(tmp_path / "paper.json"), "--planner-json", str(tmp_path / "rows.json")],
+         "--planner-json " + str(tmp_path / "rows.json") + ": not the JSON this flag reads (missing settings)"),
+        (["--rerender", str(tmp_path / "paper.json")], "(missing machine, commands, paper, planner, step_compare, single_device, profile)"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            report.main([*args, "--out", str(out)])
+    assert not out.exists()
 
 
 def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch):

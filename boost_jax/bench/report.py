@@ -25,6 +25,7 @@ from boost_jax.bench import paper, planner
 from boost_jax.bench.profile import profile
 from boost_jax.analysis.program import config_for
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
+from boost_jax.config import ConfigError
 from boost_jax.flops import PEAK_BF16_FLOPS, count
 
 GIB = 2**30
@@ -460,7 +461,11 @@ def main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)
     out = Path(a.out)
-    result = json.loads(Path(a.rerender).read_text()) if a.rerender else measure_all(a, argv, log)
+    # Saved inputs are read before anything is measured: a bad file fails in a second, not after the paper's compiles.
+    saved = {flag: read_saved(path, flag, keys) for flag, path, keys in (
+        ("--rerender", a.rerender, RESULT_KEYS), ("--paper-json", a.paper_json, ("settings", "hardware", "rows")),
+        ("--planner-json", a.planner_json, ("settings", "rows"))) if path}
+    result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
     images = plot(result, out / "img")
     (out / "results.md").write_text(page(result, images, "img"))
     if not a.rerender:
@@ -469,9 +474,25 @@ def main(argv: list[str]) -> None:
         + ("" if a.rerender else f"; the measurements in {out / 'results.json'}"))
 
 
-def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
+RESULT_KEYS = ("machine", "commands", "paper", "planner", "step_compare", "single_device", "profile")
+
+
+def read_saved(path: str, flag: str, keys: tuple[str, ...]) -> dict:
+    """A saved JSON input of `flag`, or one ConfigError naming the flag, the file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{flag} {path}: cannot read it as JSON ({e})") from e
+    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ConfigError(f"{flag} {path}: not the JSON this flag reads (missing {', '.join(missing)})")
+    return data
+
+
+def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, dict]) -> dict:
+    """Every section measured here, except those read from `saved` (--paper-json, --planner-json)."""
     if a.paper_json:
-        pr = json.loads(Path(a.paper_json).read_text())
+        pr = saved["--paper-json"]
         paper_cmd = pr["settings"].get("command", f"(paper results read from {a.paper_json})")
     else:
         log("bench paper: abstract compiles of the paper's settings")
@@ -480,7 +501,7 @@ def measure_all(a: argparse.Namespace, argv: list[str], log) -> dict:
         paper_cmd = (f"python -m boost_jax.bench paper --models {a.models} --variants {a.variants}{micro} "
                      f"--batch {a.batch} --seq {a.seq} --dtype {a.dtype}")
     if a.planner_json:
-        pl = json.loads(Path(a.planner_json).read_text())
+        pl = saved["--planner-json"]
     else:
         log("bench planner: the planner on the paper's rows (compiles cached on disk)")
         pl = planner.run(a.models.split(","), planner.paper_hardware(), batch=a.batch, seq=a.seq,
