@@ -4,6 +4,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compile many small programs, and compiling is most of their time. Two CPU-only switches
@@ -24,6 +25,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+# Likewise one data cache (tokenizer, token arrays, the CPU's measured matmul peak) for the whole
+# run: each is built once, not once per worker (boost_jax/data/build.py locks: concurrent builders wait).
+if "BOOST_JAX_TEST_DATA_CACHE" not in os.environ:
+    os.environ["BOOST_JAX_TEST_DATA_CACHE"] = _DATA = tempfile.mkdtemp(prefix="boost_jax_test_data_")
+    atexit.register(shutil.rmtree, _DATA, ignore_errors=True)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -31,9 +38,9 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One data cache (tokenizers, token arrays) shared by the whole session."""
-    return tmp_path_factory.mktemp("boost_jax_cache")
+def cache_dir():
+    """The run's one data cache, shared by the xdist workers and the processes they start."""
+    return Path(os.environ["BOOST_JAX_TEST_DATA_CACHE"])
 
 
 @pytest.fixture(scope="session")

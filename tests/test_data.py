@@ -465,6 +465,7 @@ def test_build_data_stdlib_quickstart(tmp_path):
     np.testing.assert_array_equal(warm.train.batch(0, 8)["inputs"], b["inputs"])
 
 
+@pytest.mark.slow  # command-line processes
 def test_cli_prepare_and_one_line_errors(tmp_path):
     src = tmp_path / "c.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs(100)) + "{oops\n")

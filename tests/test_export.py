@@ -193,6 +193,7 @@ def run_dir(tmp_path_factory, tiny_overrides):
     return run_dir
 
 
+@pytest.mark.slow  # run_dir: a training process
 def test_cli_exports_the_checkpoint(run_dir, tmp_path, capsys):
     main([str(run_dir), str(tmp_path / "out"), "--step", "2"])
     assert "step 2" in capsys.readouterr().out
@@ -203,6 +204,7 @@ def test_cli_exports_the_checkpoint(run_dir, tmp_path, capsys):
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (run_dir / "tokenizer.json").read_bytes()
 
 
+@pytest.mark.slow  # run_dir: a training process
 def test_cli_copies_a_findable_tokenizer(run_dir, tmp_path):
     tokenizer = tmp_path / "tok.json"
     tokenizer.write_text(Tokenizer(models.BPE()).to_str())
@@ -218,6 +220,7 @@ def test_cli_copies_a_findable_tokenizer(run_dir, tmp_path):
         assert (src / "out" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
 
 
+@pytest.mark.slow  # run_dir: a training process
 def test_cli_refuses_a_non_empty_out_dir_unless_forced(run_dir, tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     with pytest.raises(SystemExit, match="not empty; pass --force"):
@@ -227,6 +230,7 @@ def test_cli_refuses_a_non_empty_out_dir_unless_forced(run_dir, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors", "notes.txt", "tokenizer.json"]
 
 
+@pytest.mark.slow  # run_dir: a training process
 def test_cli_errors(run_dir, tmp_path):
     with pytest.raises(SystemExit, match="run dir not found"):
         main([str(tmp_path / "missing"), str(tmp_path / "out")])

@@ -62,6 +62,7 @@ def run_copy(good_run, tmp_path):
 # ----------------------------------------------------------------------------- divergence
 
 
+@pytest.mark.slow  # up to 12 steps, a checkpoint each
 def test_divergence_stops_and_keeps_the_last_finite_checkpoint(run_copy, tiny_overrides):
     # Resume a good run with an absurd LR, saving every step with keep=2: before the guard, the
     # run ended normally and retention deleted every finite checkpoint in favour of all-NaN ones.
@@ -131,6 +132,7 @@ def test_a_failed_start_leaves_no_config_yaml(tiny_overrides, tmp_path, monkeypa
     assert not (tmp_path / "run" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow  # a training process
 def test_damaged_checkpoint_is_one_message(run_copy, tiny_overrides):
     for f in (run_copy / "checkpoints" / "4").rglob("*"):
         if f.is_file():
@@ -152,6 +154,7 @@ def test_damaged_config_yaml_is_named(run_copy, tiny_overrides):
 # ----------------------------------------------------------------------------- one message per error
 
 
+@pytest.mark.slow  # a process each; tests/test_train.py keeps one CLI error in the inner loop
 @pytest.mark.parametrize("module, args, needle", [
     ("boost_jax.train", ["BAD_YAML"], "bad.yaml: not valid YAML"),
     ("boost_jax.train", ["train.lr=[1,"], "override 'train.lr=[1,': not valid YAML"),
@@ -228,6 +231,7 @@ def test_a_torn_metrics_line_is_set_aside_on_resume(tmp_path):
     assert (tmp_path / "metrics.jsonl.damaged").read_text() == rows + '{"step": 10, "lo'
 
 
+@pytest.mark.slow  # a process
 def test_runs_without_the_optional_packages_import_and_a_run_names_them(tmp_path):
     """A GPU machine's own Python stack has no tensorboardX, grain or zstandard: the package, the
     train and bench modules still import, and a run says which packages it lacks, in one message."""

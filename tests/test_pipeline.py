@@ -155,18 +155,18 @@ def test_stage_boundary_traffic_and_tp_collectives_from_the_hlo():
 
 @pytest.mark.slow
 def test_training_tracks_one_device_across_resumes_onto_other_layouts(tmp_path, tiny_overrides):
-    """12 steps on one device against one run (btp, 4 micro-batches) resumed three times, each time
-    on another layout of the 8 devices: steps 0-3 under a circular pipeline (pp=2 x 2 repeats x tp=2,
-    dp=2), 3-6 without one (tp=4, dp=2, the micro-batches accumulated), 6-9 with the weights sharded
-    over fsdp instead of replicated over dp (tp=4 x fsdp=2), 9-12 under the pipeline again: the
-    losses follow the single device's across every change."""
-    common = [*tiny_overrides, "model.n_layers=4", "train.schedule_steps=12", "checkpoint.every=3",
+    """9 steps on one device against one run (btp, 4 micro-batches) resumed twice, each time on
+    another layout of the 8 devices: steps 0-3 without a pipeline (tp=4, dp=2, the micro-batches
+    accumulated), 3-6 under a circular pipeline (pp=2 x 2 repeats x tp=2, dp=2: the checkpoint's
+    layers move into the pipeline's storage order), 6-9 out of it, with the weights sharded over
+    fsdp instead of replicated over dp (tp=4 x fsdp=2): the losses follow the single device's."""
+    common = [*tiny_overrides, "model.n_layers=4", "train.schedule_steps=9", "checkpoint.every=3",
               "train.eval_every=0"]
-    one = train(load_config(None, [*common, "train.steps=12", f"run_dir={tmp_path / 'one'}"]), jax.devices()[:1])
+    one = train(load_config(None, [*common, "train.steps=9", f"run_dir={tmp_path / 'one'}"]), jax.devices()[:1])
     moved = [*common, f"run_dir={tmp_path / 'moved'}", "train.microbatches=4"]
-    pipelined = ["parallel.pp=2", "parallel.pp_repeats=2", "parallel.tp=2"]
-    layouts = [pipelined, ["parallel.tp=4"], ["parallel.tp=4", "parallel.fsdp=2", "parallel.dp=1"], pipelined]
+    layouts = [["parallel.tp=4"], ["parallel.pp=2", "parallel.pp_repeats=2", "parallel.tp=2"],
+               ["parallel.tp=4", "parallel.fsdp=2", "parallel.dp=1"]]
     runs = [train(load_config(None, [*moved, f"train.steps={3 * i}", *layout])) for i, layout in enumerate(layouts, 1)]
-    assert [r["start_step"] for r in runs] == [0, 3, 6, 9]
+    assert [r["start_step"] for r in runs] == [0, 3, 6]
     np.testing.assert_allclose([x for r in runs for x in r["losses"]], one["losses"], atol=1e-4)
     assert one["losses"][-1] < one["losses"][0] - 0.5

@@ -23,6 +23,7 @@ def metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 40 steps
 def test_loss_falls_and_outputs_are_written(tmp_path, tiny_overrides):
     out, run_dir = run(tmp_path, tiny_overrides, "train.steps=40", "train.eval_every=20",
                        "checkpoint.every=20", "log.tensorboard=true")
