@@ -73,9 +73,16 @@ class Setup:
 
 
 def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:
-    model = nnx.eval_shape(lambda: Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed)))
-    graphdef, params = nnx.split(model, nnx.Param)
-    return graphdef, params
+    """The model's structure and its parameters' shapes, dtypes and logical axes, with no arrays."""
+    graphdef, params = _abstract_model(cfg.model)
+    return graphdef, jax.tree.map(lambda x: x, params)  # a container of its own: a caller may edit it
+
+
+@functools.cache
+def _abstract_model(model_cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    # Traced once per model (shapes do not depend on the seed): planning, placing and analysing a
+    # model ask for it again and again.
+    return nnx.split(nnx.eval_shape(lambda: Model(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
 
 
 def init_params(cfg: Config) -> dict:

@@ -183,3 +183,19 @@ def test_tied_embeddings_have_no_head():
     t = tokens()
     _, grads = loss_and_grads(model, t)
     assert float(jnp.abs(grads["embed"][...]).max()) > 0
+
+
+def test_abstract_model_is_traced_once_and_each_caller_owns_its_copy():
+    """`abstract_model` is cached per model config (planning and analysis ask for it many times); a
+    caller that edits the state it got does not change what the next caller gets."""
+    from boost_jax.config import load_config
+    from boost_jax.step import abstract_model
+
+    cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=cola"])
+    graphdef, first = abstract_model(cfg)
+    shapes = jax.tree.map(lambda x: x.shape, first)
+    first["embed"] = nnx.Param(jax.ShapeDtypeStruct((1, 1), jnp.float32))
+    again, second = abstract_model(cfg)
+    assert again == graphdef and second is not first
+    assert jax.tree.map(lambda x: x.shape, second) == shapes
+    assert jax.tree.map(lambda x: x.shape, abstract_model(dataclasses.replace(cfg, model=tiny("dense")))[1]) != shapes
