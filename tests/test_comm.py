@@ -2,9 +2,11 @@
 
 import functools
 
+import jax
 import pytest
 
-from boost_jax.analysis.comm import measure
+from boost_jax.analysis.comm import forward, in_layers, measure
+from boost_jax.analysis.hlo import audit
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import build, config_for
 
@@ -40,6 +42,17 @@ def test_btp_layer_moves_only_latents(btp):
     # Backward: the latents' gradients, all-reduced once each at the column-parallel B.
     assert btp["layer_backward_collectives"] == 4
     assert set(btp["by_kind"]["backward"]) == {"all-reduce"}
+
+
+@pytest.mark.parametrize("arch, scheme", [("cola", "btp"), pytest.param("dense", "megatron", marks=pytest.mark.slow)])
+def test_the_gradients_forward_collectives_are_the_losss_own(arch, scheme):
+    """`measure` compiles the value and gradient once and takes as forward the collectives JAX did not
+    name as the backward pass's: per layer they are exactly those of the loss compiled on its own."""
+    prog = build(config(arch, scheme))
+    both = audit(jax.value_and_grad(prog.loss), prog.params, prog.batch)
+    what = lambda cols: sorted((c.kind, c.dtype, c.shape, c.bytes, c.replica_groups) for c in in_layers(cols))
+    assert what(forward(both)) == what(audit(prog.loss, prog.params, prog.batch))
+    assert 0 < len(in_layers(forward(both))) < len(in_layers(both))  # the backward's are told apart
 
 
 def test_btp_edges_are_vocab_parallel(btp):

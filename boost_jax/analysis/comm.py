@@ -1,8 +1,12 @@
 """Collectives per decoder layer, forward and backward, measured on the compiled HLO of a `Program`
 next to its scheme's analytic volume (`parallel/schemes.py`; docs/design.md derives it).
 
-Per layer = the collectives inside the scanned layer body (each runs once per layer). Forward is the
-compiled loss; backward is the compiled gradient minus the forward (its program holds both).
+Per layer = the collectives inside the scanned layer body (each runs once per layer). One compile of
+the loss's value and gradient holds both passes: forward are its collectives that JAX did not name as
+the backward pass's (`Collective.backward`), backward the rest. Per layer these are exactly the
+collectives of the loss compiled on its own (tests/test_comm.py checks it); outside the layers XLA
+may merge a forward collective into a backward one (the loss's scalar all-reduce over dp into a
+gradient's), which the edges then count as backward.
 """
 
 from __future__ import annotations
@@ -31,16 +35,21 @@ def in_layers(cols: list[Collective]) -> list[Collective]:
     return [c for c in cols if c.loop_depth and c.kind != P2P]
 
 
+def forward(cols: list[Collective]) -> list[Collective]:
+    """The forward pass's collectives among a gradient program's."""
+    return [c for c in cols if not c.backward]
+
+
 def layer_split(fwd: list[Collective], both: list[Collective]) -> tuple[dict, dict]:
-    """Per-layer (forward, backward) summaries from the loss's and the gradient's collectives."""
+    """Per-layer (forward, backward) summaries from the forward's collectives and all of them."""
     layer_fwd = summarize(in_layers(fwd), in_loop=True)
     return layer_fwd, _diff(summarize(in_layers(both), in_loop=True), layer_fwd)
 
 
 def measure(prog: Program) -> dict:
     program_issues = issued(prog.loss, prog.params, prog.batch)
-    fwd = audit(prog.loss, prog.params, prog.batch)
-    both = audit(jax.grad(prog.loss), prog.params, prog.batch)
+    both = audit(jax.value_and_grad(prog.loss), prog.params, prog.batch)  # as the train step computes it
+    fwd = forward(both)
     layer_fwd, layer_bwd = layer_split(fwd, both)
     m, cfg, pipe = prog.cfg.model, prog.cfg, prog.plan.pipeline
     # Tokens one layer sees per run, per device's replica: one micro-batch under a pipeline.

@@ -42,6 +42,8 @@ _PROMOTED_FROM = {"f32": "bf16", "s32": "s16", "u32": "u16"}
 # Attributes naming computations whose instructions run as part of the caller. to_apply only
 # counts for `call`: on collectives, reduces, ... it is a scalar reduction function.
 _CALLEE_ATTRS = ("calls", "body", "condition", "true_computation", "false_computation")
+# The JAX name of an op of a gradient's backward pass (its metadata op_name).
+_BACKWARD = re.compile(r'op_name="[^"]*\btranspose\(')
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Collective:
     parts: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (dtype, shape) of each part, as communicated
     bytes_as_compiled: int = 0  # payload at the dtypes of the compiled HLO
     name: str = ""  # instruction name, e.g. "all-reduce.3"
+    backward: bool = False  # made by the backward pass: JAX names those ops transpose(jvp(...))
 
 
 @dataclass
@@ -290,7 +293,7 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
         trip_count=trips, trip_count_known=known,
         upcast_from=next((c for (c, _), (p, _) in zip(compiled, parts) if c != p), None),
         parts=tuple(parts), bytes_as_compiled=scale * sum(nbytes(dt, dims) for dt, dims in compiled),
-        name=ins.name)
+        name=ins.name, backward=_BACKWARD.search(attrs) is not None)
 
 
 def collectives(hlo_text: str) -> list[Collective]:

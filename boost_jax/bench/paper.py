@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.work import analyze
-from boost_jax.analysis.comm import layer_split, pipeline_comm
+from boost_jax.analysis.comm import forward, layer_split, pipeline_comm
 from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, predict, select_hardware
 from boost_jax.flops import count
@@ -65,10 +65,10 @@ def measure(model: str, variant: str, *, tp: int, pp: int, microbatches: int, ba
         # XLA unrolls a one-trip loop: per-layer figures need the scanned stack to stay a loop.
         raise SystemExit(f"{model}: n_layers={m.n_layers} must give pp={pp} stages of at least 2 layers")
     prog = build(cfg)
-    fwd = collectives(jax.jit(prog.loss).lower(prog.params, prog.batch).compile().as_text())
     step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
     text = step.as_text()
     both = collectives(text)
+    fwd = forward(both)
     itemsize = jnp.dtype(m.dtype).itemsize
     gemms, traffic = analyze(text, seq=seq, itemsize=itemsize, query_block=m.attention_query_block)
     params = prog.params_per_device
