@@ -5,6 +5,7 @@ import functools
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +214,15 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     # The page is a pure function of the saved measurements.
     report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page
+
+
+def test_the_shipped_page_is_rendered_from_the_shipped_measurements(tmp_path):
+    """docs/results.md is `bench report --rerender docs/results.json`, byte for byte, with the same plots:
+    an edit to the page's code that changes what it says shows here, not on the next full measurement."""
+    docs = Path(__file__).parents[1] / "docs"
+    report.main(["--rerender", str(docs / "results.json"), "--out", str(tmp_path)])
+    assert (tmp_path / "results.md").read_text() == (docs / "results.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "img").iterdir()) == sorted(p.name for p in (docs / "img").iterdir())
 
 
 def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch):
