@@ -19,14 +19,6 @@ from boost_jax.analysis.program import Program
 from boost_jax.archs import ARCHS
 
 
-def _diff(total: dict, part: dict) -> dict:
-    kinds = set(total["by_kind"]) | set(part["by_kind"])
-    by_kind = {k: {f: total["by_kind"].get(k, {}).get(f, 0) - part["by_kind"].get(k, {}).get(f, 0)
-                   for f in ("count", "bytes")} for k in kinds}
-    by_kind = {k: v for k, v in by_kind.items() if v["count"] or v["bytes"]}
-    return {"count": total["count"] - part["count"], "bytes": total["bytes"] - part["bytes"], "by_kind": by_kind}
-
-
 P2P = "collective-permute"
 
 
@@ -40,17 +32,17 @@ def forward(cols: list[Collective]) -> list[Collective]:
     return [c for c in cols if not c.backward]
 
 
-def layer_split(fwd: list[Collective], both: list[Collective]) -> tuple[dict, dict]:
-    """Per-layer (forward, backward) summaries from the forward's collectives and all of them."""
-    layer_fwd = summarize(in_layers(fwd), in_loop=True)
-    return layer_fwd, _diff(summarize(in_layers(both), in_loop=True), layer_fwd)
+def layer_split(both: list[Collective]) -> tuple[dict, dict]:
+    """Per-layer (forward, backward) summaries of a gradient program's collectives."""
+    return (summarize(in_layers(forward(both)), in_loop=True),
+            summarize(in_layers([c for c in both if c.backward]), in_loop=True))
 
 
 def measure(prog: Program) -> dict:
     program_issues = issued(prog.loss, prog.params, prog.batch)
     both = audit(jax.value_and_grad(prog.loss), prog.params, prog.batch)  # as the train step computes it
     fwd = forward(both)
-    layer_fwd, layer_bwd = layer_split(fwd, both)
+    layer_fwd, layer_bwd = layer_split(both)
     m, cfg, pipe = prog.cfg.model, prog.cfg, prog.plan.pipeline
     # Tokens one layer sees per run, per device's replica: one micro-batch under a pipeline.
     tokens = cfg.train.batch_size // prog.plan.size("batch") * cfg.train.seq_len // (pipe.microbatches if pipe else 1)
@@ -73,7 +65,7 @@ def measure(prog: Program) -> dict:
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
         "layer_forward_ops": fwd_ops,
-        "layer_backward_ops": _minus([_describe(c) for c in in_layers(both)], fwd_ops),
+        "layer_backward_ops": [_describe(c) for c in in_layers(both) if c.backward],
         **({"pipeline": pipeline_comm(prog, fwd, tokens, itemsize)} if pipe else {}),
     }
 
@@ -93,14 +85,6 @@ def pipeline_comm(prog: Program, fwd: list[Collective], tokens: int, itemsize: i
         "analytic_p2p_bytes_per_iteration": tokens * carry * itemsize,
         "p2p_ops_per_iteration": [_describe(c) for c in fwd if c.kind == P2P and c.loop_depth],
     }
-
-
-def _minus(items: list[str], remove: list[str]) -> list[str]:
-    out = list(items)
-    for r in remove:
-        if r in out:
-            out.remove(r)
-    return out
 
 
 def _describe(c: Collective) -> str:

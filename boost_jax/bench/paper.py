@@ -75,7 +75,7 @@ def measure(model: str, variant: str, *, tp: int, pp: int, microbatches: int, ba
     tokens = batch * microbatches * seq  # per iteration
     work = Work(gemms, traffic, both, itemsize, params)
     c = count(m, seq)
-    layer_fwd, layer_bwd = layer_split(fwd, both)
+    layer_fwd, layer_bwd = layer_split(both)
     flops = lambda attention: sum(g.flops * g.trip_count for g in gemms if g.attention == attention)
     cost = step.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
