@@ -30,6 +30,7 @@ def config(base: str | Path | None = None, *overrides: str) -> Config:
 
 
 def build_model(cfg: Config) -> Model:
+    """The model of `cfg`, its parameters initialised from `train.seed`."""
     return Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
 
 

@@ -9,25 +9,26 @@
 
 Adding an arch is one entry in `ARCHS` (plus a preset if it needs one, and its tests): the layers
 (`layers/lowrank.py`), parameter counts (`flops.py`), config validation, the TP schemes' arch lists
-and export all read this table.
+and export all read this table. It imports no JAX (the config validates against it in processes
+that never start JAX), so the latent function is named: an activation of `jax.nn`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-
-import jax
 
 from boost_jax.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Arch:
+    """One architecture: what it does to every projection of a block."""
+
     name: str
     low_rank: bool  # factors A: [d_in, r], B: [r, d_out]; else one dense W: [d_in, d_out]
-    # Applied to x @ A to give the latent h (low-rank archs only).
-    latent_fn: Callable[[jax.Array], jax.Array] | None
+    # The `jax.nn` activation applied to x @ A to give the latent h; None: the identity (low-rank
+    # archs only; layers/lowrank.py applies it).
+    latent_activation: str | None
     # LaX: the same projection's latent of the previous decoder layer is added to h before B.
     carries_latents: bool
     # SwiGLU's gate SiLU when the config leaves `model.mlp_gate_silu` unset: CoLA/LaX drop it (their
@@ -37,22 +38,24 @@ class Arch:
     hf_llama_export: bool
 
     def linear_params(self, d_in: int, d_out: int, rank: int) -> int:
+        """Parameters of one projection d_in -> d_out."""
         return rank * (d_in + d_out) if self.low_rank else d_in * d_out
 
 
 ARCHS: dict[str, Arch] = {
-    "dense": Arch("dense", low_rank=False, latent_fn=None, carries_latents=False, default_gate_silu=True,
+    "dense": Arch("dense", low_rank=False, latent_activation=None, carries_latents=False, default_gate_silu=True,
                   hf_llama_export=True),
-    "svd": Arch("svd", low_rank=True, latent_fn=lambda h: h, carries_latents=False, default_gate_silu=True,
+    "svd": Arch("svd", low_rank=True, latent_activation=None, carries_latents=False, default_gate_silu=True,
                 hf_llama_export=False),
-    "cola": Arch("cola", low_rank=True, latent_fn=jax.nn.silu, carries_latents=False, default_gate_silu=False,
+    "cola": Arch("cola", low_rank=True, latent_activation="silu", carries_latents=False, default_gate_silu=False,
                  hf_llama_export=False),
-    "lax": Arch("lax", low_rank=True, latent_fn=jax.nn.silu, carries_latents=True, default_gate_silu=False,
+    "lax": Arch("lax", low_rank=True, latent_activation="silu", carries_latents=True, default_gate_silu=False,
                 hf_llama_export=False),
 }
 
 
 def get_arch(name: str) -> Arch:
+    """The arch of a name; an unknown one raises ConfigError listing the table."""
     if name not in ARCHS:
         raise ConfigError(f"model.arch: unknown arch {name!r}; choose one of {sorted(ARCHS)}")
     return ARCHS[name]

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from boost_jax.errors import BoostJaxError
+from boost_jax.errors import BoostJaxError, ConfigError
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "BOOST_JAX_DEBUG"
 DEBUG_HELP = f"{DEBUG_FLAG} (or {DEBUG_ENV}=1) shows the traceback behind an error message."
@@ -32,6 +32,29 @@ def run_main(fn: Callable[[list[str]], object], argv: Sequence[str] | None = Non
         if debug:
             raise
         sys.exit(f"{e.kind}: {e}\n(rerun with {DEBUG_FLAG} or {DEBUG_ENV}=1 for the traceback)")
+
+
+CONFIG_HELP = ("an optional YAML file, then section.key=value overrides: the keys and meanings of "
+               "`python -m boost_jax.train` (boost_jax/configs/base.yaml lists them)")
+
+# Flags that once spelled a config key: each is refused with the key to write instead.
+RETIRED_FLAGS = {
+    "--model": "model.preset=NAME", "--arch": "model.arch=NAME", "--scheme": "parallel.scheme=NAME",
+    "--tp": "parallel.tp=N", "--dp": "parallel.dp=N", "--pp": "parallel.pp=N", "--pp-repeats": "parallel.pp_repeats=N",
+    "--microbatches": "train.microbatches=M", "--seq": "train.seq_len=N",
+    "--batch": "train.batch_size=N (global: every data-parallel replica's rows together)",
+    "--global-batch": "train.batch_size=N", "--dtype": "model.dtype=float32|bfloat16",
+}
+
+
+def refuse_retired_flags(argv: Sequence[str], keep: Sequence[str] = ()) -> None:
+    """A flag of RETIRED_FLAGS (except those in `keep`, which this command still has) stops the command
+    with the config key that replaced it."""
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in RETIRED_FLAGS and flag not in keep:
+            raise ConfigError(f"{flag} is not a flag any more: write {RETIRED_FLAGS[flag]} "
+                              "(every command reads the train config's keys)")
 
 
 def int_list(text: str) -> tuple[int, ...]:

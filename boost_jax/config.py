@@ -1,8 +1,9 @@
-"""Typed run configuration.
+"""Typed run configuration, the one vocabulary of every command.
 
-Defaults live in the dataclasses below; `configs/base.yaml` documents every knob (a test keeps the
+Defaults live in the dataclasses below; `boost_jax/configs/base.yaml` documents every knob (a test keeps the
 two equal). A run is `defaults <- optional YAML file <- dotted key=value overrides`, validated
-before any work starts: an unknown key or a bad value raises `ConfigError` naming the key.
+before any work starts: an unknown key or a bad value raises `ConfigError` naming the key. This
+module imports no JAX: it validates against the tables of `archs.py`, `schemes.py` and `presets.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import yaml
 from boost_jax import presets
 from boost_jax.archs import ARCHS
 from boost_jax.errors import ConfigError
-from boost_jax.parallel.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
+from boost_jax.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
 
 MAX_VOCAB = 2**31 - 1
 # Choices read from their tables (archs.py, parallel/schemes.py), so adding an entry there is enough.
@@ -31,6 +32,8 @@ DType = Literal["float32", "bfloat16"]
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """`model.*`: the architecture, its sizes (None: the preset's) and BOOST's switches."""
+
     preset: str = "llama-mini"
     arch: Arch = "cola"
     # Sizes: None takes the preset's value (ranks: d_model / 4).
@@ -49,8 +52,11 @@ class ModelConfig:
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     init_std: float = 0.02
-    # Off GPU, XLA's attention loops over blocks of this many queries when it divides train.seq_len
-    # (one block's scores live at a time); cuDNN's flash kernel on GPU needs no blocks.
+    # Attention: xla (XLA's softmax attention, a loop over blocks of attention_query_block queries when
+    # that divides the sequence, so one block's scores live at a time) | cudnn (cuDNN's fused flash
+    # kernel, GPU only, for causal self-attention; decoding and document masks use xla) | auto
+    # (cudnn on GPU devices, xla elsewhere). The plan resolves it (parallel/plan.py).
+    attention: Literal["auto", "xla", "cudnn"] = "auto"
     attention_query_block: int = 512
     dtype: DType = "float32"
     param_dtype: DType = "float32"
@@ -97,6 +103,8 @@ def _default(value, default):
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """`train.*`: steps, the global batch, optimizer, schedule, remat, eval."""
+
     steps: int = 150
     batch_size: int = 16  # global, in sequences
     # Gradient accumulation: the batch runs as this many micro-batches in one step, one update.
@@ -126,6 +134,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """`data.*`: where the tokens come from and how they are cut."""
+
     # stdlib and files are prepared into the cache on first use; prepared reads `path`
     source: Literal["stdlib", "files", "prepared"] = "stdlib"
     path: str = ""  # a dataset made by `python -m boost_jax.data prepare` (source=prepared)
@@ -136,16 +146,24 @@ class DataConfig:
     tokenizer: Literal["bpe", "byte_bpe"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
     cache_dir: str = ""  # "" = $BOOST_JAX_CACHE or ~/.cache/boost_jax
+    # Packed documents attend only within themselves: segment ids from the end-of-document tokens
+    # (the loader computes them) mask attention across a boundary. Off: every token of a window
+    # attends to every earlier one, as the loss has always been measured here.
+    document_mask: bool = False
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
+    """`checkpoint.*`: how often Orbax saves, how many are kept."""
+
     every: int = 50  # steps between saves; 0 disables checkpointing
     keep: int = 3  # newest checkpoints kept
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """`parallel.*`: the mesh's sizes, the TP scheme, simulated and multi-process devices."""
+
     pp: int = 1  # pipeline stages (parallel/pipeline.py); train.microbatches micro-batches flow through them
     pp_repeats: int = 1  # circular schedule: each stage runs this many chunks of layers per step
     dp: int = -1  # -1 = all devices left over
@@ -164,13 +182,20 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
+    """`log.*`: log lines, progress bar, TensorBoard, profiler trace."""
+
     every: int = 10  # steps between log lines
     progress: bool = True
     tensorboard: bool = True
+    # > 0: a JAX profiler trace of steps profile_start .. profile_start + profile_steps - 1 in <run_dir>/profile
+    profile_start: int = 0
+    profile_steps: int = 3
 
 
 @dataclass(frozen=True)
 class Config:
+    """A whole run: one section per dataclass above, plus the run dir."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -180,17 +205,37 @@ class Config:
     run_dir: str = "runs/default"
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts and lists (what config.yaml holds)."""
         return _plain(dataclasses.asdict(self))
 
     def dump(self, path: str | Path) -> None:
+        """Write the resolved config as YAML."""
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 # ----------------------------------------------------------------------------- loading
 
 
+def from_args(args: typing.Sequence[str]) -> Config:
+    """A command line's config: an optional YAML file (an argument without `=`) first, then
+    `section.key=value` overrides; what every command reads."""
+    return from_dict(raw_args(args))
+
+
+def raw_args(args: typing.Sequence[str]) -> dict[str, Any]:
+    """The mapping `from_args` validates: the YAML file's content with the overrides applied."""
+    path = args[0] if args and "=" not in args[0] else None
+    return raw_config(path, args[1:] if path else args)
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
     """Defaults <- YAML file <- `section.key=value` overrides; validated and resolved."""
+    return from_dict(raw_config(path, overrides))
+
+
+def raw_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> dict[str, Any]:
+    """The nested mapping of a YAML file with `section.key=value` overrides applied, before defaults
+    and validation (what a recipe written back holds)."""
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -211,7 +256,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {part!r} is not a section")
         node[leaf] = _parse_yaml(value, f"override {item!r}") if value else ""
-    return from_dict(raw)
+    return raw
 
 
 def load_yaml(path: Path) -> Any:
@@ -227,6 +272,7 @@ def _parse_yaml(text: str, where: str) -> Any:
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
+    """A validated, resolved config from a nested mapping of config keys (unknown keys raise)."""
     cfg = _build(Config, raw, "")
     cfg = dataclasses.replace(cfg, model=cfg.model.resolved())
     if cfg.parallel.scheme == "auto":
@@ -368,6 +414,8 @@ def _validate(c: Config) -> None:
                  f"(schemes that use it: {[s.name for s in SCHEMES.values() if knob in s.knobs]}); "
                  f"leave it at {default!r}")
     _require(c.log.every > 0, "log.every", "must be > 0")
+    _require(c.log.profile_start >= 0, "log.profile_start", "must be >= 0 (0 = no profile)")
+    _require(c.log.profile_steps > 0, "log.profile_steps", "must be > 0")
     _require(bool(c.run_dir), "run_dir", "must not be empty")
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
-from boost_jax.data.cache import atomic_write
+from boost_jax.cache import atomic_write
 
 
 @dataclass(frozen=True)

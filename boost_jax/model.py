@@ -1,4 +1,9 @@
-"""The LLaMA decoder for every arch: embedding -> scanned stack of blocks -> RMSNorm -> LM head."""
+"""The LLaMA decoder for every arch: embedding -> scanned stack of blocks -> RMSNorm -> LM head.
+
+Where the tokens sit comes from the caller (`Positions`: positions and document segments; by
+default 0 .. S-1, one document per row), and so does a `KVCache` for decoding (`Model.decode`),
+which rides through the layer scan beside the layers' weights.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
-from boost_jax.layers.attention import Attention
-from boost_jax.layers.lowrank import Linear, Projector
+from boost_jax.layers.attention import Attention, Positions
+from boost_jax.layers.kv_cache import KVCache
+from boost_jax.layers.lowrank import Linear
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
 from boost_jax.parallel.blocks import embed_lookup
@@ -26,6 +32,8 @@ RESIDUAL_AXES = ("batch", "seq", "act_embed")
 
 
 class Block(nnx.Module):
+    """One decoder layer: x + attention(norm(x)), then + MLP(norm(x))."""
+
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         dtypes = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
         linear_kwargs = dict(arch=cfg.arch, init_std=cfg.init_std, **dtypes)
@@ -35,11 +43,14 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
         self.mlp = MLP(cfg, linear_kwargs, rngs)
 
-    def __call__(self, plan: Plan, x, positions, latents):
-        apply = Projector(self.cfg, plan, latents)
-        x = residual(plan, x + self.attn(x, self.attn_norm, positions, apply))
-        x = residual(plan, x + self.mlp(x, self.mlp_norm, apply))
-        return x, apply.new
+    def __call__(self, plan: Plan, x, latents, where: Positions, cache: KVCache | None = None):
+        """(residual, the previous layer's latents (LaX), positions, this layer's cache) -> (residual,
+        this layer's latents, its updated cache)."""
+        proj = plan.projections(self.cfg, plan, latents)
+        a, cache = self.attn(x, self.attn_norm, proj, where, cache)
+        x = residual(plan, x + a)
+        x = residual(plan, x + self.mlp(x, self.mlp_norm, proj))
+        return x, proj.new, cache
 
 
 def residual(plan: Plan, x: jax.Array) -> jax.Array:
@@ -48,6 +59,8 @@ def residual(plan: Plan, x: jax.Array) -> jax.Array:
 
 
 class Model(nnx.Module):
+    """The decoder: `model(tokens, plan=...)` gives logits; `decode` runs tokens against a KV cache."""
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         cfg = cfg.resolved()
         self.cfg = cfg
@@ -67,31 +80,47 @@ class Model(nnx.Module):
             self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rank=0, arch="dense", axes=("table_embed", "vocab"),
                                   init_std=cfg.init_std, dtype=dt, param_dtype=pdt, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, *, plan: Plan, remat_mode: str = "none") -> jax.Array:
+    def __call__(self, tokens: jax.Array, *, plan: Plan, where: Positions = Positions(),
+                 remat_mode: str = "none") -> jax.Array:
         """tokens: int[B, S] -> fp32 logits [B, S, V], laid out and communicating as `plan` says."""
-        return self.logits(self.hidden(tokens, plan=plan, remat_mode=remat_mode), plan)
+        return self.logits(self.hidden(tokens, plan=plan, where=where, remat_mode=remat_mode), plan)
 
-    def hidden(self, tokens: jax.Array, *, plan: Plan, remat_mode: str = "none") -> jax.Array:
+    def hidden(self, tokens: jax.Array, *, plan: Plan, where: Positions = Positions(),
+               remat_mode: str = "none") -> jax.Array:
         """tokens: int[B, S] -> the final-normed hidden states [B, S, d] the LM head reads."""
+        return self._forward(tokens, plan, where, None, remat_mode)[0]
+
+    def decode(self, tokens: jax.Array, cache: KVCache, *, plan: Plan, positions: jax.Array) -> tuple[jax.Array, KVCache]:
+        """tokens int[B, S] at `positions` int[B, S] (each row's consecutive: a prompt's prefill, one
+        decode step, a chunk of a long sequence), attending to what `cache` holds and written into it
+        -> (fp32 logits [B, S, V], the updated cache)."""
+        if plan.pipeline is not None:
+            raise ValueError("decoding runs without pipeline stages: use a plan with parallel.pp=1")
+        h, cache = self._forward(tokens, plan, Positions(positions), cache, "none")
+        return self.logits(h, plan), cache
+
+    def _forward(self, tokens, plan: Plan, where: Positions, cache: KVCache | None, remat_mode: str):
         cfg = self.cfg
         x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
         carry = (x, self._initial_latents(tokens.shape))  # the residual, and the latents LaX crosses
         graphdef, state = nnx.split(self.layers)
         layer = decoder_layer(graphdef, plan, remat_mode)
         if plan.pipeline is None:
-            (x, _), _ = jax.lax.scan(layer, carry, state)
+            (x, _), cache = jax.lax.scan(lambda c, xs: layer(c, xs[0], where, xs[1]), carry, (state, cache))
         else:  # the same layers as stages over pp, the micro-batches flowing through them
-            micro = jax.tree.map(lambda v: split_microbatches(v, plan.pipeline.microbatches), carry)
-            x, _ = run_pipeline(plan.mesh, plan.pipeline, lambda p, c: layer(c, p)[0], state, micro)
+            split = lambda tree: jax.tree.map(lambda v: split_microbatches(v, plan.pipeline.microbatches), tree)
+            x, _ = run_pipeline(plan.mesh, plan.pipeline, lambda p, c, w: layer(c, p, w)[0], state, split(carry),
+                                split(where))
             x = plan.constrain(merge_microbatches(x), RESIDUAL_AXES)
-        return self.final_norm(plan.constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
+        # BTP: the one all-gather along d
+        return self.final_norm(plan.constrain(x, ("batch", "seq", None))), cache
 
     def logits(self, x: jax.Array, plan: Plan) -> jax.Array:
         """Hidden states [B, S, d] -> fp32 logits [B, S, V] (vocab-parallel where the plan splits the head)."""
         if self.cfg.tie_embeddings:
             logits = x @ self.embed[...].astype(self.cfg.dtype).T
         else:
-            logits = self.lm_head(plan, x)
+            logits = self.lm_head(x)
         return plan.constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
     def _initial_latents(self, shape) -> dict[str, jax.Array]:
@@ -103,22 +132,26 @@ class Model(nnx.Module):
 
 
 def decoder_layer(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str):
-    """The scan body of the decoder stack: (carry, one layer's state) -> (carry, None), under the
-    remat policy (also what the memory model compiles to read one layer's saved activations)."""
+    """One decoder layer as a function (carry, layer's state, positions, layer's cache) -> (carry,
+    updated cache), under the remat policy: the body of the layer scan and of the pipeline's stages
+    (and what the memory model compiles to read one layer's saved activations)."""
 
-    def layer(carry, layer_state):
+    def layer(carry, layer_state, where: Positions = Positions(), cache: KVCache | None = None):
         x, latents = carry
-        positions = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-        return nnx.merge(graphdef, layer_state)(plan, x, positions, latents), None
+        x, latents, cache = nnx.merge(graphdef, layer_state)(plan, x, latents, where, cache)
+        return (x, latents), cache
 
     return remat(layer, remat_mode)
 
 
 def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none",
             loss_chunk: int = 0) -> jax.Array:
-    """Mean next-token cross-entropy over all tokens of a packed batch; with `loss_chunk`, the LM head
-    and cross-entropy run that many positions at a time (`train.loss_chunk`)."""
-    x, targets = model.hidden(batch["inputs"], plan=plan, remat_mode=remat_mode), batch["targets"]
+    """Mean next-token cross-entropy over all tokens of a packed batch (its `segment_ids`, when the
+    batch has them, keep attention within each document); with `loss_chunk`, the LM head and
+    cross-entropy run that many positions at a time (`train.loss_chunk`)."""
+    where = Positions(batch.get("positions"), batch.get("segment_ids"))
+    x = model.hidden(batch["inputs"], plan=plan, where=where, remat_mode=remat_mode)
+    targets = batch["targets"]
     xent_sum = lambda x, t: optax.softmax_cross_entropy_with_integer_labels(model.logits(x, plan), t).sum()
     b, s, d = x.shape
     if not loss_chunk or loss_chunk == s:

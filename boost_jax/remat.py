@@ -23,6 +23,7 @@ REMAT_POLICIES: dict[str, Callable | None] = {
 
 
 def remat(fn: Callable, mode: str) -> Callable:
+    """`fn` under the checkpoint policy of `train.remat=mode`."""
     if mode not in REMAT_POLICIES:
         raise ValueError(f"train.remat: unknown mode {mode!r}; choose one of {sorted(REMAT_POLICIES)}")
     if mode == "none":

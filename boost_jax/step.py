@@ -21,10 +21,16 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, ModelConfig, TrainConfig
 from boost_jax.model import Model, loss_fn
-from boost_jax.parallel import Plan
 from boost_jax.parallel.pipeline import split_microbatches
+from boost_jax.parallel.plan import Plan
 
 TrainState = dict[str, Any]
+
+
+def batch_keys(cfg: Config) -> tuple[str, ...]:
+    """The arrays of a batch, each int32 [B, S] laid out on the batch axes: the tokens, their next
+    tokens, and with `data.document_mask` each token's document (data/loader.py)."""
+    return ("inputs", "targets", *(("segment_ids",) if cfg.data.document_mask else ()))
 
 
 def lr_schedule(t: TrainConfig) -> optax.Schedule:
@@ -69,6 +75,7 @@ class Setup:
         return jax.jit(relayout, out_shardings=self.state_shardings, donate_argnums=0)(state)
 
     def checkpoint_meta(self) -> dict:
+        """What a checkpoint records of this setup: the stored layer order."""
         return {"layer_order": self.layer_order.tolist()}
 
 
@@ -141,6 +148,7 @@ def relayout_layers(tree, src_order, dst_order):
 
 
 def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
+    """The seed's train state laid out for `plan`, and the jitted train and eval steps over it."""
     graphdef, _ = abstract_model(cfg)
     params = place_params(cfg, plan)
     pspecs = jax.tree.map(lambda p: p.sharding.spec, params)
@@ -181,7 +189,7 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
         new = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": rng}
         return new, metrics
 
-    batch_shardings = {"inputs": batch_sharding, "targets": batch_sharding}
+    batch_shardings = dict.fromkeys(batch_keys(cfg), batch_sharding)
     jitted_train = jax.jit(
         train_step, in_shardings=(state_shardings, batch_shardings),
         out_shardings=(state_shardings, replicated), donate_argnums=0,

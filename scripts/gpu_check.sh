@@ -73,9 +73,10 @@ EOF
 mapfile -t gpu_files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
 stage tests 120 "$OUT/gpu_tests.txt" env JAX_PLATFORMS=cuda XLA_FLAGS="${XLA_FLAGS:-}" \
     "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "${gpu_files[@]}"
-stage kernels 60 "$OUT/kernels.json" "$PY" -m boost_jax.bench kernels --model llama-7b --tp 4 --dtype bf16 --json
-stage step 165 "$OUT/step.json" "$PY" -m boost_jax.bench step --model llama-1b --arch cola --tp 1 \
-    --batch 8 --seq 2048 --dtype bf16 --reps 3 --steps 3 --json
+stage kernels 60 "$OUT/kernels.json" "$PY" -m boost_jax.bench kernels model.preset=llama-7b parallel.tp=4 \
+    train.batch_size=4 train.seq_len=4096 model.dtype=bfloat16 --json
+stage step 165 "$OUT/step.json" "$PY" -m boost_jax.bench step model.preset=llama-1b model.arch=cola parallel.tp=1 \
+    parallel.dp=1 train.batch_size=8 train.seq_len=2048 model.dtype=bfloat16 --reps 3 --steps 3 --json
 
 echo
 echo "== summary ($OUT)"

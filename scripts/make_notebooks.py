@@ -60,13 +60,16 @@ SCHEMES = [
     new_code_cell(SETUP),
     new_code_cell("""\
 from boost_jax.analysis.comm import measure
-from boost_jax.analysis.program import build, config_for
+from boost_jax.analysis.program import build
 
-def comm(arch, scheme, model="llama-60m", batch=4, seq=256):
-    return measure(build(config_for(model, arch, scheme, tp=4, batch=batch, seq=seq, dtype="bf16")))
+def config(model, arch, scheme, *overrides):  # the train command's keys: tp=4 on 4 of the 8 devices
+    return api.config(model, f"model.arch={arch}", f"parallel.scheme={scheme}", "parallel.tp=4", "parallel.dp=1",
+                      *overrides)
 
 variants = [("dense", "megatron"), ("cola", "vanilla"), ("cola", "btp")]
-reports = {f"{a}/{s}": comm(a, s) for a, s in variants}
+reports = {f"{a}/{s}": measure(build(config("llama-60m", a, s, "train.batch_size=4", "train.seq_len=256",
+                                            "model.dtype=bfloat16")))
+           for a, s in variants}
 for name, r in reports.items():
     print(f"{name:16s} forward {r['layer_forward_bytes'] / 2**20:7.2f} MiB in {r['layer_forward_collectives']} ops, "
           f"backward {r['layer_backward_bytes'] / 2**20:7.2f} MiB (analytic forward {r['analytic_layer_forward_bytes'] / 2**20:.2f})")"""),
@@ -80,7 +83,7 @@ assert reports["cola/btp"]["layer_forward_bytes"] < reports["cola/vanilla"]["lay
                       "not the absolute times."),
     new_code_cell("""\
 from boost_jax.bench.step import measure as measure_steps
-cfgs = [config_for("llama-tiny", a, s, tp=4, batch=8, seq=64, dtype="fp32") for a, s in variants]
+cfgs = [config("llama-tiny", a, s, "train.batch_size=8", "train.seq_len=64") for a, s in variants]
 for (a, s), r in zip(variants, measure_steps(cfgs, reps=3, steps=2)):
     print(f"{a}/{s:9s} {1e3 * r['median_step_s']:7.1f} ms  {r['tokens_per_s']:9,.0f} tokens/s  "
           f"peak {r['peak_bytes_per_device'] / 2**20:.1f} MiB/device")"""),

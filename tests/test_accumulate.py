@@ -62,7 +62,7 @@ def test_accumulation_keeps_one_micro_batch_of_activations():
     from boost_jax.analysis.program import config_for
     from boost_jax.bench.memory import compiled_peak
 
-    peak = lambda m: compiled_peak(config_for("llama-tiny", "cola", tp=2, batch=2 * m, seq=64, dtype="fp32",
+    peak = lambda m: compiled_peak(config_for("llama-tiny", "cola", tp=2, batch_size=2 * m, seq=64, dtype="float32",
                                               microbatches=m, overrides=["model.n_layers=4"]))["fwd_bwd_peak_bytes"]
     one, four = peak(1), peak(4)
     assert four < 1.15 * one

@@ -9,7 +9,7 @@ from boost_jax.errors import ConfigError
 
 
 def test_profile_puts_a_tiny_steps_time_in_categories(tmp_path):
-    cfg = config_for("llama-tiny", "cola", tp=2, batch=2, seq=32, dtype="fp32")
+    cfg = config_for("llama-tiny", "cola", tp=2, batch_size=2, seq=32, dtype="float32")
     r = profile(cfg, steps=1, trace_dir=tmp_path / "trace", top=5)
     cats = r["categories"]
     assert set(cats) == {*CATEGORIES, "host_gaps"} and r["devices"] == 2
@@ -59,7 +59,7 @@ def test_an_asynchronous_op_fills_only_the_time_no_other_op_claims():
 @pytest.mark.parametrize("override", ["parallel.pp=2", "train.microbatches=2", "train.loss_chunk=16"])
 def test_loops_around_the_layers_are_refused_before_any_work(override, tmp_path):
     extra = ["train.microbatches=2"] if override == "parallel.pp=2" else []
-    cfg = config_for("llama-tiny", "cola", tp=1, batch=4, seq=32, dtype="fp32", overrides=[override, *extra])
+    cfg = config_for("llama-tiny", "cola", tp=1, batch_size=4, seq=32, dtype="float32", overrides=[override, *extra])
     with pytest.raises(ConfigError, match="bench profile: pipelines, micro-batch accumulation and a chunked loss"):
         profile(cfg, steps=1, trace_dir=tmp_path / "trace", top=5)
     assert not (tmp_path / "trace").exists()

@@ -13,8 +13,8 @@ from boost_jax.analysis.program import build, config_for
 B, S, TP = 4, 64, 4
 
 
-def config(arch, scheme, dtype="bf16", dp=1, *overrides):
-    return config_for("llama-tiny", arch, scheme, tp=TP, dp=dp, batch=B, seq=S, dtype=dtype,
+def config(arch, scheme, dtype="bfloat16", dp=1, *overrides):
+    return config_for("llama-tiny", arch, scheme, tp=TP, dp=dp, batch_size=B * dp, seq=S, dtype=dtype,
                       overrides=["model.n_kv_heads=8", *overrides])  # MHA: no kv-head replication
 
 
@@ -92,7 +92,7 @@ def test_vanilla_moves_far_more_than_btp(btp):
 
 
 def test_fp32_payload_is_counted_at_fp32():
-    r = comm("cola", "btp", "fp32")
+    r = comm("cola", "btp", "float32")
     assert r["layer_forward_bytes"] == B * S * (7 * 16 + 2) * 4  # 7 latents + 2 statistics columns
     assert r["backend_upcast_extra_bytes"]["forward"] == 0
 
@@ -105,5 +105,5 @@ def test_bf16_upcast_is_reported_separately(btp):
 @pytest.mark.parametrize("norm, grouping, count", [("online", True, 4), ("sync", True, 6),
                                                    ("online", False, 7), ("sync", False, 9)])
 def test_online_norm_and_grouping_all_reduce_counts(norm, grouping, count):
-    prog = build(config("cola", "btp", "bf16", 1, f"model.norm={norm}", f"model.grouping={grouping}"))
+    prog = build(config("cola", "btp", "bfloat16", 1, f"model.norm={norm}", f"model.grouping={grouping}"))
     assert dict(issued(prog.loss, prog.params, prog.batch)["layer"]) == {"all-reduce": count}

@@ -6,7 +6,7 @@ import pytest
 from boost_jax.config import Config, ConfigError, ModelConfig, from_dict, load_config
 from boost_jax.presets import PRESETS
 
-BASE = Path(__file__).parents[1] / "configs" / "base.yaml"
+from boost_jax.configs import BASE
 
 
 def test_base_yaml_documents_exactly_the_defaults():
@@ -16,8 +16,9 @@ def test_base_yaml_documents_exactly_the_defaults():
 def test_every_config_file_loads():
     # hardware.yaml describes GPUs for the performance model, not a run (tests/test_perf_model.py loads it).
     runs = [p for p in BASE.parent.glob("*.yaml") if p.name != "hardware.yaml"]
-    assert BASE in runs
-    for path in runs:
+    recipes = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+    assert BASE in runs and recipes
+    for path in runs + recipes:
         load_config(path)
 
 

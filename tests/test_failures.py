@@ -20,7 +20,8 @@ from boost_jax.config import ConfigError, LogConfig, load_config
 from boost_jax.errors import CheckpointError, DivergenceError
 from boost_jax.export import ExportError, export
 from boost_jax.log import RunLog
-from boost_jax.train import evaluate, train
+from boost_jax.train import train
+from boost_jax.training import Evaluator
 
 
 def config(tmp_path, tiny_overrides, *extra, name="run"):
@@ -105,7 +106,7 @@ def test_eval_perplexity_of_a_huge_loss_is_inf(tiny_overrides, tmp_path):
     run = SimpleNamespace(eval_step=lambda params, batch: np.float32(1e4), batch_sharding=sharding)
     batch = {"inputs": np.zeros((8, 64), np.int32), "targets": np.zeros((8, 64), np.int32)}
     data = SimpleNamespace(val=SimpleNamespace(eval_batches=lambda *_: [batch]))
-    out = evaluate(run, {"params": None}, data, config(tmp_path, tiny_overrides), 0, 1)
+    out = Evaluator(config(tmp_path, tiny_overrides), run, data, (0, 1))({"params": None})
     assert out == {"eval_loss": 1e4, "eval_ppl": math.inf}
 
 
@@ -158,7 +159,9 @@ def test_damaged_config_yaml_is_named(run_copy, tiny_overrides):
 @pytest.mark.parametrize("module, args, needle", [
     ("boost_jax.train", ["BAD_YAML"], "bad.yaml: not valid YAML"),
     ("boost_jax.train", ["train.lr=[1,"], "override 'train.lr=[1,': not valid YAML"),
-    ("boost_jax.bench", ["step", "--model", "no-such-preset"], "config error: model.preset"),
+    ("boost_jax.bench", ["step", "model.preset=no-such-preset"], "config error: model.preset"),
+    ("boost_jax.bench", ["comm", "--model", "llama-7b"], "config error: --model is not a flag any more: write model.preset"),
+    ("boost_jax.plan", ["--gpus", "4", "parallel.tp=2"], "config error: parallel.tp: the planner chooses the layout keys"),
 ])
 def test_cli_errors_are_one_message(module, args, needle, tmp_path):
     bad = tmp_path / "bad.yaml"

@@ -9,12 +9,12 @@ from boost_jax.config import ConfigError, load_config
 
 
 def program(chunk, *overrides, **knobs):
-    return build(config_for("llama-tiny", "cola", "btp", dtype="fp32", overrides=[f"train.loss_chunk={chunk}", *overrides],
+    return build(config_for("llama-tiny", "cola", "btp", dtype="float32", overrides=[f"train.loss_chunk={chunk}", *overrides],
                             **knobs))
 
 
 def test_chunked_loss_equals_the_whole_under_tp():
-    whole, chunked = program(0, tp=2, dp=2, batch=4, seq=32), program(8, tp=2, dp=2, batch=4, seq=32)
+    whole, chunked = program(0, tp=2, dp=2, batch_size=4, seq=32), program(8, tp=2, dp=2, batch_size=4, seq=32)
     params = jax.device_put(jax.tree.map(lambda s: np.random.default_rng(0).normal(0, 0.05, s.shape).astype(s.dtype),
                                          whole.params), jax.tree.map(lambda s: s.sharding, whole.params))
     tokens = np.random.default_rng(1).integers(0, whole.cfg.model.vocab_size, (4, 32)).astype(np.int32)
@@ -31,7 +31,7 @@ def test_chunks_never_hold_the_whole_logits():
     their gradient); in chunks of 16 positions the gradient's peak drops by more than that."""
     peak = {}
     for chunk in (0, 16):
-        p = program(chunk, "model.vocab_size=8192", tp=1, batch=16, seq=128)
+        p = program(chunk, "model.vocab_size=8192", tp=1, batch_size=16, seq=128)
         peak[chunk] = peak_bytes(jax.jit(jax.grad(p.loss)).lower(p.params, p.batch).compile())
     logits = 16 * 128 * 8192 * 4
     assert peak[0] - peak[16] > logits, {c: v / 2**20 for c, v in peak.items()}

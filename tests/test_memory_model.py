@@ -15,17 +15,17 @@ def test_layer_residuals_split_by_what_they_depend_on():
     weights, nothing computed from them; in bf16 without remat it keeps the weights' bf16 casts
     (weight-only residuals, which a one-repeat pipeline computes once) and never the fp32 weights."""
     layer = lambda dtype, remat: layer_bytes(one_layer_config(config_for(
-        "llama-tiny", "cola", "btp", tp=2, batch=2, seq=64, dtype=dtype, overrides=[f"train.remat={remat}"])))
-    full = layer("fp32", "full")
+        "llama-tiny", "cola", "btp", tp=2, batch_size=2, seq=64, dtype=dtype, overrides=[f"train.remat={remat}"])))
+    full = layer("float32", "full")
     assert (full.activations, full.invariant) == (2 * 64 * 32 * 4, 0) and full.weights > 0
-    none = layer("bf16", "none")
+    none = layer("bfloat16", "none")
     assert none.weights == 0 and none.invariant > 0 and none.activations > 10 * none.invariant
 
 
 @pytest.mark.slow
 def test_bench_memory_prints_the_model_beside_the_compile(capsys):
-    memory.main(["--model", "llama-tiny", "--arch", "cola", "--scheme", "btp", "--tp", "2", "--batch", "2", "--seq", "64",
-                 "--dtype", "fp32", "--remat", "lowrank", "--json"])
+    memory.main(["model.preset=llama-tiny", "model.arch=cola", "parallel.scheme=btp", "parallel.tp=2", "parallel.dp=1",
+                 "train.batch_size=2", "train.seq_len=64", "--remat", "lowrank", "--json"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["remat"] for r in rows] == ["none", "lowrank"]
     for r in rows:

@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.attention import causal_attention, rope
-from boost_jax.layers.lowrank import Projector, cola_init_std
+from boost_jax.layers.attention import Positions, causal_attention, rope
+from boost_jax.layers.lowrank import cola_init_std
 from boost_jax.model import Model, loss_fn
 from boost_jax.parallel import single_device_plan
 
@@ -84,10 +84,12 @@ def test_lax_crosses_latents_between_layers():
 def test_lax_adds_previous_latent_before_up_projection():
     layer = first_layer(Model(tiny("lax", n_layers=1), rngs=nnx.Rngs(0)))
     x, prev = jax.random.normal(jax.random.key(2), (1, 3, 64)), jax.random.normal(jax.random.key(3), (1, 3, 16))
-    apply = Projector(tiny("lax"), single_device_plan(tiny("lax")), {"q": prev})
+    plan = single_device_plan(tiny("lax"))
+    proj = plan.projections(tiny("lax"), plan, {"q": prev})
     a, b = layer.attn.q.a[...], layer.attn.q.b[...]
-    np.testing.assert_allclose(apply("q", layer.attn.q, x), (jax.nn.silu(x @ a) + prev) @ b, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(apply.new["q"], jax.nn.silu(x @ a), rtol=1e-6)
+    got = proj("q", layer.attn.q, x, ("act_embed", "embed"))
+    np.testing.assert_allclose(got, (jax.nn.silu(x @ a) + prev) @ b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(proj.new["q"], jax.nn.silu(x @ a), rtol=1e-6)
 
 
 def first_layer(model: Model):
@@ -120,12 +122,13 @@ def test_attention_matches_naive_gqa(arch):
     x = jax.random.normal(jax.random.key(4), (2, 12, 64))
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
     plan = single_device_plan(cfg)
-    got = attn(x, layer.attn_norm, pos, Projector(cfg, plan, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"}))
+    proj = plan.projections(cfg, plan, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"})
+    got, _ = attn(x, layer.attn_norm, proj, Positions(pos))
     x = layer.attn_norm(x)
-    q = rope(attn.q(plan, x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
-    k = rope(attn.k(plan, x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
-    v = attn.v(plan, x).reshape(2, 12, 2, 8)
-    want = attn.o(plan, naive_attention(q, k, v).reshape(2, 12, 64))
+    q = rope(attn.q(x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
+    k = rope(attn.k(x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
+    v = attn.v(x).reshape(2, 12, 2, 8)
+    want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -137,7 +140,7 @@ def test_query_blocks_equal_whole_attention(dtype, rtol):
     keys = jax.random.split(jax.random.key(6), 4)
     q, k, v = (jax.random.normal(key, (2, 40, h, 8)) for key, h in zip(keys, (8, 2, 2)))
     w = jax.random.normal(keys[3], (2, 40, 8, 8))
-    blocked = lambda q, k, v: causal_attention(q, k, v, 8).astype(jnp.float32)
+    blocked = lambda q, k, v: causal_attention(q, k, v, impl="xla", query_block=8).astype(jnp.float32)
     got, pull = jax.vjp(blocked, *(x.astype(dtype) for x in (q, k, v)))
     want, pull_want = jax.vjp(naive_attention, q, k, v)
     for a, b in zip((got, *pull(w)), (want, *pull_want(w))):

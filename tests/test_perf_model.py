@@ -11,8 +11,9 @@ import pytest
 
 from boost_jax.analysis.hlo import Collective
 from boost_jax.analysis.work import Gemm, Traffic
+from boost_jax.analysis.program import config_for
 from boost_jax.bench import paper, report
-from boost_jax.bench.perf_model import (HARDWARE_FILE, Work, collective_seconds, gemm_seconds, load_hardware,
+from boost_jax.analysis.perf_model import (HARDWARE_FILE, Work, collective_seconds, gemm_seconds, load_hardware,
                                         predict)
 from boost_jax.config import ConfigError
 
@@ -31,8 +32,15 @@ TINY = ("model.n_kv_heads=8", "model.n_layers=4")
 def measured():
     """llama-tiny variants at TP=2, four layers, fp32, each compiled when a test first asks for it
     (the inner loop needs two of the three)."""
-    return functools.cache(lambda variant: paper.measure("llama-tiny", variant, tp=2, pp=1, microbatches=1, batch=2,
-                                                         seq=SEQ, dtype="fp32", overrides=TINY))
+    return functools.cache(lambda variant: measure(variant, *TINY))
+
+
+def measure(variant, *overrides, pp=1, microbatches=1, dtype="float32"):
+    """`bench paper`'s measurement of llama-tiny at TP=2, 2 sequences per iteration."""
+    arch, scheme = variant.split("/")
+    cfg = config_for("llama-tiny", arch, scheme, tp=2, pp=pp, microbatches=microbatches, batch_size=2, seq=SEQ,
+                     dtype=dtype, overrides=overrides)
+    return paper.measure(cfg, variant)
 
 
 @pytest.mark.parametrize("variant", ["dense/megatron", "cola/vanilla", "cola/btp"])
@@ -55,8 +63,7 @@ def test_attention_in_query_blocks_is_priced_as_one_block(measured, a100):
     """Attention as a loop over query blocks (4 x 10 of the 40 positions; off GPU at s > 512 by
     default): the GEMM and attention FLOPs of one block, the score-shaped values still left out of
     the traffic, and the same predicted attention time."""
-    row, work, _ = paper.measure("llama-tiny", "cola/btp", tp=2, pp=1, microbatches=1, batch=2, seq=SEQ, dtype="fp32",
-                                 overrides=(*TINY, "model.attention_query_block=10"))
+    row, work, _ = measure("cola/btp", *TINY, "model.attention_query_block=10")
     ref_row, ref_work, _ = measured("cola/btp")
     for key in ("gemm_flops_hlo", "attention_flops_hlo"):
         assert row[key] == ref_row[key], key
@@ -79,7 +86,7 @@ def test_a_model_dimension_equal_to_the_sequence_is_not_taken_for_attention_scor
     from boost_jax.analysis.hlo import parse_module
     from boost_jax.analysis.program import build, config_for
 
-    prog = build(config_for("llama-tiny", "cola", "btp", tp=1, batch=2, seq=64, dtype="fp32"))
+    prog = build(config_for("llama-tiny", "cola", "btp", tp=1, batch_size=2, seq=64, dtype="float32"))
     comps, _, _ = parse_module(jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text())
     square = [i for c in comps.values() for i in c.instrs.values() if re.search(r"\b64,64\]", i.shape)]
     scores = [i for i in square if work._ATTENTION_SCOPE.search(i.attrs)]
@@ -98,8 +105,7 @@ def test_a_pipeline_is_priced_as_compiled(measured, a100):
     """pp=2, M=2 on the same model: each device runs 2 of the 4 layers in M + S - 1 = 3 iterations of
     half the batch, so 3/4 of the unpipelined GEMM work in loops (bubbles computed like the rest), and
     the stage-to-stage permutes are priced as measured."""
-    row, work, _ = paper.measure("llama-tiny", "cola/btp", tp=2, pp=2, microbatches=2, batch=1, seq=SEQ, dtype="fp32",
-                                 overrides=TINY)
+    row, work, _ = measure("cola/btp", *TINY, pp=2, microbatches=2)
     plain = measured("cola/btp")[1]
     in_loops = lambda w: sum(g.flops * g.trip_count for g in w.gemms if g.in_loop)
     assert in_loops(work) * 4 == in_loops(plain) * 3
@@ -117,8 +123,7 @@ def test_traffic_scales_with_layers_not_with_their_square():
     """Stacked weights and saved activations are read and written a slice per layer, not whole."""
     per_layer = []
     for layers in (2, 6):
-        row, work, _ = paper.measure("llama-tiny", "cola/btp", tp=2, pp=1, microbatches=1, batch=2, seq=SEQ, dtype="bf16",
-                                     overrides=(f"model.n_layers={layers}",))
+        row, work, _ = measure("cola/btp", f"model.n_layers={layers}", dtype="bfloat16")
         per_layer.append(sum(t.bytes * t.trip_count for t in work.traffic if t.in_loop) / layers)
     assert per_layer[1] == pytest.approx(per_layer[0], rel=0.05)
 
@@ -254,7 +259,7 @@ def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch
     # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the benchmark.
     monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))
 
-    cfg = config_for("llama-tiny", "cola", tp=1, batch=2, seq=32, dtype="fp32")
+    cfg = config_for("llama-tiny", "cola", tp=1, batch_size=2, seq=32, dtype="float32")
     (row,), peak = measure_with_peak([Runner(cfg)], 1, 1)
     assert peak > 0 and row["fraction_of_peak"] == row["model_flops_per_s"] / peak  # CPU: the host's peak
     assert 0 < row["fraction_of_peak"] < 2

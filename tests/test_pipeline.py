@@ -19,8 +19,9 @@ from boost_jax.step import abstract_model, place_params, relayout_layers
 from boost_jax.train import train
 
 
-def toy_layer(w, x):
-    return {"h": jnp.tanh(x["h"] @ w) + x["h"], "n": x["n"] + 1.0}
+def toy_layer(w, x, ctx):
+    """A layer that reads its micro-batch's context (as the model reads its tokens' positions)."""
+    return {"h": jnp.tanh(x["h"] @ w + ctx) + x["h"], "n": x["n"] + 1.0}
 
 
 @pytest.mark.parametrize("stages, repeats, micro", [(2, 2, 4), (4, 1, 8),
@@ -29,16 +30,17 @@ def test_schedule_equals_sequential_layers_and_hides_bubbles(stages, repeats, mi
     mesh = jax.make_mesh((stages, 8 // stages), ("pp", "dp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     layers = jax.random.normal(jax.random.key(0), (8, 16, 16)) * 0.3
     x = {"h": jax.random.normal(jax.random.key(1), (micro, 4, 16)), "n": jnp.zeros((micro, 4, 16))}
+    ctx = jax.random.normal(jax.random.key(2), (micro, 4, 16))  # differs per micro-batch: each stage must read its own
 
     def sequential(layers, x):
-        return jax.lax.scan(lambda c, w: (jax.vmap(lambda xi: toy_layer(w, xi))(c), None), x, layers)[0]
+        return jax.lax.scan(lambda c, w: (jax.vmap(lambda xi, ci: toy_layer(w, xi, ci))(c, ctx), None), x, layers)[0]
 
     schedule = Schedule(stages, repeats, micro)
     order = schedule.layer_order(8)
 
     def piped(layers, x):
         # NaN in every stage before the first micro-batch arrives: it must never reach an output or gradient.
-        return run_pipeline(mesh, schedule, toy_layer, layers[order], x, bubble_value=jnp.nan)
+        return run_pipeline(mesh, schedule, toy_layer, layers[order], x, ctx, bubble_value=jnp.nan)
 
     loss = lambda f: lambda layers, x: jnp.sum(f(layers, x)["h"] ** 2)
     want = sequential(layers, x)
@@ -62,7 +64,7 @@ def test_weights_kept_for_the_backward_once_per_stage_with_one_repeat(repeats, c
     schedule = Schedule(2, repeats, 4)
     layers = jax.ShapeDtypeStruct((4, 16, 16), jnp.float32)
     x = {"h": jax.ShapeDtypeStruct((4, 2, 8, 16), jnp.float32), "n": jax.ShapeDtypeStruct((4, 2, 8, 16), jnp.float32)}
-    piped = lambda w, x: run_pipeline(mesh, schedule, toy_layer, w, x)
+    piped = lambda w, x: run_pipeline(mesh, schedule, toy_layer, w, x, jnp.zeros((4, 2, 8, 16)))
     with jax.set_mesh(mesh):
         _, residuals = jax.eval_shape(lambda w, x: jax.vjp(piped, w, x), layers, x)
     weight_like = [r.shape for r in jax.tree.leaves(residuals) if r.shape[-2:] == (16, 16)]
@@ -141,9 +143,9 @@ def test_stage_boundary_traffic_and_tp_collectives_from_the_hlo():
     """btp at pp=2 x tp=2: each iteration moves one [b/M, s, d/tp] residual per device (measured on
     the compiled HLO = analytic); the layers' TP collectives are those of the unpipelined model at
     the micro-batch's size: 4 all-reduces of rank-r latents."""
-    common = dict(tp=2, seq=32, dtype="bf16", overrides=["model.n_layers=4", "model.n_kv_heads=8"])
-    piped = measure(build(config_for("llama-tiny", "cola", "btp", batch=8, pp=2, microbatches=4, **common)))
-    plain = measure(build(config_for("llama-tiny", "cola", "btp", batch=2, **common)))
+    common = dict(tp=2, seq=32, dtype="bfloat16", overrides=["model.n_layers=4", "model.n_kv_heads=8"])
+    piped = measure(build(config_for("llama-tiny", "cola", "btp", batch_size=8, pp=2, microbatches=4, **common)))
+    plain = measure(build(config_for("llama-tiny", "cola", "btp", batch_size=2, **common)))
     pipe = piped["pipeline"]
     assert (pipe["iterations"], pipe["bubble_fraction"]) == (5, 1 / 5)
     assert pipe["p2p_bytes_per_iteration"] == pipe["analytic_p2p_bytes_per_iteration"] == 2 * 32 * (64 // 2) * 2

@@ -8,8 +8,9 @@ import pytest
 
 from boost_jax.archs import ARCHS
 from boost_jax.config import ConfigError, load_config
-from boost_jax.parallel import SCHEMES, make_plan, single_device_plan
-from boost_jax.parallel.schemes import KNOB_DEFAULTS, LOGICAL_AXES
+from boost_jax.parallel import make_plan, single_device_plan
+from boost_jax.parallel.projections import STRATEGIES, BTPProjections, MegatronProjections, VanillaProjections
+from boost_jax.schemes import KNOB_DEFAULTS, LOGICAL_AXES, SCHEMES
 
 
 def tiny(*overrides):
@@ -38,9 +39,9 @@ def test_scheme_table_is_consistent():
         assert set(scheme.rules) <= LOGICAL_AXES, scheme.name
         assert set(scheme.archs) <= set(ARCHS), scheme.name
         assert set(scheme.knobs) <= set(KNOB_DEFAULTS), scheme.name
-    # Every arch has a scheme, and the fused BOOST blocks belong to exactly one.
+    # Every arch has a scheme, and every scheme its projection strategy (and no strategy lacks a scheme).
     assert set(ARCHS) == {a for s in SCHEMES.values() for a in s.archs}
-    assert [s.name for s in SCHEMES.values() if s.fused_btp] == ["btp"]
+    assert list(STRATEGIES) == list(SCHEMES)
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -64,12 +65,38 @@ def test_null_rank_is_the_default():
 def test_single_device_is_a_plan_with_one_device():
     cfg = tiny("model.arch=lax")
     plan = single_device_plan(cfg.model)
-    assert plan.mesh.size == 1 and plan.scheme.name == "btp" and plan.scheme.fused_btp
-    assert single_device_plan(tiny("model.arch=dense").model).scheme.name == "megatron"
-    assert single_device_plan(cfg.model, "vanilla").scheme.name == "vanilla"
+    assert plan.mesh.size == 1 and plan.scheme.name == "btp" and plan.projections is BTPProjections
+    assert single_device_plan(tiny("model.arch=dense").model).projections is MegatronProjections
+    assert single_device_plan(cfg.model, "vanilla").projections is VanillaProjections
 
 
 def test_no_module_state_chooses_a_code_path():
     src = Path(__file__).parents[1] / "boost_jax"
     offenders = [str(p) for p in src.rglob("*.py") if "contextvars" in p.read_text() or "ContextVar" in p.read_text()]
     assert offenders == []
+
+
+def test_a_new_scheme_is_a_table_entry_and_a_strategy(monkeypatch):
+    """docs/design.md's worked example, for a low-rank model: a scheme that replicates every weight
+    over tp (a table entry: its rules) running the vanilla strategy equals one device, with nothing
+    changed in the layers or the model."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from boost_jax.model import Model
+    from boost_jax.parallel.plan import Plan
+
+    base = SCHEMES["vanilla"]
+    replicated = dataclasses.replace(base, name="replicated", rules={k: v for k, v in base.rules.items()
+                                                                     if k in ("batch", "layers")})
+    monkeypatch.setitem(STRATEGIES, "replicated", VanillaProjections)
+    cfg = tiny("model.arch=cola", "parallel.tp=4")
+    mesh = make_plan(cfg).mesh
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 512, (8, 16)))
+    run = lambda plan: nnx.jit(lambda m, t: m(t, plan=plan))(Model(cfg.model, rngs=nnx.Rngs(0)), tokens)
+    got = run(Plan(mesh, replicated, replicated.rules))
+    want = run(single_device_plan(cfg.model))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -11,12 +11,11 @@ import pytest
 
 from boost_jax.config import load_config
 from boost_jax.parallel import make_plan
-from boost_jax.plan.layouts import Layout, layout_config
-from boost_jax.plan.search import base_overrides
+from boost_jax.planner.layouts import Layout, layout_config
 from boost_jax.train import train
 
-ARGS = ["--model", "llama-tiny", "--arch", "cola", "--gpus", "4", "--global-batch", "8", "--seq", "64",
-        "--schemes", "btp", "--tp", "2", "--pp", "1", "--remat", "lowrank"]
+CONFIG = ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=8", "train.seq_len=64", "model.dtype=bfloat16"]
+ARGS = [*CONFIG, "--gpus", "4", "--schemes", "btp", "--tp", "2", "--pp", "1", "--remat", "lowrank"]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +33,9 @@ def test_every_printed_layout_divides_and_validates(planned):
     result, _ = planned
     cands = result["candidates"]
     assert cands and [c["step_s"] for c in cands] == sorted(c["step_s"] for c in cands)
-    base = base_overrides("llama-tiny", "cola", 8, 64, "bfloat16")
     for c in cands:
         assert c["fits"] and c["memory_bytes_per_gpu"] > 0 and 0 < c["mfu"] < 1
-        cfg = layout_config(base, Layout(**c["layout"]))
+        cfg = layout_config(CONFIG, Layout(**c["layout"]))
         make_plan(cfg, jax.devices()[:4])  # the real mesh accepts it too
 
 
@@ -63,10 +61,11 @@ def test_lower_bound_never_exceeds_the_price(layout):
     from boost_jax.analysis.memory_model import param_elems
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.parallel import abstract_plan
-    from boost_jax.plan.price import DiskCache, lower_bound, step_seconds
+    from boost_jax.planner.price import DiskCache, lower_bound, step_seconds
 
     hw = paper_hardware()
-    cfg = layout_config(base_overrides("llama-1b", "cola", 8, 2048, "bfloat16"), layout)
+    cfg = layout_config(["model.preset=llama-1b", "model.arch=cola", "train.batch_size=8", "train.seq_len=2048",
+                         "model.dtype=bfloat16"], layout)
     elems = param_elems(cfg, abstract_plan(cfg))
     bound, price = lower_bound(cfg, hw, elems), step_seconds(cfg, hw, elems, DiskCache(None))["seconds"]
     assert 0.3 * price < bound <= price, (bound, price)  # and not vacuous: within ~3x at 1B
@@ -74,7 +73,7 @@ def test_lower_bound_never_exceeds_the_price(layout):
 
 def test_disk_cache_reuses_a_value_only_under_the_same_source(tmp_path, monkeypatch):
     """A price cached by other code (another work analysis, another model) is computed again."""
-    from boost_jax.plan import price
+    from boost_jax.planner import price
 
     assert price.DiskCache(tmp_path).get(("k",), lambda: 1) == 1
     assert price.DiskCache(tmp_path).get(("k",), lambda: 2) == 1  # from disk

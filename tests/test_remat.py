@@ -56,7 +56,7 @@ def test_remat_keeps_the_gradients(mode):
 
 
 def backward(scheme, mode):
-    cfg = config_for("llama-tiny", "cola", scheme, tp=4, batch=4, seq=64, dtype="bf16",
+    cfg = config_for("llama-tiny", "cola", scheme, tp=4, batch_size=4, seq=64, dtype="bfloat16",
                      overrides=["model.n_kv_heads=8", f"train.remat={mode}"])
     r = measure(build(cfg))
     return r["layer_backward_collectives"], r["layer_backward_bytes"]

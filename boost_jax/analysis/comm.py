@@ -1,5 +1,5 @@
 """Collectives per decoder layer, forward and backward, measured on the compiled HLO of a `Program`
-next to its scheme's analytic volume (`parallel/schemes.py`; docs/design.md derives it).
+next to its scheme's analytic volume (`boost_jax/schemes.py`; docs/design.md derives it).
 
 Per layer = the collectives inside the scanned layer body (each runs once per layer). One compile of
 the loss's value and gradient holds both passes: forward are its collectives that JAX did not name as
@@ -52,8 +52,8 @@ def measure(prog: Program) -> dict:
     fwd_ops = [_describe(c) for c in in_layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
     return {
-        "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": cfg.parallel.tp,
-        "dp": cfg.parallel.dp, "batch": cfg.train.batch_size // cfg.parallel.dp, "seq": cfg.train.seq_len,
+        "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": prog.plan.mesh.shape["tp"],
+        "dp": prog.plan.mesh.shape["dp"], "batch": cfg.train.batch_size, "seq": cfg.train.seq_len,
         "dtype": m.dtype, "layers": m.n_layers, "norm": m.norm, "grouping": m.grouping, "kernels": m.kernels,
         "layer_forward_bytes": layer_fwd["bytes"], "layer_backward_bytes": layer_bwd["bytes"],
         "layer_forward_collectives": layer_fwd["count"], "layer_backward_collectives": layer_bwd["count"],

@@ -1,6 +1,6 @@
 """Abstract programs: a config's sharded loss under its plan, with allocation-free inputs.
 
-    cfg = config_for("llama-7b", "cola", tp=4, batch=4, seq=4096, dtype="bf16")
+    cfg = config_for("llama-7b", "cola", tp=4, batch_size=4, seq=4096, dtype="bfloat16")
     prog = build(cfg)                              # jax.ShapeDtypeStructs: nothing is allocated
     compiled = jax.jit(jax.grad(prog.loss)).lower(prog.params, prog.batch).compile()
 
@@ -18,26 +18,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.config import Config, load_config
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.step import abstract_model, sharded_loss
+from boost_jax.step import abstract_model, batch_keys, sharded_loss
 
-DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-
-
-def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch: int, seq: int, dtype: str,
+def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch_size: int, seq: int, dtype: str,
                dp: int = 1, pp: int = 1, pp_repeats: int = 1, microbatches: int = 1,
                overrides: Sequence[str] = ()) -> Config:
-    """A config from the usual benchmark knobs: `batch` is per data-parallel replica (all its
-    micro-batches), dtype bf16|fp32; `overrides` are `section.key=value` strings applied last."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype {dtype!r}: choose one of {sorted(DTYPES)}")
+    """A config from the usual analysis knobs, each the config key of its name (`batch_size`: global,
+    `dtype`: model.dtype), fsdp 1; `overrides` are `section.key=value` strings applied last."""
     return load_config(None, [
         f"model.preset={model}", f"model.arch={arch}", f"parallel.scheme={scheme}",
         f"parallel.tp={tp}", f"parallel.dp={dp}", "parallel.fsdp=1", f"parallel.pp={pp}",
         f"parallel.pp_repeats={pp_repeats}", f"train.microbatches={microbatches}",
-        f"train.batch_size={batch * dp}", f"train.seq_len={seq}", f"model.dtype={DTYPES[dtype]}", *overrides,
+        f"train.batch_size={batch_size}", f"train.seq_len={seq}", f"model.dtype={dtype}", *overrides,
     ])
 
 
@@ -66,7 +61,7 @@ def build(cfg: Config) -> Program:
                           nnx.to_pure_dict(abstract), shardings)
     tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
                                   sharding=plan.sharding(("batch", None)))
-    batch = {"inputs": tokens, "targets": tokens}
+    batch = dict.fromkeys(batch_keys(cfg), tokens)
     return Program(cfg, plan, graphdef, params, batch, sharded_loss(graphdef, plan, cfg.train))
 
 

@@ -1,12 +1,17 @@
-"""python -m boost_jax.bench {comm,step,profile,memory,kernels,paper,planner,report,data} [flags] [section.key=value ...]"""
+"""python -m boost_jax.bench {comm,step,profile,memory,kernels,paper,planner,report,data} [CONFIG.yaml] [section.key=value ...] [flags]
+
+Every benchmark reads the train config (an optional YAML file, then `section.key=value` overrides;
+`train.batch_size` is global); flags are only for what is not config (--json, repetitions, ...).
+"""
 
 import sys
 
 from boost_jax.cli import DEBUG_HELP, run_main
 
 COMMANDS = ("comm", "step", "profile", "memory", "kernels", "paper", "planner", "report", "data")
-# Simulated CPU devices each command needs by default: the paper's 30B row is TP 4 x PP 4 (16 GPUs).
-CPU_DEVICES = {"paper": 16, "planner": 16, "report": 16}
+# Simulated CPU devices of the sweeps over the paper's table (its 30B row is TP 4 x PP 4: 16 GPUs);
+# the other commands simulate their config's mesh (bench/common.py).
+SWEEP_CPU_DEVICES = {"paper": 16, "planner": 16, "report": 16}
 
 
 def main() -> None:
@@ -17,11 +22,10 @@ def _main(args: list[str]) -> None:
     if not args or args[0] not in COMMANDS:
         sys.exit(f"usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")
     cmd, argv = args[0], args[1:]
-    # Simulated host devices must be requested before JAX starts: enough for the largest mesh asked.
     import jax
 
-    if jax.config.jax_platforms in (None, "", "cpu") and not any(a.startswith("parallel.cpu_devices") for a in argv):
-        jax.config.update("jax_num_cpu_devices", CPU_DEVICES.get(cmd, 8))
+    if cmd in SWEEP_CPU_DEVICES and jax.config.jax_platforms in (None, "", "cpu"):
+        jax.config.update("jax_num_cpu_devices", SWEEP_CPU_DEVICES[cmd])
     from importlib import import_module
 
     import_module(f"boost_jax.bench.{cmd}").main(argv)

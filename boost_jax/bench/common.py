@@ -1,34 +1,50 @@
-"""The command-line flags every benchmark shares, and the config they describe."""
+"""What every benchmark shares: the train config as its one vocabulary (an optional YAML file, then
+`section.key=value` overrides), its variants, and the simulated CPU devices its mesh needs."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Sequence
 
-from boost_jax.analysis.program import DTYPES, config_for
-from boost_jax.archs import ARCHS
-from boost_jax.config import Config
-from boost_jax.parallel import SCHEMES
+import jax
+
+from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
+from boost_jax.config import Config, from_args
+from boost_jax.schemes import MESH_AXES
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="llama-7b", help="preset (boost_jax/presets.py)")
-    p.add_argument("--arch", default="cola", choices=list(ARCHS))
-    p.add_argument("--scheme", default="auto", choices=["auto", *SCHEMES])
-    p.add_argument("--tp", type=int, default=4)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--batch", type=int, default=4, help="sequences per data-parallel replica (all its micro-batches)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--pp-repeats", type=int, default=1, help="chunks of layers per stage (circular schedule)")
-    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per step (pipeline or accumulation)")
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """An argument parser whose positional arguments are the config; `--json` prints JSON."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]", help=CONFIG_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.n_layers=2")
+    p.set_defaults(retired_kept=tuple(retired_kept))
+    return p
 
 
-def bench_config(a: argparse.Namespace, **changes) -> Config:
-    """The config of parsed `add_model_flags`, with some of them changed (e.g. scheme="vanilla")."""
-    v = {**vars(a), **changes}
-    return config_for(v["model"], v["arch"], v["scheme"], tp=v["tp"], dp=v["dp"], batch=v["batch"], seq=v["seq"],
-                      dtype=v["dtype"], pp=v["pp"], pp_repeats=v["pp_repeats"], microbatches=v["microbatches"],
-                      overrides=v["overrides"])
+def parse(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    refuse_retired_flags(argv, keep=p.get_default("retired_kept"))
+    return p.parse_intermixed_args(argv)
+
+
+def config_of(args: Sequence[str], *more: str) -> Config:
+    """The config of a command line's config arguments, with `more` overrides after them (a variant:
+    another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`)."""
+    cfg = from_args([*args, *more])
+    simulate_mesh(cfg)
+    return cfg
+
+
+def simulate_mesh(cfg: Config) -> None:
+    """On CPU, before JAX starts: as many simulated devices as cfg's mesh names (parallel.cpu_devices
+    if set; dp = -1 counts 1), so dp = -1 fills what the other axes leave, as in a run. Once JAX has
+    started (a test, a notebook) the devices it has stay."""
+    p = cfg.parallel
+    n = p.cpu_devices or math.prod(max(getattr(p, a), 1) for a in MESH_AXES)
+    if jax.config.jax_platforms not in (None, "", "cpu"):
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices))
+    except RuntimeError:  # the backend has started: keep its devices
+        pass

@@ -1,7 +1,8 @@
-"""`bench data`: the data pipeline's cost.
+"""`bench data [CONFIG.yaml] [section.key=value ...]`: the data pipeline's cost.
 
   prepare   MB/s and tokens/s of `prepare` on a generated .jsonl corpus
-  loader    time to read one batch against the train step's time (llama-60m, 16 x 256 by default)
+  loader    time to read one batch against the train step's time (the config's model and batch,
+            e.g. model.preset=llama-60m train.batch_size=16 train.seq_len=256)
   memory    resident memory of a process reading a 10^9-token synthetic dataset vs a 10^7 one,
             and of whole training runs on 10^8 vs 10^6 tokens (each in a fresh process)
 
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from boost_jax.config import load_config
+from boost_jax.bench.common import parse, parser
+from boost_jax.config import ConfigError, from_args
 from boost_jax.data.build import build_data
 from boost_jax.data.corpus import files_corpus
 from boost_jax.data.prepare import PrepareConfig, prepare
@@ -56,19 +58,18 @@ print(json.dumps({"wall_s": time.perf_counter() - t0,
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench data", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("python -m boost_jax.bench data", __doc__)
     p.add_argument("--only", choices=["prepare", "loader", "memory"], help="one part (default: all)")
     p.add_argument("--corpus-mb", type=int, default=16, help="generated corpus for the prepare part")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--model", default="llama-60m")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=256)
     p.add_argument("--steps", type=int, default=6, help="train steps timed for the loader part")
     p.add_argument("--big", type=float, default=1e9, help="tokens of the large dataset of the memory part")
     p.add_argument("--train-big", type=float, default=1e8, help="tokens of the large training run")
     p.add_argument("--tmp", default=tempfile.gettempdir(), help="where synthetic data goes (and is deleted)")
-    a = p.parse_args(argv)
+    a = parse(p, argv)
+    if a.corpus_mb < 1 or a.workers < 1 or a.steps < 2 or a.big < 1 or a.train_big < 1:
+        raise ConfigError("--corpus-mb, --workers, --big and --train-big must be at least 1 and --steps at least 2")
+    from_args(a.config)  # a bad config fails before any data is written
     with tempfile.TemporaryDirectory(dir=a.tmp, prefix="boost_jax_bench_data.") as tmp:
         parts = {"prepare": _prepare, "loader": _loader, "memory": _memory}
         for name, part in parts.items():
@@ -100,20 +101,20 @@ def _loader(a: argparse.Namespace, tmp: Path) -> dict:
     prefetch thread hides it behind the step, so this is an upper bound on what the step waits)."""
     from boost_jax.train import train
 
-    cfg = load_config(None, [f"model.preset={a.model}", f"train.batch_size={a.batch}", f"train.seq_len={a.seq}",
-                             f"train.steps={a.steps}", "train.eval_every=0", "checkpoint.every=0",
-                             f"log.every={a.steps // 2}", "log.progress=false", "log.tensorboard=false",
-                             "data.source=prepared", f"data.path={tmp / 'loader'}", f"run_dir={tmp / 'run'}"])
+    cfg = from_args([*a.config, f"train.steps={a.steps}", "train.eval_every=0", "checkpoint.every=0",
+                     f"log.every={a.steps // 2}", "log.progress=false", "log.tensorboard=false",
+                     "data.source=prepared", f"data.path={tmp / 'loader'}", f"run_dir={tmp / 'run'}"])
+    t = cfg.train
     write_synthetic(tmp / "loader", [10**7], cfg.model.vocab_size)
     summary = train(cfg)
-    data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=a.seq, seed=0)
+    data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=0)
     t0 = time.perf_counter()
     n = 200
     for step in range(n):
-        data.train.batch(step, a.batch)
+        data.train.batch(step, t.batch_size)
     batch_s = (time.perf_counter() - t0) / n
     shutil.rmtree(tmp / "loader")
-    return {"model": a.model, "batch": a.batch, "seq": a.seq, "step_ms": 1e3 * summary["step_time_s"],
+    return {"model": cfg.model.preset, "batch": t.batch_size, "seq": t.seq_len, "step_ms": 1e3 * summary["step_time_s"],
             "batch_read_ms": 1e3 * batch_s, "loader_share_pct": 100 * batch_s / summary["step_time_s"]}
 
 

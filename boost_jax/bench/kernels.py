@@ -1,6 +1,10 @@
-"""`bench kernels`: the Pallas kernels against their XLA twins, forward, at LLaMA-7B BTP shapes.
+"""`bench kernels [CONFIG.yaml] [section.key=value ...]`: the Pallas kernels against their XLA twins,
+forward, at one tensor-parallel rank's BTP shapes.
 
-Defaults are one tensor-parallel rank of LLaMA-7B at b=4, s=4096, p=4, r=1024, bf16:
+With a config, the shapes are one `parallel.tp` rank of its model (k = d/tp, n = 3r, r = the
+attention rank, m = heads x head_dim / tp, T = a data-parallel replica's tokens, the compute dtype).
+Without one, the flags give them; their defaults are one rank of LLaMA-7B at b=4, s=4096, p=4,
+r=1024, bf16:
 norm_down x [16384, 1024] @ a [1024, 3072] (the grouped q|k|v down-projection) and
 grouped_matmul z [3, 16384, 1024] @ b [3, 1024, 1024] (B_q, B_k, B_v up-projections).
 Repetitions of pallas and xla are interleaved (clock and thermal drift hit both) and the median
@@ -19,7 +23,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from boost_jax.config import ConfigError, load_config
+from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
+from boost_jax.config import Config, ConfigError, from_args
 from pallas_kernels import grouped_matmul, norm_down
 
 IMPLS = ("pallas", "xla")
@@ -30,40 +35,45 @@ CPU_FLOP_LIMIT = 2e9  # beyond this, interpret mode on CPU is a long wait
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m boost_jax.bench kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]",
+                   help=f"{CONFIG_HELP}; the shapes of one parallel.tp rank of its model")
     p.add_argument("--kernel", default="all", choices=["all", "norm_down", "grouped_matmul"])
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--small", action="store_true", help=f"tiny shapes {SMALL} (CPU smoke test)")
-    size.add_argument("--model", help="one --tp rank of this preset's CoLA attention (k, n, r, m; "
-                      "the defaults below are llama-7b's)")
-    p.add_argument("--tp", type=int, default=4, help="with --model: tensor-parallel ranks")
+    p.add_argument("--small", action="store_true", help=f"tiny shapes {SMALL} (CPU smoke test)")
     p.add_argument("--tokens", type=int, default=4 * 4096, help="T = b*s tokens per rank")
     p.add_argument("--k", type=int, default=4096 // 4, help="norm_down: local d/p")
     p.add_argument("--n", type=int, default=3 * 1024, help="norm_down: grouped 3r (or 2r)")
     p.add_argument("--c", type=int, default=3, help="grouped_matmul: number of groups")
     p.add_argument("--r", type=int, default=1024, help="grouped_matmul: rank")
     p.add_argument("--m", type=int, default=4096 // 4, help="grouped_matmul: local output width")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="without a config")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    a = p.parse_args(argv)
+    refuse_retired_flags(argv, keep=("--dtype",))
+    a = p.parse_intermixed_args(argv)
+    if a.small and a.config:
+        raise ConfigError("--small and a config both give the shapes: pass one")
+    if a.reps < 1:
+        raise ConfigError(f"--reps must be at least 1, got {a.reps}")
     if a.small:
         vars(a).update(SMALL)
-    if a.model:
-        vars(a).update(model_shapes(a.model, a.tp))
+    if a.config:
+        vars(a).update(model_shapes(from_args(a.config)))
     return a
 
 
-def model_shapes(preset: str, tp: int) -> dict[str, int]:
-    """norm_down's k, n and grouped_matmul's r, m for one of `tp` ranks of `preset` (cola)."""
-    m = load_config(None, [f"model.preset={preset}", "model.arch=cola"]).model.resolved()
-    if m.d_model % tp or (m.n_heads * m.head_dim) % tp:
-        raise ConfigError(f"--tp {tp} does not divide {preset}'s d_model {m.d_model} and heads")
-    return {"k": m.d_model // tp, "n": 3 * m.attn_rank, "r": m.attn_rank, "m": m.n_heads * m.head_dim // tp}
+def model_shapes(cfg: Config) -> dict:
+    """norm_down's T, k, n and grouped_matmul's r, m for one `parallel.tp` rank of the config's model."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    if m.d_model % p.tp or (m.n_heads * m.head_dim) % p.tp:
+        raise ConfigError(f"parallel.tp={p.tp} does not divide {m.preset}'s d_model {m.d_model} and heads")
+    replicas = max(p.dp, 1) * p.fsdp
+    return {"tokens": t.batch_size // replicas * t.seq_len, "k": m.d_model // p.tp, "n": 3 * m.attn_rank,
+            "r": m.attn_rank, "m": m.n_heads * m.head_dim // p.tp, "dtype": m.dtype}
 
 
 def cases(a: argparse.Namespace) -> list[dict]:
     """Each kernel's callables, inputs and the work it does (GEMM flops, compulsory bytes)."""
-    dt = jnp.bfloat16 if a.dtype == "bf16" else jnp.float32
+    dt = jnp.dtype(a.dtype)
     size = jnp.dtype(dt).itemsize
     k1, k2, k3, k4, k5 = jax.random.split(jax.random.key(0), 5)
     out = []

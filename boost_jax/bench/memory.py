@@ -1,14 +1,15 @@
-"""`bench memory`: per-device peak memory of the train step under each remat mode, from XLA's
+"""`bench memory [CONFIG.yaml] [section.key=value ...]`: per-device peak memory of the train step
+under each remat mode, from XLA's
 compiled memory analysis of an abstract compile (nothing allocated: llama-7b works on a laptop),
 beside the memory model's figure for it (`analysis/memory_model.py`: what the planner uses; at the
 compute dtype, so in bf16 it is a GPU's figure and below the CPU compile's, which keeps f32 copies),
 and, with `--time`, the measured step time and BOOST's efficiency metric: memory saved per
 millisecond of recomputation, against remat=none (docs/design.md section 6).
 
-`--microbatch-sweep 2,4,8` instead compiles the step at each micro-batch count with `--batch` rows
-per micro-batch (so the global batch grows with M): without a pipeline, gradient accumulation keeps
-one micro-batch's activations (flat); with `--pp`, what the pipeline keeps per micro-batch in
-flight (its iterations' saved activations and the stage buffers).
+`--microbatch-sweep 2,4,8` instead compiles the step at each micro-batch count M with
+`train.batch_size` rows per micro-batch (so the global batch grows with M): without a pipeline,
+gradient accumulation keeps one micro-batch's activations (flat); with `parallel.pp`, what the
+pipeline keeps per micro-batch in flight (its iterations' saved activations and the stage buffers).
 
 `--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
 each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
@@ -16,17 +17,18 @@ each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import jax
 
 from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.program import build, config_for, peak_bytes
-from boost_jax.bench.common import add_model_flags, bench_config
+from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import measure as measure_steps
+from boost_jax.config import Config, ConfigError
 from boost_jax.step import accumulated_grad
 
 MODES = ("none", "full", "lowrank")
@@ -59,7 +61,7 @@ class Case:
 
     def config(self):
         return config_for(self.model, self.arch, self.scheme, tp=self.tp, pp=self.pp, pp_repeats=self.pp_repeats,
-                          microbatches=self.microbatches, batch=self.batch, seq=self.seq, dtype="fp32",
+                          microbatches=self.microbatches, batch_size=self.batch, seq=self.seq, dtype="float32",
                           overrides=[f"parallel.fsdp={self.fsdp}", f"train.remat={self.remat}", *self.overrides])
 
 
@@ -128,20 +130,20 @@ def compiled_peak(cfg) -> dict:
     return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": 2 * 4 * prog.params_per_device}
 
 
-def sweep_microbatches(a: argparse.Namespace, counts: list[int]) -> None:
-    rows = []
+def sweep_microbatches(args: Sequence[str], counts: list[int], as_json: bool) -> None:
+    base = config_of(args)
+    rows_per, rows = base.train.batch_size, []
     for m in counts:
-        cfg = bench_config(a, microbatches=m, batch=a.batch * m)
+        cfg = config_of(args, f"train.microbatches={m}", f"train.batch_size={rows_per * m}")
         pipe = build(cfg).plan.pipeline
         rows.append({"microbatches": m, "global_batch": cfg.train.batch_size,
                      "iterations": pipe.iterations if pipe else None,
                      "bubble_fraction": pipe.bubble_fraction if pipe else None, **compiled_peak(cfg)})
-    if a.json:
-        print(json.dumps({"model": a.model, "arch": a.arch, "scheme": a.scheme, "tp": a.tp, "pp": a.pp,
-                          "rows_per_microbatch": a.batch, "seq": a.seq, "dtype": a.dtype, "rows": rows}, indent=1))
+    if as_json:
+        print(json.dumps({**describe(base), "rows_per_microbatch": rows_per, "rows": rows}, indent=1))
         return
-    print(f"{a.model} {a.arch} tp={a.tp} pp={a.pp} x{a.pp_repeats} {a.batch} rows/micro-batch s={a.seq} {a.dtype}: "
-          "per-device peak of the train step's forward + backward (compiled memory analysis)")
+    print(f"{title(base)}, {rows_per} rows per micro-batch: per-device peak of the train step's forward + backward "
+          "(compiled memory analysis)")
     print(f"{'M':>4s} {'batch':>6s} {'iterations':>10s} {'bubble':>7s} {'peak MiB':>10s} {'+MiB per M':>11s}")
     for prev, r in zip([None, *rows], rows):
         grow = "-" if prev is None else format((r["fwd_bwd_peak_bytes"] - prev["fwd_bwd_peak_bytes"]) / MIB
@@ -151,33 +153,51 @@ def sweep_microbatches(a: argparse.Namespace, counts: list[int]) -> None:
               f"{r['fwd_bwd_peak_bytes'] / MIB:10.2f} {grow:>11s}")
 
 
+def describe(cfg: Config) -> dict:
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "pp": p.pp, "pp_repeats": p.pp_repeats,
+            "batch": t.batch_size, "seq": t.seq_len, "dtype": m.dtype}
+
+
+def title(cfg: Config) -> str:
+    d = describe(cfg)
+    return (f"{d['model']} {d['arch']} tp={d['tp']} pp={d['pp']}" + (f"x{d['pp_repeats']}" if d["pp_repeats"] > 1 else "")
+            + f" b={d['batch']} s={d['seq']} {d['dtype']}")
+
+
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench memory", description=__doc__)
-    add_model_flags(p)
-    p.add_argument("--remat", default="all", choices=["all", *MODES])
+    p = parser("python -m boost_jax.bench memory", __doc__)
+    p.add_argument("--remat", default="all", choices=["all", *MODES], help="train.remat modes compiled (none always)")
     p.add_argument("--compare", action="store_true", help="vanilla and btp side by side")
     p.add_argument("--time", action="store_true", help="also run the steps here (small models only)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--microbatch-sweep", default="", metavar="M1,M2,...",
-                   help="peak at each micro-batch count, --batch rows per micro-batch (with --pp: the pipeline)")
+                   help="peak at each micro-batch count, train.batch_size rows per micro-batch (with parallel.pp: the pipeline)")
     p.add_argument("--validate", action="store_true",
-                   help="the memory model against the compile on its validation grid (the model flags are not used)")
-    a = p.parse_args(argv)
+                   help="the memory model against the compile on its validation grid (the config is not used)")
+    a = parse(p, argv)
+    if a.reps < 1 or a.steps < 1:
+        raise ConfigError(f"--reps and --steps must be at least 1, got {a.reps} and {a.steps}")
     if a.validate:
         return validate_all(VALIDATION, a.json)
     if a.microbatch_sweep:
-        return sweep_microbatches(a, [int(m) for m in a.microbatch_sweep.split(",")])
+        try:
+            counts = [int(m) for m in a.microbatch_sweep.split(",")]
+        except ValueError:
+            raise ConfigError(f"--microbatch-sweep {a.microbatch_sweep!r}: expected comma-separated counts") from None
+        return sweep_microbatches(a.config, counts, a.json)
     # remat=none is always measured: it is the baseline of the saved-memory metric.
     modes = MODES if a.remat == "all" else tuple(dict.fromkeys(("none", a.remat)))
-    schemes = ("vanilla", "btp") if a.compare else (a.scheme,)
+    cfg = config_of(a.config)
+    schemes = ("vanilla", "btp") if a.compare else (cfg.parallel.scheme,)
     rows = []
     for scheme in schemes:
-        cfgs = [bench_config(a, scheme=scheme, overrides=[*a.overrides, f"train.remat={m}"]) for m in modes]
+        cfgs = [config_of(a.config, f"parallel.scheme={scheme}", f"train.remat={m}") for m in modes]
         times = [r["median_step_s"] for r in measure_steps(cfgs, a.reps, a.steps)] if a.time else [None] * len(cfgs)
-        for mode, cfg, t in zip(modes, cfgs, times):
-            rows.append({"scheme": cfg.parallel.scheme, "remat": mode, **compiled_peak(cfg),
-                         "memory_model_bytes": breakdown(cfg)["step"], "step_s": t})
+        for mode, variant, t in zip(modes, cfgs, times):
+            rows.append({"scheme": variant.parallel.scheme, "remat": mode, **compiled_peak(variant),
+                         "memory_model_bytes": breakdown(variant)["step"], "step_s": t})
     for row in rows:  # BOOST's metric, against the same scheme without remat
         base = next(r for r in rows if r["scheme"] == row["scheme"] and r["remat"] == "none")
         saved = (base["fwd_bwd_peak_bytes"] - row["fwd_bwd_peak_bytes"]) / MIB
@@ -186,10 +206,9 @@ def main(argv: list[str]) -> None:
         row["added_ms"] = added_ms
         row["mib_saved_per_ms"] = saved / added_ms if added_ms and added_ms > 0 and row["remat"] != "none" else None
     if a.json:
-        print(json.dumps({"model": a.model, "arch": a.arch, "tp": a.tp, "batch": a.batch, "seq": a.seq,
-                          "dtype": a.dtype, "rows": rows}, indent=1))
+        print(json.dumps({**describe(cfg), "rows": rows}, indent=1))
         return
-    print(f"{a.model} {a.arch} tp={a.tp} pp={a.pp} b={a.batch} s={a.seq} {a.dtype}: per-device memory (compiled memory analysis)")
+    print(f"{title(cfg)}: per-device memory (compiled memory analysis)")
     print(f"{'scheme':8s} {'remat':8s} {'fwd+bwd peak MiB':>17s} {'model MiB':>10s} {'+AdamW MiB':>11s} {'saved MiB':>10s} "
           f"{'step ms':>9s} {'MiB saved/ms':>13s}")
     for r in rows:

@@ -1,4 +1,5 @@
-"""`bench paper`: the paper's benchmark (docs/design.md section 7) at its settings, from abstract compiles.
+"""`bench paper [section.key=value ...]`: the paper's benchmark (docs/design.md section 7) at its
+settings, from abstract compiles.
 
 For llama-1b .. 30b at bf16, seq 4096, micro-batch 4 and the paper's (TP, PP), each variant
 (dense/megatron and every low-rank arch under vanilla TP and BTP) is compiled here without
@@ -7,14 +8,17 @@ layer (forward and backward), GEMM and attention FLOPs (next to the analytic cou
 cost analysis), and memory: the CPU compile's peak beside the memory model's figure
 (`analysis/memory_model.py`), which is what a GPU holds (the CPU backend keeps f32 copies of bf16
 work). The performance model (`perf_model.py`, constants in
-`configs/hardware.yaml`) turns them into seconds per iteration on A100, H100 and H200 nodes,
+`boost_jax/configs/hardware.yaml`) turns them into seconds per iteration on A100, H100 and H200 nodes,
 printed beside the paper's measurements.
 
 Models the paper runs with pipeline stages (13B: PP=2, 30B: PP=4) are compiled as the real pipelined
-train step on TP x PP simulated devices (`parallel/pipeline.py`): an iteration is `--microbatches`
-micro-batches of `--batch` sequences (default: each model's PP, the fewest its schedule allows; the
-paper does not state its number), and the performance model prices what that program does, bubbles
-and stage-to-stage permutes included.
+train step on TP x PP simulated devices (`parallel/pipeline.py`): an iteration is PP micro-batches
+of 4 sequences (the fewest its schedule allows; the paper does not state its number), and the
+performance model prices what that program does, bubbles and stage-to-stage permutes included.
+
+Each row's config is the paper's protocol (`row_config`) followed by the command line's overrides,
+which apply to every row: `train.seq_len=2048`, `model.dtype=float32`, or `train.microbatches=8
+train.batch_size=32` (the global batch of an iteration, as everywhere).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.work import analyze
 from boost_jax.analysis.comm import forward, layer_split, pipeline_comm
-from boost_jax.analysis.program import build, config_for, peak_bytes
-from boost_jax.bench.perf_model import HARDWARE_FILE, Work, collective_seconds, predict, select_hardware
+from boost_jax.analysis.perf_model import HARDWARE_FILE, Work, collective_seconds, predict, select_hardware
+from boost_jax.analysis.program import build, peak_bytes
+from boost_jax.bench.common import parse, parser
+from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.flops import count
 
 GIB = 2**30
@@ -53,17 +59,29 @@ COLUMNS = ("dense/megatron", "cola/vanilla", "cola/btp")  # the paper's table: f
 VARIANTS = ("dense/megatron", "cola/vanilla", "cola/btp", "svd/vanilla", "svd/btp", "lax/vanilla", "lax/btp")
 
 
-def measure(model: str, variant: str, *, tp: int, pp: int, microbatches: int, batch: int, seq: int, dtype: str,
-            overrides: tuple[str, ...] = ()) -> tuple[dict, Work, list]:
+MICROBATCH_ROWS = 4  # the paper's micro-batch: 4 sequences of 4096 tokens, in bf16
+
+
+def row_config(model: str, variant: str, overrides: tuple[str, ...] = ()) -> Config:
+    """One row of the paper's table as a config: its (TP, PP), an iteration of PP micro-batches of
+    MICROBATCH_ROWS x 4096 tokens in bf16, then `overrides`."""
+    arch, scheme = variant.split("/")
+    tp, pp = PAPER[model]["tp"], PAPER[model]["pp"]
+    return load_config(None, [
+        f"model.preset={model}", f"model.arch={arch}", f"parallel.scheme={scheme}", f"parallel.tp={tp}", "parallel.dp=1",
+        f"parallel.pp={pp}", f"train.microbatches={pp}", f"train.batch_size={MICROBATCH_ROWS * pp}", "train.seq_len=4096",
+        "model.dtype=bfloat16", *overrides])
+
+
+def measure(cfg: Config, variant: str) -> tuple[dict, Work, list]:
     """Measured quantities of one variant's train step (per device: its pipeline stage, all its
     micro-batches), its Work, and the collectives of one decoder layer's forward."""
-    arch, scheme = variant.split("/")
-    cfg = config_for(model, arch, scheme, tp=tp, pp=pp, microbatches=microbatches, batch=batch * microbatches,
-                     seq=seq, dtype=dtype, overrides=overrides)
-    m = cfg.model
+    m, model, tp, pp = cfg.model, cfg.model.preset, cfg.parallel.tp, cfg.parallel.pp
+    microbatches, seq, dtype = cfg.train.microbatches, cfg.train.seq_len, m.dtype
+    batch = cfg.train.batch_size // microbatches  # sequences per micro-batch
     if m.n_layers // pp < 2:
         # XLA unrolls a one-trip loop: per-layer figures need the scanned stack to stay a loop.
-        raise SystemExit(f"{model}: n_layers={m.n_layers} must give pp={pp} stages of at least 2 layers")
+        raise ConfigError(f"{model}: n_layers={m.n_layers} must give pp={pp} stages of at least 2 layers")
     prog = build(cfg)
     step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
     text = step.as_text()
@@ -104,17 +122,15 @@ def paper_variants(model: str) -> list[str]:
     return [v for v in VARIANTS if v in PAPER[model]]
 
 
-def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, *, microbatches: int | None, batch: int,
-        seq: int, dtype: str, log=print) -> dict:
-    """`variants=None`: each model's `paper_variants`; `microbatches=None`: each model's PP."""
+def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, overrides: tuple[str, ...] = (),
+        log=print) -> dict:
+    """`variants=None`: each model's `paper_variants`; each row `row_config(model, variant, overrides)`."""
     rows = []
     for model in models:
         setting = PAPER[model]
         for variant in variants or paper_variants(model):
             t0 = time.perf_counter()
-            pp = setting["pp"]
-            row, work, layer_fwd = measure(model, variant, tp=setting["tp"], pp=pp, microbatches=microbatches or pp,
-                                           batch=batch, seq=seq, dtype=dtype)
+            row, work, layer_fwd = measure(row_config(model, variant, overrides), variant)
             row["predicted"] = {name: predict(work, hw)
                                 | {"layer_forward_comm_s": sum(collective_seconds(c, hw) for c in layer_fwd)}
                                 for name, hw in hardware.items()}
@@ -122,8 +138,9 @@ def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, *, 
             row["compile_s"] = time.perf_counter() - t0
             rows.append(row)
             log(f"  {model} {variant}: compiled and analysed in {row['compile_s']:.0f} s")
-    return {"settings": {"batch": batch, "seq": seq, "dtype": dtype, "microbatches": microbatches,
-                         "jax": jax.__version__, "backend": jax.default_backend()},
+    first = rows[0] if rows else {}
+    return {"settings": {"batch": first.get("batch"), "seq": first.get("seq"), "dtype": first.get("dtype"),
+                         "overrides": list(overrides), "jax": jax.__version__, "backend": jax.default_backend()},
             "hardware": {name: vars(hw) for name, hw in hardware.items()}, "rows": rows}
 
 
@@ -246,32 +263,27 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated arch/scheme pairs from {', '.join(VARIANTS)}, or paper: those the paper measured per model")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
     p.add_argument("--hardware", default="all", help="comma-separated names from the hardware file, or all")
-    p.add_argument("--microbatches", type=int, default=None,
-                   help="micro-batches of --batch per iteration (default: each model's PP)")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
 
 
 def from_flags(a: argparse.Namespace, log=print) -> dict:
     models = a.models.split(",")
     if bad := [m for m in models if m not in PAPER]:
-        raise SystemExit(f"--models: unknown {bad}; the paper's are {list(PAPER)}")
+        raise ConfigError(f"--models: unknown {bad}; the paper's are {list(PAPER)}")
     variants = None if a.variants == "paper" else tuple(a.variants.split(","))
     if bad := [v for v in variants or () if v not in VARIANTS]:
-        raise SystemExit(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+        raise ConfigError(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
     hardware = select_hardware(a.hardware_file, a.hardware)
-    if a.microbatches is not None and a.microbatches < 1:
-        raise SystemExit("--microbatches must be at least 1")
-    return run(models, variants, hardware, microbatches=a.microbatches, batch=a.batch, seq=a.seq, dtype=a.dtype, log=log)
+    overrides = tuple(a.config)
+    for model in models:  # every row's config is valid before the first compile
+        for variant in variants or paper_variants(model):
+            row_config(model, variant, overrides)
+    return run(models, variants, hardware, overrides, log=log)
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench paper", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("python -m boost_jax.bench paper", __doc__)
     add_flags(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    a = p.parse_args(argv)
+    a = parse(p, argv)
     result = from_flags(a, log=lambda s: print(s, file=sys.stderr))
     result["settings"]["command"] = " ".join(["python -m boost_jax.bench paper", *argv])
     print(json.dumps(result, indent=1)) if a.json else print_report(result)

@@ -1,7 +1,9 @@
-"""`bench planner`: `python -m boost_jax.plan` on each row of the paper's table, beside the paper's own layout.
+"""`bench planner [section.key=value ...]`: `python -m boost_jax.plan` on each row of the paper's
+table, beside the paper's own layout.
 
 For each model, on the paper's GPU count (TP x PP A100-80GB) and at its settings (cola, bf16,
-seq 4096; an iteration of PP micro-batches of 4 sequences, as `bench paper` compiles it), the
+seq 4096; an iteration of PP micro-batches of 4 sequences, as `bench paper` compiles it, then the
+command line's overrides), the
 planner enumerates every layout, sizes it with the memory model and prices those that fit with the
 performance model. The paper's own layout (BTP at its TP and PP, dp = fsdp = 1, M = PP) is one of
 the candidates and is priced in every remat mode that fits (the others only when their lower bound
@@ -14,16 +16,18 @@ Compiles are cached on disk (plan/price.py), so a second run prices from the cac
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
-from boost_jax.analysis.program import DTYPES
-from boost_jax.bench.paper import PAPER
-from boost_jax.bench.perf_model import HARDWARE_FILE, Hardware, one_machine
+from boost_jax.analysis.perf_model import HARDWARE_FILE, Hardware, one_machine
+from boost_jax.bench.common import parse, parser
+from boost_jax.bench.paper import PAPER, row_config
 from boost_jax.cli import int_list
 from boost_jax.errors import ConfigError
+
+# What a planner row fixes of the paper's protocol (the layout keys are the planner's to choose).
+ROW_KEYS = ("model.preset", "model.arch", "model.dtype", "train.batch_size", "train.seq_len")
 
 GIB = 2**30
 ARCH, SCHEME = "cola", "btp"  # the paper's BOOST column
@@ -41,16 +45,25 @@ def is_paper_layout(layout, model: str) -> bool:
         == (SCHEME, tp, pp, 1, 1, 1, pp)
 
 
-def compare(model: str, hw: Hardware, *, batch: int, seq: int, dtype: str, schemes: tuple[str, ...],
+def row_overrides(model: str, overrides: tuple[str, ...]) -> list[str]:
+    """The paper's row (`bench paper`'s protocol, then `overrides`) as the keys a planner keeps fixed."""
+    cfg = row_config(model, f"{ARCH}/{SCHEME}", overrides)
+    values = {"model.preset": cfg.model.preset, "model.arch": cfg.model.arch, "model.dtype": cfg.model.dtype,
+              "train.batch_size": cfg.train.batch_size, "train.seq_len": cfg.train.seq_len}
+    return [f"{k}={values[k]}" for k in ROW_KEYS] + [o for o in overrides if o.split("=")[0] not in ROW_KEYS]
+
+
+def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tuple[str, ...],
             pp_repeats: tuple[int, ...], headroom: float, max_priced: int | None, cache, log) -> dict:
     """The planner's choice and the paper's layout for one row of the paper's table."""
-    from boost_jax.plan.layouts import Space
-    from boost_jax.plan.search import base_overrides, plan
+    from boost_jax.planner.layouts import Space
+    from boost_jax.planner.search import plan
 
     setting = PAPER[model]
-    gpus, pp = setting["tp"] * setting["pp"], setting["pp"]
+    gpus = setting["tp"] * setting["pp"]
     t0 = time.perf_counter()
-    cands = plan(base_overrides(model, ARCH, batch * pp, seq, DTYPES[dtype]), [], gpus=gpus, hw=hw,
+    base = row_overrides(model, overrides)
+    cands = plan(base, gpus=gpus, hw=hw,
                  space=Space(schemes=schemes, pp_repeats=pp_repeats), headroom=headroom, cache=cache, log=log,
                  must_price=lambda layout: is_paper_layout(layout, model), max_priced=max_priced)
     priced = [c for c in cands if c.step]
@@ -58,8 +71,10 @@ def compare(model: str, hw: Hardware, *, batch: int, seq: int, dtype: str, schem
         raise ConfigError(f"{model}: no layout of {gpus} GPUs fits in {hw.name} with {headroom:.0%} headroom")
     theirs = [c for c in cands if is_paper_layout(c.layout, model)]
     best_theirs = next((c for c in priced if is_paper_layout(c.layout, model)), None)
+    cfg = priced[0].cfg
     return {
-        "model": model, "gpus": gpus, "global_batch": batch * pp, "seq": seq, "dtype": dtype,
+        "model": model, "gpus": gpus, "global_batch": cfg.train.batch_size, "seq": cfg.train.seq_len,
+        "dtype": cfg.model.dtype,
         "layouts": len(cands), "priced": len(priced), "seconds_to_plan": time.perf_counter() - t0,
         "choice": priced[0].row(hw, gpus),
         "paper_layout": best_theirs.row(hw, gpus) if best_theirs else None,
@@ -69,19 +84,20 @@ def compare(model: str, hw: Hardware, *, batch: int, seq: int, dtype: str, schem
     }
 
 
-def run(models: list[str], hw: Hardware, *, batch: int, seq: int, dtype: str, schemes: tuple[str, ...] = (SCHEME,),
+def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), schemes: tuple[str, ...] = (SCHEME,),
         pp_repeats: tuple[int, ...] = (1, 2), headroom: float = 0.0, max_priced: int | None = MAX_PRICED,
         log=print) -> dict:
-    from boost_jax.config import load_config
-    from boost_jax.data.cache import cache_root
-    from boost_jax.plan.price import DiskCache
+    from boost_jax.cache import cache_root
+    from boost_jax.planner.price import DiskCache
 
-    cache = DiskCache(cache_root(load_config(None, []).data) / "plan")
-    rows = [compare(m, hw, batch=batch, seq=seq, dtype=dtype, schemes=schemes, pp_repeats=pp_repeats,
+    first = row_config(models[0], f"{ARCH}/{SCHEME}", overrides)
+    cache = DiskCache(cache_root(first.data.cache_dir) / "plan")
+    rows = [compare(m, hw, overrides=overrides, schemes=schemes, pp_repeats=pp_repeats,
                     headroom=headroom, max_priced=max_priced, cache=cache, log=log) for m in models]
     return {"settings": {"hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "headroom": headroom, "arch": ARCH,
                          "schemes": list(schemes), "pp_repeats": list(pp_repeats), "max_priced": max_priced,
-                         "batch": batch, "seq": seq, "dtype": dtype},
+                         "batch": first.train.batch_size // first.train.microbatches, "seq": first.train.seq_len,
+                         "dtype": first.model.dtype, "overrides": list(overrides)},
             "rows": rows}
 
 
@@ -116,8 +132,7 @@ def paper_layout_lines(result: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench planner", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("python -m boost_jax.bench planner", __doc__)
     p.add_argument("--models", default=",".join(PAPER), help=f"comma-separated, from {', '.join(PAPER)}")
     p.add_argument("--hardware", default=PAPER_HARDWARE, help=f"one machine of the hardware file (the paper's: {PAPER_HARDWARE})")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
@@ -126,19 +141,15 @@ def main(argv: list[str]) -> None:
     p.add_argument("--headroom", type=float, default=0.0, help="fraction of GPU memory left free")
     p.add_argument("--max-priced", type=int, default=MAX_PRICED,
                    help="layouts priced per row besides the paper's, lowest lower bound first (0: every one that can win)")
-    p.add_argument("--batch", type=int, default=4, help="sequences per micro-batch of the paper's layout")
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    a = parse(p, argv)
     models = a.models.split(",")
     if bad := [m for m in models if m not in PAPER]:
         raise ConfigError(f"--models: unknown {bad}; the paper's are {list(PAPER)}")
-    if not 0 <= a.headroom < 1 or a.batch < 1 or a.seq < 1 or a.max_priced < 0:
-        raise ConfigError("--headroom must be in [0, 1), --batch and --seq positive, --max-priced >= 0")
+    if not 0 <= a.headroom < 1 or a.max_priced < 0:
+        raise ConfigError("--headroom must be in [0, 1) and --max-priced >= 0")
     hw = one_machine(a.hardware_file, a.hardware)
     log = lambda s: print(s, file=sys.stderr, flush=True)
-    result = run(models, hw, batch=a.batch, seq=a.seq, dtype=a.dtype, schemes=tuple(a.schemes.split(",")),
+    result = run(models, hw, overrides=tuple(a.config), schemes=tuple(a.schemes.split(",")),
                  pp_repeats=a.pp_repeats, headroom=a.headroom, max_priced=a.max_priced or None, log=log)
     result["settings"]["command"] = " ".join(["python -m boost_jax.bench planner", *argv])
     if a.json:

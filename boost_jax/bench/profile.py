@@ -1,6 +1,7 @@
-"""`bench profile`: where a compiled train step's time goes, read from a JAX profiler trace.
+"""`bench profile [CONFIG.yaml] [section.key=value ...]`: where a compiled train step's time goes,
+read from a JAX profiler trace.
 
-Traces --steps compiled, warmed-up steps of one config (`bench step`'s flags and overrides), puts
+Traces --steps compiled, warmed-up steps of one config (as `bench step` builds it), puts
 each XLA op's time in a category (`boost_jax/analysis/timeline.py` says which op goes where) and
 prints each category's ms per step and share of the step, then the top ops. The trace directory
 is kept: TensorBoard's profile plugin (`tensorboard --logdir DIR`) or ui.perfetto.dev (the
@@ -17,7 +18,6 @@ dispatch, the wait for the last result).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 
 from boost_jax.analysis.timeline import CATEGORIES, classify, module_name, op_seconds, read_trace
-from boost_jax.bench.common import add_model_flags, bench_config
+from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner
 from boost_jax.config import Config
 from boost_jax.errors import ConfigError
@@ -67,7 +67,8 @@ def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner |
                 "op_name": ops[name].op_name if name in ops else "", "s_per_step": sec, "fraction": sec / step_s}
                for name, sec in ranked]
     m = cfg.model
-    return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "dp": p.dp,
+    return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": runner.mesh_shape["tp"],
+            "dp": runner.mesh_shape["dp"],
             "batch": cfg.train.batch_size, "seq": cfg.train.seq_len, "dtype": m.dtype, "steps": steps,
             "devices": n, "device_kind": jax.devices()[0].device_kind, "step_s": step_s, "untraced_step_s": untraced,
             "categories": categories, "accounted_fraction": accounted, "ops_fraction": ops_s / step_s, "top_ops": top_ops,
@@ -95,17 +96,17 @@ def print_table(r: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_flags(p)
-    p.set_defaults(model="llama-60m", batch=4, seq=256, dtype="fp32")
+    p = parser("python -m boost_jax.bench profile", __doc__)
     p.add_argument("--steps", type=int, default=3, help="traced steps")
     p.add_argument("--trace-dir", type=Path, help="where the trace goes (default: a new runs/profile/<run>)")
     p.add_argument("--top", type=int, default=10, help="ops listed")
-    a = p.parse_args(argv)
-    cfg = bench_config(a)
+    a = parse(p, argv)
+    if a.steps < 1 or a.top < 0:
+        raise ConfigError(f"--steps must be at least 1 and --top at least 0, got {a.steps} and {a.top}")
+    cfg = config_of(a.config)
+    m = cfg.model
     trace_dir = a.trace_dir or Path("runs/profile") / (
-        f"{a.model}-{a.arch}-tp{a.tp}-{time.strftime('%Y%m%d-%H%M%S')}")
+        f"{m.preset}-{m.arch}-{cfg.parallel.scheme}-tp{cfg.parallel.tp}-{time.strftime('%Y%m%d-%H%M%S')}")
     r = profile(cfg, a.steps, trace_dir, a.top)
     if a.json:
         print(json.dumps(r, indent=1))

@@ -23,7 +23,7 @@ import jax
 
 from boost_jax.bench import paper, planner
 from boost_jax.bench.profile import profile
-from boost_jax.analysis.program import config_for
+from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.config import ConfigError
 from boost_jax.flops import PEAK_BF16_FLOPS, count
@@ -55,6 +55,12 @@ def single_device(runners: list[Runner], reps: int, steps: int) -> dict:
 PROFILED = (("cola", "btp", 1), ("dense", "megatron", 1), ("cola", "btp", 4), ("dense", "megatron", 4))
 
 
+def step_args(model: str, arch: str, tp: int, batch: int, seq: int, scheme: str = "auto") -> list[str]:
+    """The config of a timed step section (fp32, one data-parallel replica), as command-line overrides."""
+    return [f"model.preset={model}", f"model.arch={arch}", *([f"parallel.scheme={scheme}"] if scheme != "auto" else []),
+            f"parallel.tp={tp}", "parallel.dp=1", f"train.batch_size={batch}", f"train.seq_len={seq}", "model.dtype=float32"]
+
+
 class Profiles:
     """`bench profile` of the step model's PROFILED variants (traces in a temporary directory). The
     report profiles the runners it has just timed (`offer`), so no variant is compiled twice, and
@@ -71,7 +77,7 @@ class Profiles:
                 self.done[key] = profile(r.cfg, self.steps, self.root / f"{key[0]}-tp{key[2]}", top=5, runner=r)
 
     def rows(self) -> list[dict]:
-        self.offer([Runner(config_for(self.model, arch, scheme, tp=tp, batch=self.batch, seq=self.seq, dtype="fp32"))
+        self.offer([Runner(config_of(step_args(self.model, arch, tp, self.batch, self.seq, scheme)))
                     for arch, scheme, tp in PROFILED if (arch, scheme, tp) not in self.done])
         return [self.done[k] for k in PROFILED]
 
@@ -251,12 +257,12 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "",
         "## 2. Performance model beside the paper",
         "",
-        "`boost_jax/bench/perf_model.py` turns the measured GEMM shapes, memory traffic and collectives into seconds on a GPU: "
+        "`boost_jax/analysis/perf_model.py` turns the measured GEMM shapes, memory traffic and collectives into seconds on a GPU: "
         "roofline GEMMs with wave quantization, causal flash attention at a stated efficiency, memory-bound traffic at HBM speed, "
         "ring collectives at NCCL bus bandwidth plus a per-op latency, no compute/communication overlap, AdamW as HBM traffic, "
         "and pipelines priced as compiled (their M + PP - 1 iterations, bubbles computed like any other, and the "
         "collective-permutes between stages over NVLink or, where a pair spans nodes, the network). Constants are datasheet values and stated "
-        "efficiencies in `configs/hardware.yaml`; **none was fitted to the paper**:",
+        "efficiencies in `boost_jax/configs/hardware.yaml`; **none was fitted to the paper**:",
         "",
         "| constant | " + " | ".join(hw_names) + " |",
         "|---|" + "---|" * len(hw_names),
@@ -434,7 +440,7 @@ def _pp_requirements(pr: dict) -> list[str]:
     out = []
     for r in pr["rows"]:
         if r["pp"] > 1 and r["paper_seconds"] and r["variant"] in TRIO:
-            cfg = config_for(r["model"], *r["variant"].split("/"), tp=r["tp"], batch=r["batch"], seq=r["seq"], dtype=r["dtype"])
+            cfg = paper.row_config(r["model"], r["variant"])
             flops = count(cfg.model, r["seq"]).train_flops_per_token * r["batch"] * r["seq"]
             need = flops / r["tp"] / (r["paper_seconds"] * A100_PEAK)
             out.append(f"{r['model']} {r['variant']} (PP={r['pp']}, {r['paper_seconds']:.2f} s): {100 * need:.0f}%")
@@ -445,20 +451,21 @@ def _pp_requirements(pr: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("python -m boost_jax.bench report", __doc__)  # the config: overrides for the paper's and planner's rows
     paper.add_flags(p)
     p.add_argument("--paper-json", help="reuse a saved `bench paper --json` instead of compiling")
     p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
-    p.add_argument("--step-batch", type=int, default=4)
-    p.add_argument("--step-seq", type=int, default=256)
+    p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
+    p.add_argument("--step-seq", type=int, default=256, help="train.seq_len of the timed sections")
     p.add_argument("--single-models", default="llama-60m,llama-130m", help="presets timed on one device")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="docs", help="folder for results.md (plots go to <out>/img)")
     p.add_argument("--rerender", metavar="RESULTS_JSON", help="redraw the page and plots from a saved results.json, measuring nothing")
-    a = p.parse_args(argv)
+    a = parse(p, argv)
+    if a.reps < 1 or a.steps < 1 or a.step_batch < 1 or a.step_seq < 1:
+        raise ConfigError("--reps, --steps, --step-batch and --step-seq must be at least 1")
     log = lambda s: print(s, file=sys.stderr, flush=True)
     out = Path(a.out)
     # Saved inputs are read before anything is measured: a bad file fails in a second, not after the paper's compiles.
@@ -497,26 +504,26 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
     else:
         log("bench paper: abstract compiles of the paper's settings")
         pr = paper.from_flags(a, log=log)
-        micro = "" if a.microbatches is None else f" --microbatches {a.microbatches}"
-        paper_cmd = (f"python -m boost_jax.bench paper --models {a.models} --variants {a.variants}{micro} "
-                     f"--batch {a.batch} --seq {a.seq} --dtype {a.dtype}")
+        paper_cmd = " ".join(["python -m boost_jax.bench paper --models", a.models, "--variants", a.variants, *a.config])
     if a.planner_json:
         pl = saved["--planner-json"]
     else:
         log("bench planner: the planner on the paper's rows (compiles cached on disk)")
-        pl = planner.run(a.models.split(","), planner.paper_hardware(), batch=a.batch, seq=a.seq,
-                         dtype=a.dtype, log=log)
-        pl["settings"]["command"] = f"python -m boost_jax.bench planner --models {a.models} --batch {a.batch} --seq {a.seq} --dtype {a.dtype}"
-    knobs = dict(batch=a.step_batch, seq=a.step_seq, dtype="fp32")
+        pl = planner.run(a.models.split(","), planner.paper_hardware(), overrides=tuple(a.config), log=log)
+        pl["settings"]["command"] = " ".join(["python -m boost_jax.bench planner --models", a.models, *a.config])
+    compared = step_args(a.step_model, "cola", 4, a.step_batch, a.step_seq)
+    singles = [step_args(m, arch, 1, a.step_batch, a.step_seq) for m in a.single_models.split(",")
+               for arch in ("dense", "cola")]
+    timing = f"--reps {a.reps} --steps {a.steps}"
     with tempfile.TemporaryDirectory() as traces:
         profiles = Profiles(a.step_model, a.step_batch, a.step_seq, a.steps, Path(traces))
         log(f"bench step --compare: {a.step_model}, TP=4, {a.reps} interleaved repetitions; then bench profile")
-        runners = [Runner(c) for c in compare_configs(a.step_model, "cola", tp=4, **knobs)]
+        runners = [Runner(c) for c in compare_configs(compared)]
         sc = step_compare(runners, a.reps, a.steps)
         profiles.offer(runners)
         del runners  # each set of compiled steps is freed before the next is built
         log(f"single device: {a.single_models}; then bench profile")
-        runners = [Runner(config_for(m, arch, tp=1, **knobs)) for m in a.single_models.split(",") for arch in ("dense", "cola")]
+        runners = [Runner(config_of(args)) for args in singles]
         sd = single_device(runners, a.reps, a.steps)
         profiles.offer(runners)
         del runners
@@ -524,13 +531,12 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
     commands = [
         paper_cmd,
         pl["settings"]["command"],
-        f"python -m boost_jax.bench step --compare --model {a.step_model} --tp 4 --batch {a.step_batch} --seq {a.step_seq} "
-        f"--dtype fp32 --reps {a.reps} --steps {a.steps}",
-        *(f"python -m boost_jax.bench step --model {m} --arch {arch} --tp 1 --batch {a.step_batch} --seq {a.step_seq} "
-          f"--dtype fp32 --reps {a.reps} --steps {a.steps}" for m in a.single_models.split(",") for arch in ("dense", "cola")),
+        " ".join(["python -m boost_jax.bench step --compare", *compared, timing]),
+        *(" ".join(["python -m boost_jax.bench step", *args, timing]) for args in singles),
         "python -m boost_jax.bench report" + "".join(f" {x}" for x in argv),
     ]
-    commands += [f"python -m boost_jax.bench profile --model {a.step_model} --arch {arch} --scheme {scheme} --tp {tp} "
-                 f"--batch {a.step_batch} --seq {a.step_seq} --dtype fp32 --steps {a.steps}" for arch, scheme, tp in PROFILED]
+    commands += [" ".join(["python -m boost_jax.bench profile", *step_args(a.step_model, arch, tp, a.step_batch, a.step_seq,
+                                                                         scheme), f"--steps {a.steps}"])
+                 for arch, scheme, tp in PROFILED]
     return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
             "single_device": sd, "profile": prof}

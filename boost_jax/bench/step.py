@@ -1,36 +1,43 @@
-"""`bench step`: measured train-step time, tokens/s and per-device peak memory on this machine.
+"""`bench step [CONFIG.yaml] [section.key=value ...]`: measured train-step time, tokens/s and
+per-device peak memory on this machine, for the config as `train` would run it (a planner's recipe
+as is: `bench step recipe.yaml`).
 
-`--compare` builds dense/megatron, <arch>/vanilla and <arch>/btp and times them in interleaved
-repetitions (so machine noise hits all three alike), then prints the ratios.
+`--compare` builds dense/megatron, <arch>/vanilla and <arch>/btp of the same config and times them
+in interleaved repetitions (so machine noise hits all three alike), then prints the ratios.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import statistics
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
-from boost_jax.analysis.program import config_for, peak_bytes
-from boost_jax.bench.common import add_model_flags, bench_config
-from boost_jax.config import Config
+from boost_jax.analysis.program import peak_bytes
+from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.config import Config, ConfigError
 from boost_jax.flops import count, datasheet_peak_flops, measure_matmul_peak
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.step import device_batch, setup
+from boost_jax.step import batch_keys, device_batch, setup
 
 
 class Runner:
     """One config's compiled train step with its own state and a fixed random batch."""
 
     def __init__(self, cfg: Config):
-        run, self.state = setup(cfg, make_plan(cfg, mesh_devices(cfg.parallel)))
+        plan = make_plan(cfg, mesh_devices(cfg.parallel))
+        run, self.state = setup(cfg, plan)
+        self.mesh_shape = dict(plan.mesh.shape)
         t = cfg.train
         tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)
-        self.batch = device_batch({"inputs": tokens, "targets": tokens}, run.batch_sharding)
+        # With data.document_mask: one document per row (the mask's cost, not a particular corpus's).
+        self.batch = device_batch({k: np.zeros_like(tokens) if k == "segment_ids" else tokens for k in batch_keys(cfg)},
+                                  run.batch_sharding)
         self.compiled = run.train_step.lower(self.state, self.batch).compile()
         self.cfg, self.tokens, self.peak = cfg, t.batch_size * t.seq_len, peak_bytes(self.compiled)
         self.times: list[float] = []
@@ -45,9 +52,10 @@ class Runner:
 
     def result(self) -> dict:
         med = statistics.median(self.times)
-        m, p = self.cfg.model, self.cfg.parallel
+        m, p, mesh = self.cfg.model, self.cfg.parallel, self.mesh_shape
         flops = count(m, self.cfg.train.seq_len).train_flops_per_token * self.tokens
-        return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "dp": p.dp,
+        return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": mesh["tp"], "dp": mesh["dp"],
+                "fsdp": mesh["fsdp"], "pp": mesh["pp"],
                 "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
                 "model_flops_per_s": flops / med,  # analytic training FLOPs (flops.py), all devices together
@@ -77,29 +85,31 @@ def measure_with_peak(runners: list[Runner], reps: int, steps: int) -> tuple[lis
     dev = jax.devices()[0]
     sheet = datasheet_peak_flops(dev, dtype)
     for r, runner in zip(results, runners):
-        n = 1 if dev.platform == "cpu" else len(mesh_devices(runner.cfg.parallel))
+        n = 1 if dev.platform == "cpu" else math.prod(runner.mesh_shape.values())
         r["fraction_of_peak"] = r["model_flops_per_s"] / (peak * n)
         if sheet:
             r["mfu"] = r["model_flops_per_s"] / (sheet * n)
     return results, peak
 
 
-def compare_configs(model: str, arch: str, **knobs) -> list[Config]:
-    """dense/megatron, <arch>/vanilla and <arch>/btp at the same knobs (`analysis.program.config_for`)."""
-    return [config_for(model, "dense", "megatron", **knobs), config_for(model, arch, "vanilla", **knobs),
-            config_for(model, arch, "btp", **knobs)]
+def compare_configs(args: Sequence[str]) -> list[Config]:
+    """dense/megatron, <arch>/vanilla and <arch>/btp of one config (its arch: the low-rank one compared)."""
+    arch = config_of(args).model.arch
+    if arch == "dense":
+        raise ConfigError("--compare sets the arch of each variant: give the low-rank one (model.arch=cola, svd or lax)")
+    return [config_of(args, "model.arch=dense", "parallel.scheme=megatron"),
+            config_of(args, "parallel.scheme=vanilla"), config_of(args, "parallel.scheme=btp")]
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.bench step", description=__doc__)
-    add_model_flags(p)
-    p.set_defaults(model="llama-60m", batch=4, seq=256, dtype="fp32")
+    p = parser("python -m boost_jax.bench step", __doc__)
     p.add_argument("--compare", action="store_true", help="dense/megatron vs <arch>/vanilla vs <arch>/btp")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (the median is reported)")
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
-    a = p.parse_args(argv)
-    knobs = dict(tp=a.tp, dp=a.dp, batch=a.batch, seq=a.seq, dtype=a.dtype, overrides=a.overrides)
-    cfgs = compare_configs(a.model, a.arch, **knobs) if a.compare else [bench_config(a)]
+    a = parse(p, argv)
+    if a.reps < 1 or a.steps < 1:
+        raise ConfigError(f"--reps and --steps must be at least 1, got {a.reps} and {a.steps}")
+    cfgs = compare_configs(a.config) if a.compare else [config_of(a.config)]
     results, peak = measure_with_peak([Runner(c) for c in cfgs], a.reps, a.steps)
     sheet = datasheet_peak_flops(jax.devices()[0], cfgs[0].model.dtype)
     if a.compare:

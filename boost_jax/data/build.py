@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from boost_jax.config import DataConfig
-from boost_jax.data.cache import cache_root, digest
+from boost_jax.cache import cache_root, digest
 from boost_jax.data.corpus import files_corpus, stdlib_corpus
 from boost_jax.data.loader import Split, TokenWindows
 from boost_jax.data.prepare import PrepareConfig, prepare
@@ -46,8 +46,9 @@ def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int) -> 
         directory, index, tok = _cached(cfg, vocab_size)
     _check_run(directory, index, cfg, vocab_size)
     t1 = time.perf_counter()
+    eos = index.eos_id if cfg.document_mask else None  # batches number their documents (segment_ids)
     split = lambda name: Split(TokenWindows(directory, index.splits[name], index.dtype, seq_len, index.vocab_size),
-                               seed=seed, name=name)
+                               seed=seed, name=name, eos_id=eos)
     stats: dict[str, float] = {
         "documents": index.documents("train") + index.documents("val"),
         "train_documents": index.documents("train"), "val_documents": index.documents("val"),
@@ -84,7 +85,7 @@ def _cached(cfg: DataConfig, vocab_size: int) -> tuple[Path, Index, Tokenizer]:
     pcfg = PrepareConfig(vocab_size=vocab_size, tokenizer=cfg.tokenizer, tokenizer_path=cfg.tokenizer_path,
                          val_fraction=cfg.val_fraction)
     given = tokenizer_hash(load_tokenizer(Path(cfg.tokenizer_path).expanduser())) if cfg.tokenizer_path else ""
-    directory = cache_root(cfg) / "prepared" / digest(corpus.fingerprint(), json.dumps(pcfg.recipe(given)))
+    directory = cache_root(cfg.cache_dir) / "prepared" / digest(corpus.fingerprint(), json.dumps(pcfg.recipe(given)))
     directory.parent.mkdir(parents=True, exist_ok=True)
     # Processes sharing a cache (the hosts of one run, two runs) prepare it once: the first builds it
     # under the lock, the others wait and read its result (two preparers would delete each other's parts).

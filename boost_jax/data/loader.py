@@ -7,6 +7,10 @@ per-epoch permutation of window indices (index_shuffle, no table in memory), `re
 epochs, `batch(rows)[p::P]` picks process p's contiguous rows of each global batch, and
 `to_iter_dataset` reads batches ahead on a background thread. So the batch of step k is a pure
 function of (seed, k), each process reads only its own rows, and resuming at step k is exact.
+
+With `data.document_mask` each batch also carries `segment_ids`: a window's documents numbered
+from 0, a token's id being the count of end-of-document tokens before it (the <eos> closing a
+document belongs to it), so attention can stay within a document.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 from boost_jax.data.shards import Shard
 from boost_jax.errors import ConfigError, DataError
 
-Batch = dict[str, np.ndarray]  # inputs, targets: int32 [rows, seq_len]
+Batch = dict[str, np.ndarray]  # inputs, targets (and segment_ids): int32 [rows, seq_len]
 
 
 class TokenWindows:
@@ -66,8 +70,9 @@ class TokenWindows:
 class Split:
     """One split (train or val) of a prepared dataset, cut into windows of seq_len + 1."""
 
-    def __init__(self, windows: TokenWindows, *, seed: int, name: str):
-        self.windows, self.name = windows, name
+    def __init__(self, windows: TokenWindows, *, seed: int, name: str, eos_id: int | None = None):
+        """`eos_id`: number the documents of each row (`segment_ids`) at this end-of-document token."""
+        self.windows, self.name, self.eos_id = windows, name, eos_id
         self.num_windows = len(windows)
         # Grain derives epoch e's permutation from seed + e: hash train.seed so that runs with
         # neighbouring seeds do not share permutations one epoch apart.
@@ -92,7 +97,8 @@ class Split:
     def eval_batches(self, n: int, batch_size: int, process_index: int = 0, process_count: int = 1) -> list[Batch]:
         """The first n batches in order, unshuffled: the same every call. A split shorter than
         n * batch_size windows is cycled through again rather than refused."""
-        ds = _rows(grain.MapDataset.source(self.windows).repeat(), batch_size, process_index, process_count)
+        ds = _rows(grain.MapDataset.source(self.windows).repeat(), batch_size, process_index, process_count,
+                   self.eos_id)
         return [ds[b] for b in range(n)]
 
     def _train(self, batch_size: int, process_index: int, process_count: int) -> grain.MapDataset:
@@ -102,11 +108,19 @@ class Split:
                 f"than train.batch_size={batch_size}; add data (data.max_bytes) or shrink the batch or seq_len"
             )
         ds = grain.MapDataset.source(self.windows).shuffle(seed=self.seed).repeat()
-        return _rows(ds, batch_size, process_index, process_count)
+        return _rows(ds, batch_size, process_index, process_count, self.eos_id)
 
 
-def _rows(ds: grain.MapDataset, batch_size: int, process_index: int, process_count: int) -> grain.MapDataset:
-    """Element k: process `process_index`'s contiguous rows of global batch k, as inputs/targets."""
+def segment_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
+    """Each token's document within its row: the number of end-of-document tokens before it."""
+    ends = (inputs == eos_id).astype(np.int32)
+    return np.cumsum(ends, axis=-1, dtype=np.int32) - ends
+
+
+def _rows(ds: grain.MapDataset, batch_size: int, process_index: int, process_count: int,
+          eos_id: int | None) -> grain.MapDataset:
+    """Element k: process `process_index`'s contiguous rows of global batch k, as inputs/targets (and
+    segment ids when `eos_id` is given)."""
     if batch_size % process_count:
         raise ConfigError(
             f"train.batch_size={batch_size} must be divisible by the number of processes ({process_count})"
@@ -114,4 +128,11 @@ def _rows(ds: grain.MapDataset, batch_size: int, process_index: int, process_cou
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is not in [0, {process_count})")
     per = batch_size // process_count
-    return ds.batch(per)[process_index::process_count].map(lambda x: {"inputs": x[:, :-1], "targets": x[:, 1:]})
+
+    def split(x: np.ndarray) -> Batch:
+        batch = {"inputs": x[:, :-1], "targets": x[:, 1:]}
+        if eos_id is not None:
+            batch["segment_ids"] = segment_ids(batch["inputs"], eos_id)
+        return batch
+
+    return ds.batch(per)[process_index::process_count].map(split)

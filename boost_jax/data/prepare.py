@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from boost_jax.data import encode
-from boost_jax.data.cache import atomic_write
+from boost_jax.cache import atomic_write
 from boost_jax.data.corpus import Corpus, Skipped
 from boost_jax.data.shards import INDEX, SPLITS, TOKENIZER, Index, Shard, read_index, shard_name, token_dtype, write_index
 from boost_jax.data.tokenizer import RECIPE, eos_id, load_tokenizer, tokenizer_hash, train_tokenizer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from boost_jax.data.cache import atomic_write
+from boost_jax.cache import atomic_write
 from boost_jax.errors import DataError
 
 INDEX, TOKENIZER = "index.json", "tokenizer.json"

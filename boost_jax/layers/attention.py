@@ -1,7 +1,16 @@
-"""Causal self-attention with RoPE and grouped-query heads; q/k/v/o are arch-generic linears."""
+"""Causal self-attention with RoPE and grouped-query heads; q/k/v/o are arch-generic linears run by
+the plan's projection strategy.
+
+Where the tokens sit is the caller's (`Positions`): each row's positions (RoPE, and the causal
+mask: a query sees the keys at positions <= its own) and optionally each token's document (a
+query sees only its own document's keys). With a `KVCache` the queries attend to every key the
+cache holds (a prompt's prefill, one decode step, a chunk of a long sequence) after writing their
+own keys into it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -9,7 +18,25 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.lowrank import Linear, Projector
+from boost_jax.layers.kv_cache import KVCache
+from boost_jax.layers.lowrank import Linear
+from boost_jax.parallel.projections import Projections
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Positions:
+    """Where a forward's tokens sit. `positions` int32 [B, S] (None: 0 .. S-1 in every row, as in
+    training on packed windows); `segments` int32 [B, S], each token's document (None: one per row)."""
+
+    positions: jax.Array | None = None
+    segments: jax.Array | None = None
+
+    def of(self, batch: int, seq: int) -> jax.Array:
+        """The positions as an array [B, S]."""
+        if self.positions is not None:
+            return self.positions
+        return jnp.broadcast_to(jnp.arange(seq), (batch, seq))
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -28,26 +55,47 @@ def query_rows(seq: int, query_block: int) -> int:
     return query_block if seq > query_block and seq % query_block == 0 else seq
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_block: int) -> jax.Array:
-    """Softmax attention over [B, S, heads, head_dim]. On GPU, cuDNN's fused (flash) kernel when it
-    applies. Elsewhere XLA's, which materialises the scores: a loop over blocks of `query_rows`
-    queries (each against every key, masked: the same FLOPs as one block), so one block's
-    [B, H, rows, S] scores are live at a time instead of [B, H, S, S] (llama-7b, s=4096, tp=4: 2 GiB
-    each), and each block's scores are recomputed in the backward pass instead of being kept for
-    every layer (what a flash kernel does too)."""
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str, query_block: int,
+                     q_positions: jax.Array | None = None, k_positions: jax.Array | None = None,
+                     q_segments: jax.Array | None = None, k_segments: jax.Array | None = None) -> jax.Array:
+    """Softmax attention of q [B, Sq, H, D] over k, v [B, Sk, Hkv, D]: a query sees the keys at
+    positions <= its own (and of its own segment). Positions None: queries and keys are the same
+    tokens at 0 .. S-1 (training's causal self-attention, which cuDNN's kernel runs).
+
+    `impl` (the plan's): cudnn runs cuDNN's fused flash kernel where it applies (plain causal
+    self-attention). xla materialises the scores: a loop over blocks of `query_rows` queries (each
+    against every key, masked: the same FLOPs as one block), so one block's [B, H, rows, Sk] scores
+    are live at a time instead of [B, H, Sq, Sk] (llama-7b, s=4096, tp=4: 2 GiB each), and each
+    block's scores are recomputed in the backward pass instead of being kept for every layer (what a
+    flash kernel does too)."""
+    plain = q_positions is None and q_segments is None
     with jax.named_scope("attention"):  # the ops' name: `bench profile` and analysis/work.py find them by it
-        if jax.default_backend() == "gpu":
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        if impl == "cudnn" and plain:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
         recompute = partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
         b, s, h, d = q.shape
-        rows, keys = query_rows(s, query_block), jnp.arange(s)
-        if rows == s:
+        rows = query_rows(s, query_block)
+        if plain and rows == s:
             return recompute(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))(q, k, v)
+        keys = jnp.arange(k.shape[1])[None] if k_positions is None else k_positions  # [1 or B, Sk]
+
+        def mask(first):
+            """[1 or B, 1, rows, Sk]: which keys the queries first .. first + rows - 1 see."""
+            if q_positions is None:
+                seen = (first + jnp.arange(rows))[None, :, None] >= keys[:, None, :]
+            else:
+                seen = jax.lax.dynamic_slice_in_dim(q_positions, first, rows, axis=1)[:, :, None] >= keys[:, None, :]
+            if q_segments is not None:
+                mine = jax.lax.dynamic_slice_in_dim(q_segments, first, rows, axis=1)
+                seen = seen & (mine[:, :, None] == k_segments[:, None, :])
+            return seen[:, None]
+
+        if rows == s:
+            return recompute(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask(0)))(q, k, v)
 
         @recompute
         def block(q_rows, first):
-            mask = (first + jnp.arange(rows))[:, None] >= keys[None, :]
-            return jax.nn.dot_product_attention(q_rows, k, v, mask=mask[None, None])
+            return jax.nn.dot_product_attention(q_rows, k, v, mask=mask(first))
 
         blocks = jnp.moveaxis(q.reshape(b, s // rows, rows, h, d), 1, 0)
         out = jax.lax.map(lambda xs: block(*xs), (blocks, jnp.arange(0, s, rows)))
@@ -55,6 +103,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_block: int)
 
 
 class Attention(nnx.Module):
+    """q, k, v from the normed residual (RoPE on q and k), causal attention, o back to the residual."""
+
     def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
@@ -65,19 +115,31 @@ class Attention(nnx.Module):
         self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
         self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
 
-    def __call__(self, x: jax.Array, norm, positions: jax.Array, apply: Projector) -> jax.Array:
-        """x: the residual stream; `norm` is applied to it first (fused into q/k/v under btp)."""
+    def __call__(self, x: jax.Array, norm, proj: Projections, where: Positions,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """x: the residual stream; `norm` is applied to it first (fused into q/k/v under btp). With a
+        cache, this forward's keys and values are written into it at their positions first, and the
+        queries attend to all it holds; returns the output and the updated cache."""
         b, s, _ = x.shape
         kv = ("kv_heads", "act_kv_heads")
-        qkv = apply.normed(x, norm, {"q": self.q, "k": self.k, "v": self.v},
-                           {"q": ("heads", "act_heads"), "k": kv, "v": kv})
+        qkv = proj.normed(x, norm, {"q": self.q, "k": self.k, "v": self.v},
+                          {"q": ("heads", "act_heads"), "k": kv, "v": kv})
         q = qkv["q"].reshape(b, s, self.n_heads, self.head_dim)
         k = qkv["k"].reshape(b, s, self.n_kv_heads, self.head_dim)
         v = qkv["v"].reshape(b, s, self.n_kv_heads, self.head_dim)
-        constrain = apply.plan.constrain
+        positions = where.of(b, s)
+        constrain = proj.plan.constrain
         q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
         k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
-        out = causal_attention(q, k, v, self.query_block)
+        q_positions, k_positions = where.positions, where.positions
+        if cache is not None:
+            if where.segments is not None:
+                raise ValueError("attention: a KV cache holds one document per row; segment ids do not apply")
+            cache = cache.write(k, v, positions[:, 0]).constrain(constrain)
+            k, v, q_positions, k_positions = cache.k, cache.v, positions, cache.positions()
+        out = causal_attention(q, k, v, impl=proj.plan.attention, query_block=self.query_block,
+                               q_positions=q_positions, k_positions=k_positions,
+                               q_segments=where.segments, k_segments=where.segments)
         out = constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
-        return apply("o", self.o, out, ("act_heads", "heads"))
+        return proj("o", self.o, out, ("act_heads", "heads")), cache

@@ -6,10 +6,13 @@ import jax
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.lowrank import Linear, Projector
+from boost_jax.layers.lowrank import Linear
+from boost_jax.parallel.projections import Projections
 
 
 class MLP(nnx.Module):
+    """down(act(gate(norm(x))) * up(norm(x))), each projection run by the plan's strategy."""
+
     def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
         self.gate_silu = cfg.mlp_gate_silu
@@ -18,10 +21,10 @@ class MLP(nnx.Module):
         self.up = lin(d, f, ("embed", "mlp"))
         self.down = lin(f, d, ("mlp", "embed"))
 
-    def __call__(self, x: jax.Array, norm, apply: Projector) -> jax.Array:
+    def __call__(self, x: jax.Array, norm, proj: Projections) -> jax.Array:
         """x: the residual stream; `norm` is applied to it first (fused into gate/up under btp)."""
         mlp = ("mlp", "act_mlp")
-        gu = apply.normed(x, norm, {"gate": self.gate, "up": self.up}, {"gate": mlp, "up": mlp})
+        gu = proj.normed(x, norm, {"gate": self.gate, "up": self.up}, {"gate": mlp, "up": mlp})
         g = jax.nn.silu(gu["gate"]) if self.gate_silu else gu["gate"]
-        h = apply.plan.constrain(g * gu["up"], ("batch", "seq", "act_mlp"))
-        return apply("down", self.down, h, ("act_mlp", "mlp"))
+        h = proj.plan.constrain(g * gu["up"], ("batch", "seq", "act_mlp"))
+        return proj("down", self.down, h, ("act_mlp", "mlp"))

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.parallel.plan import Plan
 from boost_jax.remat import LATENT
 from pallas_kernels import grouped_matmul, norm_down
+
+if TYPE_CHECKING:
+    from boost_jax.parallel.plan import Plan
 
 
 def embed_lookup(plan: Plan, table: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -1,5 +1,5 @@
-"""The device mesh from `parallel.*`: its axes, named here and nowhere else; simulated CPU devices;
-multi-process init."""
+"""The device mesh from `parallel.*` (its axes are named in `boost_jax/schemes.py`); simulated CPU
+devices; multi-process init."""
 
 from __future__ import annotations
 
@@ -12,15 +12,13 @@ import jax
 from jax.sharding import AxisType, Mesh
 
 from boost_jax.errors import ConfigError
+from boost_jax.schemes import DP, FSDP, MESH_AXES, PP, TP
 
 if TYPE_CHECKING:
     from boost_jax.config import ParallelConfig
 
-# Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
-# parallel (ZeRO-3), tensor parallel (innermost, so a TP group sits on neighbouring devices: one
-# NVLink island on a GPU node). Each is the `parallel.<name>` config key of its size.
-PP, DP, FSDP, TP = "pp", "dp", "fsdp", "tp"
-MESH_AXES = (PP, DP, FSDP, TP)
+__all__ = ["DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape",
+           "simulate_cpu_devices"]
 
 
 def simulate_cpu_devices(n: int) -> None:

@@ -25,21 +25,25 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.parallel.mesh import PP
+from boost_jax.schemes import PP
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """The circular pipeline schedule: S stages, R chunks per stage, M micro-batches."""
+
     stages: int  # S = parallel.pp
     repeats: int  # R = parallel.pp_repeats
     microbatches: int  # M = train.microbatches
 
     @property
     def iterations(self) -> int:
+        """Iterations of the pipeline's loop: M R + S - 1."""
         return self.microbatches * self.repeats + self.stages - 1
 
     @property
     def bubble_fraction(self) -> float:
+        """Share of a stage's iterations spent idle: (S - 1) / (M R + S - 1)."""
         return (self.stages - 1) / self.iterations
 
     def layer_order(self, n_layers: int) -> np.ndarray:
@@ -61,12 +65,15 @@ def merge_microbatches(x: jax.Array) -> jax.Array:
     return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def run_pipeline(mesh, schedule: Schedule, layer_fn: Callable, layers, carry, *, bubble_value: float = 0.0):
+def run_pipeline(mesh, schedule: Schedule, layer_fn: Callable, layers, carry, context=None, *,
+                 bubble_value: float = 0.0):
     """Apply the stacked layers to every micro-batch's carry.
 
-    layer_fn(layer_params, carry) -> carry for one micro-batch and one layer; `layers` is a pytree
-    of [L, ...] stacked in `schedule.layer_order` (sharded on pp along L); `carry` a pytree of [M, ...]
-    (the residual, and LaX latents, which ride along with it). Returns the carries after all L
+    layer_fn(layer_params, carry, context) -> carry for one micro-batch and one layer; `layers` is a
+    pytree of [L, ...] stacked in `schedule.layer_order` (sharded on pp along L); `carry` a pytree
+    of [M, ...] (the residual, and LaX latents, which ride along with it); `context` a pytree of
+    [M, ...] each layer reads but does not change (the tokens' positions): every stage indexes the
+    micro-batch it works on, so it never travels between stages. Returns the carries after all L
     layers. `bubble_value` fills the stage carries before the first micro-batch arrives (tests set
     NaN to show no bubble reaches a result).
     """
@@ -76,7 +83,7 @@ def run_pipeline(mesh, schedule: Schedule, layer_fn: Callable, layers, carry, *,
     # [L] -> [S, R, Lc], stage s holding chunks r * S + s: the stored order puts them in its own shard.
     staged = jax.tree.map(lambda p: p.reshape(s_, r_, per_chunk, *p.shape[1:]), layers)
 
-    def run_chunk(stage_layers, repeat, x):
+    def run_chunk(stage_layers, repeat, x, ctx):
         # With one repeat the chunk is the stage's (a static slice): the loop's backward then keeps no
         # copy of its weights. Picked by a traced repeat, it keeps one per iteration (the memory model
         # counts them).
@@ -84,7 +91,7 @@ def run_pipeline(mesh, schedule: Schedule, layer_fn: Callable, layers, carry, *,
             chunk = jax.tree.map(lambda p: p[0], stage_layers)
         else:
             chunk = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, repeat, 0, keepdims=False), stage_layers)
-        return jax.lax.scan(lambda c, lp: (layer_fn(lp, c), None), x, chunk)[0]
+        return jax.lax.scan(lambda c, lp: (layer_fn(lp, c, ctx), None), x, chunk)[0]
 
     def stage_step(stage, t, stage_layers, arrived, inbox, outbox):
         """One stage at iteration t: `arrived` is what the previous stage sent."""
@@ -95,7 +102,7 @@ def run_pipeline(mesh, schedule: Schedule, layer_fn: Callable, layers, carry, *,
         valid = (q >= 0) & (q < m_ * r_)
         x = jax.tree.map(lambda a, b: jnp.where(stage == 0, b, a), arrived, _take(inbox, q % m_))
         x = jax.tree.map(lambda v: jnp.where(valid, v, jnp.zeros_like(v)), x)  # bubbles run on zeros
-        y = run_chunk(stage_layers, jnp.clip(q // m_, 0, r_ - 1), x)
+        y = run_chunk(stage_layers, jnp.clip(q // m_, 0, r_ - 1), x, _take(context, q % m_))
         outbox = _put(outbox, q % m_, y, (stage == s_ - 1) & valid & (q >= m_ * (r_ - 1)))
         return y, inbox, outbox
 

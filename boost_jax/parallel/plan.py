@@ -1,8 +1,10 @@
-"""The parallel plan: one immutable object saying how a model runs (mesh + scheme + rules).
+"""The parallel plan: one immutable object saying how a model runs (mesh + scheme + rules +
+pipeline + attention implementation).
 
-The model receives the plan at call time and every code path that depends on the layout branches
-on it (`plan.scheme.fused_btp`, `plan.axis("vocab")`), never on global or context state. One
-device is a plan too (`single_device_plan`): the same code with a mesh of size one.
+The model receives the plan at call time and every code path that depends on the layout is
+decided by it (`plan.projections`: the scheme's strategy for a block's projections;
+`plan.axis("vocab")`; `plan.attention`), never by global or context state. One device is a plan
+too (`single_device_plan`): the same code with a mesh of size one.
 
 Logical axes are strict: a name outside `schemes.LOGICAL_AXES` raises, and two dimensions of one
 tensor asking for the same mesh axis raise, instead of silently replicating.
@@ -21,9 +23,10 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax.errors import ConfigError
-from boost_jax.parallel.mesh import DP, FSDP, MESH_AXES, PP, TP, make_mesh
+from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.pipeline import Schedule
-from boost_jax.parallel.schemes import LOGICAL_AXES, SCHEMES, Rules, Scheme, default_scheme
+from boost_jax.parallel.projections import STRATEGIES, Projections
+from boost_jax.schemes import DP, FSDP, LOGICAL_AXES, MESH_AXES, PP, SCHEMES, TP, Rules, Scheme, default_scheme
 
 if TYPE_CHECKING:
     from boost_jax.config import Config, ModelConfig
@@ -31,10 +34,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Plan:
+    """How a model runs: its mesh, its TP scheme and the scheme's rules for this model, pipeline
+    stages, and the attention implementation (`model.attention` resolved for the mesh's devices)."""
+
     mesh: Mesh
     scheme: Scheme
     rules: Rules  # logical axis -> mesh axes, for this model (kv-head replication applied)
     pipeline: Schedule | None = None  # pipeline stages over the pp axis; None: one stage
+    attention: str = "xla"  # xla | cudnn (layers/attention.py)
+
+    def __post_init__(self):
+        if self.scheme.name not in STRATEGIES:
+            raise ValueError(f"scheme {self.scheme.name!r} has no projection strategy in parallel/projections.py")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention {self.attention!r}: choose one of {ATTENTION_IMPLS}")
+
+    @property
+    def projections(self) -> type[Projections]:
+        """The scheme's strategy for a block's projections (parallel/projections.py)."""
+        return STRATEGIES[self.scheme.name]
 
     def spec(self, axes: Sequence[str | None]) -> P:
         """PartitionSpec for one logical name (or None) per dimension."""
@@ -52,6 +70,7 @@ class Plan:
         return P(*out)
 
     def sharding(self, axes: Sequence[str | None]) -> NamedSharding:
+        """NamedSharding for one logical name (or None) per dimension."""
         return NamedSharding(self.mesh, self.spec(axes))
 
     def constrain(self, x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
@@ -91,10 +110,24 @@ class Plan:
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
+ATTENTION_IMPLS = ("xla", "cudnn")
+
+
+def resolve_attention(choice: str, platform: str | None) -> str:
+    """`model.attention` on devices of `platform`: auto is cuDNN's fused kernel on GPUs, XLA elsewhere
+    (an abstract mesh, platform None, has no devices: auto stands for the CPU compile that prices it)."""
+    if choice == "auto":
+        return "cudnn" if platform == "gpu" else "xla"
+    if choice == "cudnn" and platform not in ("gpu", None):
+        raise ConfigError(f"model.attention=cudnn needs GPU devices, this mesh has {platform or 'none'} "
+                          "(auto picks cudnn on GPUs and xla elsewhere)")
+    return choice
+
+
 def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
     """The plan of `cfg` on `devices` (default: all), after checking every split the scheme makes divides."""
     mesh = make_mesh(cfg.parallel, devices)
-    return _plan(cfg, mesh, dict(mesh.shape))
+    return _plan(cfg, mesh, dict(mesh.shape), mesh.devices.flat[0].platform)
 
 
 def abstract_plan(cfg: Config) -> Plan:
@@ -104,10 +137,10 @@ def abstract_plan(cfg: Config) -> Plan:
     if -1 in sizes:
         raise ConfigError(f"parallel: an abstract plan needs every mesh size set, got {dict(zip(MESH_AXES, sizes))}")
     return _plan(cfg, AbstractMesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)),
-                 dict(zip(MESH_AXES, sizes)))
+                 dict(zip(MESH_AXES, sizes)), None)
 
 
-def _plan(cfg: Config, mesh, shape: dict[str, int]) -> Plan:
+def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Plan:
     scheme = SCHEMES[cfg.parallel.scheme]
     for req in scheme.requires:
         ways = math.prod(shape[a] for a in req.axes)
@@ -121,7 +154,8 @@ def _plan(cfg: Config, mesh, shape: dict[str, int]) -> Plan:
     if rows % shards:
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {shape})")
-    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP]), _schedule(cfg, shape[PP]))
+    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP]), _schedule(cfg, shape[PP]),
+                resolve_attention(cfg.model.attention, platform))
 
 
 def _schedule(cfg: Config, stages: int) -> Schedule | None:
@@ -143,9 +177,10 @@ def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
     """`scheme` (default: the arch's, as parallel.scheme=auto) on the first device alone: the same
     code path as any mesh, with every split one way. The reference every mesh must equal."""
     chosen = SCHEMES[scheme or default_scheme(model.arch)]
+    device = jax.devices()[0]
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=jax.devices()[:1])
-    return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1))
+                         devices=[device])
+    return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1), None, resolve_attention(model.attention, device.platform))
 
 
 def _flat(mesh_axes) -> tuple[str, ...]:

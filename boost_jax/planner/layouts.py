@@ -7,9 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from boost_jax.config import Config, ConfigError, load_config
-from boost_jax.parallel import SCHEMES, abstract_plan
+from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.parallel import abstract_plan
 from boost_jax.remat import REMAT_POLICIES
+from boost_jax.schemes import SCHEMES
+
+# The config keys a layout sets (the planner's to choose, never the user's config).
+LAYOUT_KEYS = ("parallel.scheme", "parallel.tp", "parallel.pp", "parallel.pp_repeats", "parallel.dp", "parallel.fsdp",
+               "train.microbatches", "train.remat")
 
 
 @dataclass(frozen=True)
@@ -24,10 +29,9 @@ class Layout:
     remat: str
 
     def overrides(self) -> list[str]:
-        """The config keys this layout sets."""
-        return [f"parallel.scheme={self.scheme}", f"parallel.tp={self.tp}", f"parallel.pp={self.pp}",
-                f"parallel.pp_repeats={self.pp_repeats}", f"parallel.dp={self.dp}", f"parallel.fsdp={self.fsdp}",
-                f"train.microbatches={self.microbatches}", f"train.remat={self.remat}"]
+        """The config keys this layout sets (LAYOUT_KEYS)."""
+        values = (self.scheme, self.tp, self.pp, self.pp_repeats, self.dp, self.fsdp, self.microbatches, self.remat)
+        return [f"{k}={v}" for k, v in zip(LAYOUT_KEYS, values)]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,9 +77,9 @@ def enumerate_layouts(arch: str, gpus: int, global_batch: int, gpus_per_node: in
                                 yield Layout(scheme, tp, pp, repeats, data // fsdp, fsdp, m, remat)
 
 
-def layout_config(base: Sequence[str], layout: Layout, overrides: Sequence[str] = ()) -> Config:
-    """The config a run of `layout` loads (the planner's keys, the user's overrides, then the
-    layout's own keys), checked like make_plan checks it; raises ConfigError naming what does not divide."""
-    cfg = load_config(None, [*base, *overrides, *layout.overrides()])
+def layout_config(args: Sequence[str], layout: Layout) -> Config:
+    """The config a run of `layout` loads (the command line's config `args`, then the layout's own
+    keys), checked like make_plan checks it; raises ConfigError naming what does not divide."""
+    cfg = from_args([*args, *layout.overrides()])
     abstract_plan(cfg)
     return cfg

@@ -2,7 +2,7 @@
 
 Inputs are measured on this machine from one abstract compile of the train step (per device): its
 GEMMs and memory-bound traffic (`analysis/work.py`) and its collectives (`analysis/hlo.py`).
-Hardware constants come from `configs/hardware.yaml`. Nothing is fitted to the paper.
+Hardware constants come from `boost_jax/configs/hardware.yaml`. Nothing is fitted to the paper.
 
 The model, per device, with no overlap of compute and tensor-parallel communication (Megatron,
 vanilla TP and BOOST all block on their all-reduces):
@@ -34,9 +34,10 @@ import yaml
 
 from boost_jax.analysis.hlo import Collective
 from boost_jax.analysis.work import Gemm, Traffic
+from boost_jax import configs
 from boost_jax.config import ConfigError
 
-HARDWARE_FILE = Path(__file__).resolve().parents[2] / "configs" / "hardware.yaml"
+HARDWARE_FILE = configs.HARDWARE
 ADAMW_BYTES_PER_PARAM = 28  # read param, grad, m, v and write param, m, v, all fp32
 
 
@@ -85,7 +86,7 @@ def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
 
 
 def select_hardware(path: str | Path | None, names: str) -> dict[str, Hardware]:
-    """The machines `names` (comma-separated, or "all") of a hardware file (None: configs/hardware.yaml),
+    """The machines `names` (comma-separated, or "all") of a hardware file (None: boost_jax/configs/hardware.yaml),
     in the order named; an unknown name raises ConfigError listing the file's machines."""
     machines = load_hardware(path or HARDWARE_FILE)
     if names == "all":

@@ -1,4 +1,6 @@
-"""The on-disk cache shared by the tokenizer and the token arrays: where it lives, how it is written."""
+"""The project's on-disk cache (prepared corpora, the CPU's measured matmul peak, the planner's
+compiles): where it lives, how it is written, how it is keyed. No JAX, no config: the data
+preparation processes use it too."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from boost_jax.config import DataConfig
 
 
-def cache_root(cfg: DataConfig) -> Path:
-    return Path(cfg.cache_dir or os.environ.get("BOOST_JAX_CACHE") or "~/.cache/boost_jax").expanduser()
+def cache_root(cache_dir: str = "") -> Path:
+    """The cache folder: `cache_dir` (the config's `data.cache_dir`), else $BOOST_JAX_CACHE, else
+    ~/.cache/boost_jax."""
+    return Path(cache_dir or os.environ.get("BOOST_JAX_CACHE") or "~/.cache/boost_jax").expanduser()
 
 
 def digest(*parts: str) -> str:

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from boost_jax.analysis.memory_model import breakdown
-from boost_jax.bench.perf_model import Hardware
-from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.analysis.perf_model import Hardware
+from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.flops import count
-from boost_jax.plan.layouts import Layout, Space, enumerate_layouts, layout_config
-from boost_jax.plan.price import DiskCache, layer_cache, lower_bound, step_seconds
+from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, layout_config
+from boost_jax.planner.price import DiskCache, layer_cache, lower_bound, step_seconds
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 
@@ -38,18 +38,13 @@ class Candidate:
                 "fits": self.fits, "step_parts_s": self.step["parts"], "memory_parts": self.memory}
 
 
-def base_overrides(model: str, arch: str, global_batch: int, seq: int, dtype: str) -> list[str]:
-    return [f"model.preset={model}", f"model.arch={arch}", f"model.dtype={dtype}", "model.param_dtype=float32",
-            f"train.batch_size={global_batch}", f"train.seq_len={seq}"]
-
-
-def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
+def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
          cache: DiskCache, log=lambda s: None, must_price: Callable[[Layout], bool] = lambda layout: False,
          max_priced: int | None = None) -> list[Candidate]:
-    """All candidates, priced ones first (fastest first), then the rest with their reasons. At most
-    `max_priced` (None: all that can win) are priced besides the `must_price` ones, in order of
-    their lower bound."""
-    first = load_config(None, [*base, *overrides])
+    """All candidates for the config of `args` (an optional YAML file, then overrides; no layout
+    key), priced ones first (fastest first), then the rest with their reasons. At most `max_priced`
+    (None: all that can win) are priced besides the `must_price` ones, in order of their lower bound."""
+    first = from_args(args)
     out = [Candidate(layout) for layout in enumerate_layouts(first.model.arch, gpus, first.train.batch_size,
                                                              hw.gpus_per_node, space)]
     budget = hw.hbm_bytes * (1 - headroom)
@@ -57,7 +52,7 @@ def plan(base: Sequence[str], overrides: Sequence[str], *, gpus: int, hw: Hardwa
     fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
     for c in sorted(out, key=lambda c: c.layout.microbatches):
         try:
-            c.cfg = layout_config(base, c.layout, overrides)
+            c.cfg = layout_config(args, c.layout)
         except ConfigError as e:
             c.why = f"does not divide: {e}"
             continue

@@ -26,11 +26,11 @@ from boost_jax.analysis.hlo import Collective, collectives
 from boost_jax.analysis.memory_model import LayerBytes, layer_bytes
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
-from boost_jax.bench.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
+from boost_jax.analysis.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
 from boost_jax.config import Config
-from boost_jax.data.cache import atomic_write, digest
+from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
-from boost_jax.parallel import SCHEMES
+from boost_jax.schemes import SCHEMES
 
 
 @functools.cache

@@ -1,11 +1,15 @@
-"""The tensor-parallel schemes, as one table (docs/design.md, "Tensor parallelism").
+"""The mesh axes and the tensor-parallel schemes, as one table (docs/design.md, "Tensor parallelism").
 
 Every weight and activation names its dimensions with logical axes (`LOGICAL_AXES`); a scheme is
 the rules mapping those names onto mesh axes, plus what the rest of the code needs to know about
-it: the archs it applies to, whether the model runs BOOST's fused shard_map blocks
-(`parallel/blocks.py`), which `model.*` knobs it uses, the shapes its splits require, and its
-analytic per-layer communication (what `bench comm` compares the compiled HLO against).
-Adding a scheme is one entry here plus its tests.
+it: the archs it applies to, which `model.*` knobs it uses, the shapes its splits require, and its
+analytic per-layer communication (what `bench comm` compares the compiled HLO against). How a
+scheme runs a block's projections (its collectives) is its strategy in
+`parallel/projections.py`, registered under the same name. Adding a scheme is one entry here, its
+strategy there, and its tests.
+
+This module is a table, like `archs.py`: it imports no JAX, so the config can validate against it
+in processes that never start JAX (`python -m boost_jax.data prepare`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from boost_jax.archs import ARCHS
-from boost_jax.parallel.mesh import DP, FSDP, PP, TP
 
 if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
+
+# Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
+# parallel (ZeRO-3), tensor parallel (innermost, so a TP group sits on neighbouring devices: one
+# NVLink island on a GPU node). Each is the `parallel.<name>` config key of its size.
+PP, DP, FSDP, TP = "pp", "dp", "fsdp", "tp"
+MESH_AXES = (PP, DP, FSDP, TP)
 
 MeshAxes = str | tuple[str, ...] | None
 Rules = Mapping[str, MeshAxes]
@@ -48,9 +57,10 @@ class Requirement:
 
 @dataclass(frozen=True)
 class Scheme:
+    """One tensor-parallel scheme: its layout rules and what the rest of the code needs to know of it."""
+
     name: str
     archs: tuple[str, ...]
-    fused_btp: bool  # the low-rank layers run the fused norm + down-projection / grouped up blocks
     knobs: tuple[str, ...]  # the model.* knobs of KNOB_DEFAULTS that change this scheme's program
     rules: Rules
     requires: tuple[Requirement, ...]
@@ -93,7 +103,7 @@ def _btp_elements(m: ModelConfig, tokens: int) -> int:
 
 SCHEMES: dict[str, Scheme] = {
     "megatron": Scheme(
-        "megatron", archs=("dense",), fused_btp=False, knobs=("grouping",),
+        "megatron", archs=("dense",), knobs=("grouping",),
         # Column-parallel q/k/v/gate/up (split heads, d_ff), row-parallel o/down: attention and the
         # SwiGLU product run on local heads/columns, two [T, d] all-reduces per layer.
         rules=MappingProxyType({**_COMMON, "embed": FSDP, "heads": TP, "kv_heads": TP, "mlp": TP,
@@ -103,7 +113,7 @@ SCHEMES: dict[str, Scheme] = {
         summary="q/k/v/gate/up column-parallel, o/down row-parallel: 2 all-reduces of [T, d] per layer",
     ),
     "vanilla": Scheme(
-        "vanilla", archs=_LOW_RANK, fused_btp=False, knobs=(),
+        "vanilla", archs=_LOW_RANK, knobs=(),
         # Megatron applied to each (A, B) pair: A split on r, B split on r, an all-reduce of the full
         # width output after every B; attention and the MLP product run replicated.
         rules=MappingProxyType({**_COMMON, "rank": TP, "embed": FSDP, "heads": FSDP, "kv_heads": FSDP, "mlp": FSDP,
@@ -115,7 +125,7 @@ SCHEMES: dict[str, Scheme] = {
         summary="each (A, B) a Megatron chunk split on r: 7 all-reduces of [T, d or d_ff] per layer",
     ),
     "btp": Scheme(
-        "btp", archs=_LOW_RANK, fused_btp=True, knobs=("norm", "grouping", "kernels"),
+        "btp", archs=_LOW_RANK, knobs=("norm", "grouping", "kernels"),
         # Bottleneck-aware TP: the residual stream stays sharded on d; every A is row-parallel (one
         # [T, r] all-reduce), every B column-parallel; latents replicated; r is never split.
         rules=MappingProxyType({**_COMMON, "embed": TP, "heads": TP, "kv_heads": TP, "mlp": TP, "norm": TP,

@@ -1,0 +1,8 @@
+"""The configuration files that ship inside the package (so `pip install .` carries them):
+base.yaml, every config key with its default and a comment; hardware.yaml, the GPUs of the
+performance model (analysis/perf_model.py)."""
+
+from pathlib import Path
+
+BASE = Path(__file__).parent / "base.yaml"
+HARDWARE = Path(__file__).parent / "hardware.yaml"

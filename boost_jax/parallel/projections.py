@@ -1,0 +1,180 @@
+"""How each tensor-parallel scheme runs a decoder block's projections: its strategy.
+
+Attention and the MLP ask the strategy of their plan's scheme for their projections and never
+look at the scheme themselves:
+
+    proj = plan.projections(cfg, plan, latents)       # one per block call (it threads LaX's latents)
+    y = proj.normed(x, norm, {"q": q, "k": k, "v": v}, out_axes)   # projections of norm(x)
+    z = proj("o", o, attention_out, ("act_heads", "heads"))        # one projection of an activation
+
+`normed` of a low-rank strategy is `up(latents(...))`: the two halves are separate so that a
+caller may keep the rank-r latents (a latent cache) and project them later.
+
+- megatron (dense): the GEMMs as written, sharded by the layouts alone (XLA derives the two
+  all-reduces per layer); with `model.grouping`, projections of one input and equal width as one
+  stacked GEMM (Megatron's fused QKV).
+- vanilla (low-rank): every pair (A, B) as written, split on r by the layouts: XLA all-reduces each
+  full-width output.
+- btp (low-rank): BOOST's fused path (`parallel/blocks.py`): norm + grouped down-projection and
+  one all-reduce of the latents (and the norm's statistics), grouped up-projections.
+
+Adding a scheme: an entry in `boost_jax/schemes.py` and its strategy in `STRATEGIES` here (a test
+keeps the two tables' names equal).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from boost_jax.archs import ARCHS
+from boost_jax.parallel.blocks import btp_down, grouped_up
+from boost_jax.remat import LATENT
+
+if TYPE_CHECKING:
+    from boost_jax.config import ModelConfig
+    from boost_jax.parallel.plan import Plan
+
+LATENT_AXES = ("batch", "seq", "act_latent")
+
+
+class LinearLike(Protocol):
+    """What a strategy needs of a projection (`layers.lowrank.Linear`): its weights (`w`, or `a` and
+    `b`), its output width and its math."""
+
+    d_out: int
+
+    def down(self, x: jax.Array) -> jax.Array: ...  # x @ A (low-rank)
+
+    def activation(self, h: jax.Array) -> jax.Array: ...  # the arch's latent function
+
+    def up(self, h: jax.Array) -> jax.Array: ...  # h @ B (low-rank)
+
+    def __call__(self, x: jax.Array) -> jax.Array: ...  # x @ W (dense)
+
+
+Linears = dict[str, LinearLike]
+OutAxes = dict[str, tuple[str, str]]  # projection name -> (weight axis, activation axis) of its output
+
+
+class Projections:
+    """A block's projections under one plan. `latents` holds the previous layer's latents by
+    projection name (LaX crosses them in); `new` collects this layer's for the next."""
+
+    def __init__(self, cfg: ModelConfig, plan: Plan, latents: dict[str, jax.Array]):
+        self.cfg, self.plan, self.prev, self.new = cfg, plan, latents, {}
+        self.carries = ARCHS[cfg.arch].carries_latents
+
+    def normed(self, x: jax.Array, norm, linears: Linears, out_axes: OutAxes) -> dict[str, jax.Array]:
+        """{name: projection(norm(x))} for the projections that read the residual stream x."""
+        return self.up(self.latents(x, norm, linears), linears, out_axes)
+
+    def latents(self, x: jax.Array, norm, linears: Linears) -> dict[str, jax.Array]:
+        """{name: latent(norm(x))}: each low-rank projection's input to B (LaX: crossed)."""
+        raise NotImplementedError(f"{type(self).__name__} has no latents (a dense scheme)")
+
+    def up(self, hs: dict[str, jax.Array], linears: Linears, out_axes: OutAxes) -> dict[str, jax.Array]:
+        """{name: up-projection of its latent}."""
+        raise NotImplementedError(f"{type(self).__name__} has no latents (a dense scheme)")
+
+    def __call__(self, name: str, linear: LinearLike, x: jax.Array, x_axes: tuple[str, str]) -> jax.Array:
+        """One projection of an activation; x_axes: (activation axis, weight axis) of x's last dim."""
+        raise NotImplementedError
+
+    def _activate(self, linear: LinearLike, h: jax.Array, tag: bool) -> jax.Array:
+        """The latent from x @ A: its layout, the LATENT checkpoint name (low-rank checkpointing;
+        the fused btp path tags its all-reduce outputs itself), the arch's function."""
+        h = self.plan.constrain(h, LATENT_AXES)
+        if tag:
+            h = checkpoint_name(h, LATENT)
+        return linear.activation(h)
+
+    def _cross(self, name: str, h: jax.Array) -> jax.Array:
+        """LaX: add the previous layer's latent of the same projection (and keep this one)."""
+        if not self.carries:
+            return h
+        self.new[name] = h
+        return h + self.prev[name].astype(h.dtype)
+
+
+class MegatronProjections(Projections):
+    """Dense weights as written; column/row parallelism comes from the layouts."""
+
+    def normed(self, x, norm, linears, out_axes):
+        x = norm(x)
+        if not self.cfg.grouping:
+            return {name: linear(x) for name, linear in linears.items()}
+        # Projections of one input and equal width as one stacked GEMM: under column parallelism the
+        # input's gradient is then ONE partial sum, all-reduced once, where separate GEMMs leave XLA
+        # one all-reduce per projection.
+        out = {}
+        for names in _by_width(linears).values():
+            w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
+            y = jnp.einsum("bsd,dcn->bscn", x, w)
+            out.update({n: y[:, :, i] for i, n in enumerate(names)})
+        return out
+
+    def __call__(self, name, linear, x, x_axes):
+        return linear(x)
+
+
+class VanillaProjections(Projections):
+    """Each (A, B) pair as written, split on r by the layouts (XLA all-reduces each output)."""
+
+    def latents(self, x, norm, linears):
+        x = norm(x)
+        return {name: self._cross(name, self._activate(lin, lin.down(x), tag=True)) for name, lin in linears.items()}
+
+    def up(self, hs, linears, out_axes):
+        return {name: linears[name].up(h) for name, h in hs.items()}
+
+    def __call__(self, name, linear, x, x_axes):
+        return linear.up(self._cross(name, self._activate(linear, linear.down(x), tag=True)))
+
+
+class BTPProjections(Projections):
+    """BOOST: row-parallel A with one all-reduce of the latents (norm statistics riding along),
+    column-parallel B, grouped where `model.grouping` says (parallel/blocks.py)."""
+
+    def latents(self, x, norm, linears):
+        c = self.cfg
+        pre = btp_down(self.plan, x, [lin.a[...] for lin in linears.values()], x_axis="act_embed", w_axis="embed",
+                       gamma=norm.scale[...], norm=c.norm, grouping=c.grouping, kernels=c.kernels, eps=c.norm_eps)
+        return {name: self._cross(name, self._activate(lin, h, tag=False)) for (name, lin), h in zip(linears.items(), pre)}
+
+    def up(self, hs, linears, out_axes):
+        if not self.cfg.grouping:
+            return {name: linears[name].up(h) for name, h in hs.items()}
+        out = {}
+        for names in _by_width({n: linears[n] for n in hs}).values():  # GQA: q apart from k and v
+            if len(names) == 1:
+                out[names[0]] = linears[names[0]].up(hs[names[0]])
+                continue
+            w_axis, y_axis = out_axes[names[0]]
+            ys = grouped_up(self.plan, [hs[n] for n in names], [linears[n].b[...] for n in names],
+                            w_axis=w_axis, y_axis=y_axis, kernels=self.cfg.kernels)
+            out.update(zip(names, ys))
+        return out
+
+    def __call__(self, name, linear, x, x_axes):
+        pre = btp_down(self.plan, x, [linear.a[...]], x_axis=x_axes[0], w_axis=x_axes[1], kernels=self.cfg.kernels)[0]
+        return linear.up(self._cross(name, self._activate(linear, pre, tag=False)))
+
+
+# Scheme name (boost_jax/schemes.py) -> its strategy.
+STRATEGIES: dict[str, type[Projections]] = {
+    "megatron": MegatronProjections,
+    "vanilla": VanillaProjections,
+    "btp": BTPProjections,
+}
+
+
+def _by_width(linears: Linears) -> dict[int, list[str]]:
+    """Projection names grouped by output width (GQA: q apart from k and v)."""
+    groups: dict[int, list[str]] = {}
+    for name, lin in linears.items():
+        groups.setdefault(lin.d_out, []).append(name)
+    return groups

@@ -1,0 +1,152 @@
+"""python -m boost_jax.plan [CONFIG.yaml] [section.key=value ...] --gpus N [--hardware a100-80gb] [--out recipe.yaml]
+
+The parallel layout to run, before a GPU is rented. The config (the train command's keys and
+meanings: model, train.batch_size as the global batch of an iteration, train.seq_len,
+model.dtype, ...) is fixed; the planner chooses the layout keys (parallel.scheme, tp, pp,
+pp_repeats, dp, fsdp, train.microbatches, train.remat) over every layout of --gpus devices that
+divides the model and the batch (--schemes/--tp/--pp/--pp-repeats/--remat narrow the search),
+sized per device by the memory model (analysis/memory_model.py; fp32 master weights and AdamW
+moments, activations at model.dtype) against the GPU's memory less --headroom, priced by the
+performance model (analysis/perf_model.py) on an abstract compile of each per-device program
+(planner/price.py says what is added analytically), best first. Compiles go in order of a lower
+bound on each layout's time (planner/price.py) and stop where the bound cannot beat the fastest
+priced (exact), or after --max-priced of them (a heuristic). --out writes the winner as a config
+that `python -m boost_jax.train` and `python -m boost_jax.bench step` run as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
+from boost_jax.config import ConfigError, from_args, raw_args
+
+GIB = 2**30
+SPACE_FLAGS = ("--tp", "--pp", "--pp-repeats")  # narrow the search (a list), unlike the config keys
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_main(_main, argv)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.plan", description=__doc__, epilog=DEBUG_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]", help=CONFIG_HELP)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--hardware", default="a100-80gb", help="one machine of the hardware file")
+    p.add_argument("--hardware-file", default=None, help="default: boost_jax/configs/hardware.yaml")
+    p.add_argument("--headroom", type=float, default=0.10, help="fraction of GPU memory left free")
+    p.add_argument("--schemes", default="", help="comma-separated; default: every scheme of the arch")
+    p.add_argument("--tp", type=int_list, default="", help="comma-separated sizes; default: divisors of --gpus within a node")
+    p.add_argument("--pp", type=int_list, default="", help="comma-separated sizes; default: every divisor")
+    p.add_argument("--pp-repeats", type=int_list, default="1,2")
+    p.add_argument("--remat", default="none,lowrank,full")
+    p.add_argument("--top", type=int, default=5, help="candidates printed")
+    p.add_argument("--out", default="", help="write the best layout as a config YAML")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-priced", type=int, default=0,
+                   help="compile at most this many layouts, lowest lower bound first (default 0: every one that can "
+                        "win, exact; a cap is faster but can miss the best where overheads dominate the bound's FLOPs)")
+    p.add_argument("--no-cache", action="store_true", help="compile again instead of reading the disk cache")
+    refuse_retired_flags(argv, keep=SPACE_FLAGS)
+    a = p.parse_intermixed_args(argv)
+    if a.gpus < 1 or a.max_priced < 0 or a.top < 1 or not 0 <= a.headroom < 1:
+        raise ConfigError("--gpus and --top must be at least 1, --max-priced >= 0 and --headroom in [0, 1)")
+    check_no_layout_keys(a.config)
+    from boost_jax.remat import REMAT_POLICIES
+    from boost_jax.schemes import SCHEMES
+
+    if bad := [r for r in a.remat.split(",") if r not in REMAT_POLICIES]:
+        raise ConfigError(f"--remat: unknown {bad}; choose from {list(REMAT_POLICIES)}")
+    if bad := [s for s in a.schemes.split(",") if s and s not in SCHEMES]:
+        raise ConfigError(f"--schemes: unknown {bad}; choose from {list(SCHEMES)}")
+    return a
+
+
+def check_no_layout_keys(args: list[str]) -> None:
+    """The layout keys are what the planner chooses: given in the config, they are refused by name."""
+    from boost_jax.planner.layouts import LAYOUT_KEYS
+
+    raw = raw_args(args)
+    given = [k for k in LAYOUT_KEYS if k.split(".")[1] in (raw.get(k.split(".")[0]) or {})]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: the planner chooses the layout keys {list(LAYOUT_KEYS)}; leave them "
+                          "out of the config (narrow the search with --schemes, --tp, --pp, --pp-repeats, --remat)")
+
+
+def _main(argv: list[str]) -> None:
+    a = parse(argv)
+    cfg = from_args(a.config)  # a bad config fails before JAX starts
+    import jax
+
+    from boost_jax.analysis.perf_model import one_machine
+    from boost_jax.planner.layouts import Space, enumerate_layouts
+
+    space = Space(schemes=tuple(s for s in a.schemes.split(",") if s), tp=a.tp, pp=a.pp,
+                  pp_repeats=a.pp_repeats, remat=tuple(a.remat.split(",")))
+    hw = one_machine(a.hardware_file, a.hardware)
+    # Compiles run on tp x pp simulated devices (dp = fsdp = 1): request the most any layout needs
+    # before JAX's backend starts.
+    if jax.config.jax_platforms in (None, "", "cpu"):
+        most = max((l.tp * l.pp for l in enumerate_layouts(cfg.model.arch, a.gpus, cfg.train.batch_size,
+                                                           hw.gpus_per_node, space)), default=1)
+        jax.config.update("jax_num_cpu_devices", most)
+    from boost_jax.cache import cache_root
+    from boost_jax.planner.price import DiskCache
+    from boost_jax.planner.recipe import write_recipe
+    from boost_jax.planner.search import plan
+
+    root = None if a.no_cache else cache_root(cfg.data.cache_dir) / "plan"
+    log = lambda s: print(s, file=sys.stderr, flush=True)
+    cands = plan(a.config, gpus=a.gpus, hw=hw, space=space, headroom=a.headroom, cache=DiskCache(root), log=log,
+                 max_priced=a.max_priced or None)
+    priced = [c for c in cands if c.step]
+    if not priced:
+        reasons = sorted({c.why.split(":")[0] for c in cands}) or ["no layout of these sizes"]
+        raise ConfigError(f"no layout of {a.gpus} x {hw.name} could be priced ({len(cands)} considered: "
+                          f"{'; '.join(reasons)}); change --gpus, the batch or the search flags")
+    if a.out:
+        write_recipe(a.out, a.config, priced[0].layout)
+    if a.json:
+        print(json.dumps({"candidates": [c.row(hw, a.gpus) for c in priced]}, indent=1))
+        return
+    print_plan(a, cfg, hw, cands)
+
+
+def print_plan(a: argparse.Namespace, cfg, hw, cands) -> None:
+    priced = [c for c in cands if c.step]
+    nodes = math.ceil(a.gpus / hw.gpus_per_node)
+    m, t = cfg.model, cfg.train
+    print(f"{m.preset} {m.arch} on {a.gpus} x {hw.name} ({nodes} node{'s' * (nodes > 1)}), global batch "
+          f"{t.batch_size} x {t.seq_len} tokens, {m.dtype}; memory budget {hw.hbm_bytes * (1 - a.headroom) / GIB:.1f} GiB "
+          f"per GPU ({100 * a.headroom:.0f}% headroom)")
+    print(f"{len(cands)} layouts: {sum(c.cfg is None for c in cands)} do not divide, "
+          f"{sum(c.memory is not None and not c.fits for c in cands)} do not fit, {len(priced)} priced\n")
+    print(f"{'#':>2s} {'scheme':8s} {'tp':>3s} {'pp':>3s} {'R':>2s} {'dp':>3s} {'fsdp':>4s} {'M':>4s} {'remat':8s} "
+          f"{'s/iter':>8s} {'tok/s/GPU':>10s} {'MFU':>6s} {'GiB/GPU':>8s}  why not first")
+    for i, c in enumerate(priced[:a.top]):
+        r, l = c.row(hw, a.gpus), c.layout
+        print(f"{i + 1:2d} {l.scheme:8s} {l.tp:3d} {l.pp:3d} {l.pp_repeats:2d} {l.dp:3d} {l.fsdp:4d} {l.microbatches:4d} "
+              f"{l.remat:8s} {r['step_s']:8.3g} {r['tokens_per_s_per_gpu']:10.0f} {100 * r['mfu']:5.1f}% "
+              f"{r['memory_bytes_per_gpu'] / GIB:8.3g}  {c.why or '-'}")
+    losers = [c for c in cands if not c.step]
+    if losers:
+        print("\nWhy the others lost (one of each reason):")
+        seen = set()
+        for c in losers:
+            kind = c.why.split(":")[0]
+            if kind not in seen:
+                seen.add(kind)
+                print(f"  {c.layout}: {c.why}")
+    print("\nPriced on abstract compiles at dp = fsdp = 1 (data-parallel and FSDP collectives added analytically; "
+          "without a pipeline, M micro-batches = M x one).")
+    if a.out:
+        print(f"wrote {a.out}: python -m boost_jax.train {a.out}")
+
+
+if __name__ == "__main__":
+    main()

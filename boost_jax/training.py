@@ -1,0 +1,248 @@
+"""The named parts of a training run, each with one job; `train.train` is the loop over them.
+
+    RunDir          checks the run dir before any work (resume compatibility, writable folders) and
+                    claims it once a step has run (config.yaml, tokenizer.json)
+    Checkpoints     Orbax saves every `checkpoint.every` steps and the resume from the newest one
+    Meter           throughput and MFU of the steps since the last log line, eval and saves excluded
+    Evaluator       the mean loss over the same `train.eval_batches` validation batches
+    NonFiniteGuard  a NaN or inf loss or gradient norm stops the run before its next checkpoint
+    Profiler        a JAX profiler trace of `log.profile_steps` steps from `log.profile_start`
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from boost_jax.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
+from boost_jax.config import Config, ConfigError, load_yaml
+from boost_jax.errors import DivergenceError
+
+
+class RunDir:
+    """A run's folder: checked before any slow work, claimed once the first step has run."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.path = cfg, Path(cfg.run_dir)
+        self.saved = check_resume_compatible(cfg, self.path)  # the saved config of a run being resumed
+        check_writable_dir(self.path, "run_dir")
+        if cfg.checkpoint.every:
+            check_writable_dir(self.path / "checkpoints", "run_dir")
+        self.claimed = False
+
+    def claim(self, tokenizer) -> None:
+        """Write config.yaml and the tokenizer: only a run that got through one step claims the run dir,
+        so a failed start leaves no config.yaml to refuse the corrected command."""
+        if not self.claimed:
+            self.cfg.dump(self.path / "config.yaml")
+            tokenizer.save(str(self.path / "tokenizer.json"))  # travels with the run (and its export)
+            self.claimed = True
+
+    def schedule_note(self) -> str | None:
+        """A note when train.steps changed since the saved run without a fixed schedule horizon."""
+        t = self.cfg.train
+        before = self.saved and (self.saved.get("train") or {}).get("steps")
+        if before and before != t.steps and not t.schedule_steps:
+            return (f"note: train.steps changed {before} -> {t.steps}: the LR schedule horizon changed with it "
+                    "(fix train.schedule_steps to keep one schedule across extensions)")
+        return None
+
+
+def check_resume_compatible(cfg: Config, run_dir: Path) -> dict | None:
+    """The saved config of an existing run, after checking the frozen keys did not change. (Each
+    checkpoint checks them again on restore, so this only fails earlier, before any work.)"""
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return None
+    aside = "move it aside to resume (each checkpoint carries the frozen keys, so the resume stays checked)"
+    try:
+        saved = load_yaml(saved_path)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; {aside}") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{saved_path} is damaged (not a mapping of config keys); {aside}")
+    changed = changed_keys(identity(saved), identity(cfg.to_dict()))
+    if changed:
+        raise ConfigError(
+            f"run_dir {run_dir} holds a run with a different {', '.join(changed)}; "
+            "use a new run_dir (the existing run was left untouched)"
+        )
+    return saved
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """`path` is a folder we can write in, or can be created as one: checked before any slow work."""
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {path} cannot be a folder: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: cannot write in {existing} (read-only file system or no permission)")
+
+
+class Checkpoints:
+    """Orbax checkpoints of the train state, each with the run's identity and data position."""
+
+    def __init__(self, cfg: Config, run, run_dir: Path):
+        self.cfg, self.run = cfg, run
+        self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep) if cfg.checkpoint.every else None
+        self.identity = identity(cfg.to_dict())
+        self.saved_step = 0
+
+    def resume(self, state):
+        """(state, step, the checkpoint's recorded loss) from the newest checkpoint, or the fresh
+        state at step 0."""
+        start = (self.ckpt.latest_step() or 0) if self.ckpt else 0
+        if not start:
+            return state, 0, None
+        state, meta = self.ckpt.restore(start, state, self.identity)
+        state = self.run.adopt(state, meta)
+        expected = start * self.cfg.train.batch_size
+        if meta.get("data_position") != expected:
+            raise CheckpointError(f"checkpoint step {start} in {self.ckpt.directory} records data position "
+                                  f"{meta.get('data_position')}, expected {expected}")
+        self.saved_step = start
+        return state, start, meta.get("loss")
+
+    def due(self, done: int) -> bool:
+        """A save after step `done`: every `checkpoint.every` steps and at the end."""
+        return self.ckpt is not None and (done % self.cfg.checkpoint.every == 0 or done == self.cfg.train.steps)
+
+    def save(self, done: int, state, loss: float | None) -> None:
+        """Save the state after step `done` with its record (data position, layer order, loss, identity)."""
+        meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
+                "loss": loss, "identity": self.identity}
+        self.ckpt.save(done, state, meta)
+        self.saved_step = done
+
+    @property
+    def directory(self) -> Path | None:
+        """Where the checkpoints are (None: checkpointing is off)."""
+        return self.ckpt.directory if self.ckpt else None
+
+    def close(self) -> None:
+        """Wait for saves in flight and release Orbax."""
+        if self.ckpt:
+            self.ckpt.close()
+
+
+class Meter:
+    """Tokens/s, model FLOP/s and MFU of the steps since the last reading, time spent paused (eval,
+    checkpoints) excluded."""
+
+    def __init__(self, cfg: Config, n_devices: int, start: int, flops_per_token: float, peak_flops: float):
+        t = cfg.train
+        self.tokens_per_step, self.flops_per_token = t.batch_size * t.seq_len, flops_per_token
+        # Simulated CPU devices share the host's cores: the measured peak is per host, not per device.
+        on_cpu = jax.devices()[0].platform == "cpu"
+        self.peak = (jax.process_count() if on_cpu else n_devices) * peak_flops
+        self.tick, self.tick_step, self.paused = time.perf_counter(), start, 0.0
+
+    def pause(self, state) -> float:
+        """Wait for the steps in flight (time spent next is not charged to training); returns the time."""
+        jax.block_until_ready(state)
+        return time.perf_counter()
+
+    def resume(self, since: float) -> None:
+        """Charge the time since `pause` returned to the pause, not to training."""
+        self.paused += time.perf_counter() - since
+
+    def read(self, done: int) -> dict:
+        """The throughput of the steps since the last reading, up to step `done`."""
+        now = time.perf_counter()
+        step_time = (now - self.tick - self.paused) / (done - self.tick_step)
+        tok_s = self.tokens_per_step / step_time
+        flops_s = tok_s * self.flops_per_token
+        self.tick, self.tick_step, self.paused = now, done, 0.0
+        return {"tokens_per_s": tok_s, "step_time_s": step_time, "tflops_per_s": flops_s / 1e12,
+                "mfu": flops_s / self.peak}
+
+
+class Evaluator:
+    """Mean loss over the first `train.eval_batches` validation batches (always the same ones)."""
+
+    def __init__(self, cfg: Config, run, data, process: tuple[int, int]):
+        self.cfg, self.run, self.data, self.process = cfg, run, data, process
+
+    def due(self, done: int) -> bool:
+        """An eval after step `done`: every `train.eval_every` steps and at the end (if there is val data)."""
+        t = self.cfg.train
+        return self.data.val is not None and t.eval_every > 0 and (done % t.eval_every == 0 or done == t.steps)
+
+    def __call__(self, state) -> dict:
+        from boost_jax.step import device_batch
+
+        t = self.cfg.train
+        losses = [self.run.eval_step(state["params"], device_batch(b, self.run.batch_sharding))
+                  for b in self.data.val.eval_batches(t.eval_batches, t.batch_size, *self.process)]
+        loss = float(np.mean(jax.device_get(losses)))
+        return {"eval_loss": loss, "eval_ppl": perplexity(loss)}
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss); a diverged model's loss beyond ~709 overflows a float: its perplexity is inf."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
+class NonFiniteGuard:
+    """`train.on_nonfinite=stop`: the first row with a NaN or inf loss or gradient norm stops the run,
+    before any checkpoint after it (`skip` drops such updates inside the step and counts them)."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.skipped = cfg, 0
+
+    def first_bad(self, row: dict) -> bool:
+        """Count a skipped update; True if this row must stop the run."""
+        self.skipped += int(row.get("skipped", 0))
+        return self.cfg.train.on_nonfinite == "stop" and not finite(row)
+
+    def stop(self, row: dict, saved_step: int) -> DivergenceError:
+        """The error that stops the run at `row`, naming the last checkpoint kept."""
+        kept = f"; checkpoints up to step {saved_step} are kept" if saved_step else ""
+        return DivergenceError(
+            f"non-finite loss ({row['loss']}) or gradient norm ({row['grad_norm']}) at step {row['step']}: the run "
+            f"stopped there and wrote no checkpoint after it{kept}. Lower train.lr (now {self.cfg.train.lr:g}) or "
+            "model.init_std, or set train.on_nonfinite=skip to drop such updates")
+
+
+def finite(row: dict) -> bool:
+    """A metrics row whose loss and gradient norm are finite."""
+    return math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
+
+
+class Profiler:
+    """A JAX profiler trace of steps [log.profile_start, + log.profile_steps) into <run_dir>/profile
+    (TensorBoard's profile plugin or ui.perfetto.dev reads it); off when profile_start is 0."""
+
+    def __init__(self, cfg: Config, run_dir: Path):
+        log = cfg.log
+        self.first, self.last = log.profile_start, log.profile_start + log.profile_steps - 1
+        self.directory, self.active = run_dir / "profile", False
+
+    def before(self, step: int) -> None:
+        """Called before step `step` (1-based) runs."""
+        if self.first and step == self.first:
+            jax.profiler.start_trace(str(self.directory))
+            self.active = True
+
+    def after(self, step: int, metrics) -> None:
+        """Called after step `step` was dispatched: the trace stops once its last step has run."""
+        if self.active and step >= self.last:
+            jax.block_until_ready(metrics)
+            jax.profiler.stop_trace()
+            self.active = False
+
+    def close(self) -> None:
+        """Stop a trace still running (the run ended inside it)."""
+        if self.active:
+            jax.profiler.stop_trace()
+            self.active = False

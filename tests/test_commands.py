@@ -1,0 +1,66 @@
+"""One vocabulary: every command reads the train config (an optional YAML file, then
+`section.key=value`), `train.batch_size` is global everywhere, and the flags that once spelled a
+config key are refused with the key to write."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from boost_jax.bench import comm, step
+from boost_jax.config import ConfigError, from_args
+from boost_jax.planner.__main__ import parse as parse_plan
+
+TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
+
+
+def test_bench_comm_reads_the_train_config(capsys):
+    comm.main([*TINY, "parallel.tp=2", "parallel.dp=2", "train.batch_size=8", "model.dtype=bfloat16", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert (r["tp"], r["dp"], r["batch"], r["dtype"]) == (2, 2, 8, "bfloat16")  # batch: global, as in train
+    # 4 rows per replica: the latents of 4 x 32 tokens, 7 x 16 wide, bf16 (+ the norm's statistic column).
+    assert r["analytic_layer_forward_bytes"] == 4 * 32 * 7 * 16 * 2
+
+
+def test_bench_step_runs_a_recipe_as_is(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"preset": "llama-tiny", "arch": "cola"},
+                                      "train": {"batch_size": 8, "seq_len": 32, "remat": "lowrank"},
+                                      "parallel": {"scheme": "btp", "tp": 2, "dp": 2, "fsdp": 1}}))
+    step.main([str(recipe), "--reps", "1", "--steps", "1", "--json"])
+    (r,) = json.loads(capsys.readouterr().out)["results"]
+    assert (r["tp"], r["dp"], r["fsdp"], r["batch"], r["seq"]) == (2, 2, 1, 8, 32)
+    assert r["median_step_s"] > 0 and r["peak_bytes_per_device"] > 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "llama-7b"], "--model is not a flag any more: write model.preset=NAME"),
+    (["--batch=4"], "--batch is not a flag any more: write train.batch_size=N (global"),
+    (["--dtype", "bf16"], "--dtype is not a flag any more: write model.dtype=float32|bfloat16"),
+])
+def test_flags_that_spelled_a_config_key_name_the_key(argv, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace("|", r"\|")):
+        comm.main(argv)
+
+
+def test_the_planner_chooses_the_layout_keys_itself(tmp_path):
+    recipe = tmp_path / "base.yaml"
+    recipe.write_text("train:\n  remat: full\n")
+    for config in (["parallel.tp=2"], [str(recipe)]):
+        with pytest.raises(ConfigError, match="the planner chooses the layout keys"):
+            parse_plan([*config, "--gpus", "4"])
+    a = parse_plan(["model.preset=llama-tiny", "train.batch_size=8", "--gpus", "4", "--tp", "1,2"])
+    assert a.tp == (1, 2) and from_args(a.config).train.batch_size == 8
+
+
+@pytest.mark.slow  # a process compiling llama-7b on abstract inputs: ~5 s
+def test_bench_comm_of_the_paper_model_from_the_command_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "boost_jax.bench", "comm", "model.preset=llama-7b", "model.arch=cola",
+                          "parallel.tp=4", "parallel.scheme=btp", "train.seq_len=4096", "train.batch_size=4",
+                          "model.dtype=bfloat16", "--json"], capture_output=True, text=True, check=True, cwd=tmp_path)
+    r = json.loads(out.stdout)
+    # The BOOST paper's per-layer forward volume at LLaMA-7B, b=4, s=4096, p=4, bf16: b*s*7r elements.
+    assert r["analytic_layer_forward_bytes"] == 4 * 4096 * 7 * 1024 * 2
+    assert r["layer_forward_collectives"] == 4 and r["forward_over_analytic"] == pytest.approx(1.0003, abs=1e-4)
