@@ -5,10 +5,13 @@
     model = api.build_model(cfg)                              # a Flax NNX module, initialised from train.seed
     logits = api.forward(model, tokens)                       # int[B, S] -> fp32 [B, S, vocab], on one device
     cfg, model, step = api.restore("runs/default")            # newest checkpoint of a run dir
+    out = api.generate(model, [[5, 9, 31]], max_new_tokens=32)   # token ids in, new token ids out
+    texts = api.generate_text(model, tokenizer, ["def main("], max_new_tokens=32)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -41,15 +44,19 @@ def forward(model: Model, tokens: jax.Array, plan: Plan | None = None) -> jax.Ar
     return jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens, plan=plan))(params, tokens)
 
 
-def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model, int]:
-    """(config, model with the checkpoint's parameters, step) from a run dir, on one device."""
-    from boost_jax.checkpoint import Checkpointer, identity
+def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[str] = ()) -> tuple[Config, Model, int]:
+    """(config, model with the checkpoint's parameters, step) from a run dir, on one device.
+    `overrides` (`section.key=value`) may change anything but what the parameters mean (a
+    `model.*` key outside checkpoint.COMPUTE_ONLY): e.g. model.dtype=bfloat16, parallel.tp=2."""
+    from boost_jax.checkpoint import Checkpointer, model_identity
     from boost_jax.step import setup
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run dir not found: {run_dir}")
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
-    cfg = _run_config(run_dir / "config.yaml")
+    cfg = _run_config(run_dir / "config.yaml", overrides)
     if not (run_dir / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, read_only=True)
@@ -62,17 +69,42 @@ def restore(run_dir: str | Path, step: int | None = None) -> tuple[Config, Model
             raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
         run, like = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme))
         # Only the model decides what the parameters mean (data and batch keys matter to resuming).
-        state, meta = ckpt.restore(step, like, identity(cfg.to_dict(), keys=("model",)))
+        state, meta = ckpt.restore(step, like, model_identity(cfg.to_dict()))
         state = run.adopt(state, meta)
     finally:
         ckpt.close()
     return cfg, nnx.merge(run.graphdef, state["params"]), step
 
 
-def _run_config(path: Path) -> Config:
-    """A run dir's config.yaml, with any problem named by its file."""
+def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:
+    """A run dir's config.yaml (with `overrides`), any problem named by its file."""
     raw = load_yaml(path)
     try:
-        return from_dict(raw)
+        from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path} is damaged or edited: {e}") from None
+    return load_config(path, overrides)
+
+
+def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, plan: Plan | None = None, cache: str = "full",
+             eos_id: int | None = None) -> list[list[int]]:
+    """Each prompt's (token ids) continuation: up to `max_new_tokens` new ids, a row stopping at
+    `eos_id` (not returned). Greedy at temperature 0, else sampled (top-k, top-p), reproducible from
+    `seed`. `plan` None: one device. `cache`: full (keys and values) or latent (the rank-r latents
+    of k and v, low-rank archs). Each call compiles its programs: for many calls keep a
+    `boost_jax.decode.Decoder`."""
+    from boost_jax.decode import Decoder, Sampling
+
+    decoder = Decoder(model, plan or single_device_plan(model.cfg), cache=cache, eos_id=eos_id)
+    return decoder.generate(prompts, max_new_tokens, Sampling(temperature, top_k, top_p, seed)).tokens
+
+
+def generate_text(model: Model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, **kwargs) -> list[str]:
+    """`generate` on texts: each prompt encoded by the (Hugging Face `tokenizers`) tokenizer, each
+    continuation decoded; it stops at the tokenizer's end-of-document token."""
+    from boost_jax.data.tokenizer import eos_id
+
+    ids = [tokenizer.encode(p).ids for p in prompts]
+    out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=eos_id(tokenizer), **kwargs)
+    return [tokenizer.decode(o) for o in out]

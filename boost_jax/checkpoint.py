@@ -21,6 +21,17 @@ from boost_jax.errors import CheckpointError
 FROZEN_ON_RESUME = ("model", "data", "train.batch_size", "train.seq_len", "train.seed")
 
 
+# Model keys that change how a model computes, not what its parameters mean: a saved model is served
+# (generate, eval) under any values of these.
+COMPUTE_ONLY = ("model.dtype", "model.attention", "model.attention_query_block", "model.kernels", "model.norm",
+                "model.grouping")
+
+
+def model_identity(config: dict) -> dict[str, Any]:
+    """What the parameters of a config dict's model mean: its `model` keys less COMPUTE_ONLY."""
+    return {k: v for k, v in identity(config, ("model",)).items() if k not in COMPUTE_ONLY}
+
+
 def identity(config: dict, keys: tuple[str, ...] = FROZEN_ON_RESUME) -> dict[str, Any]:
     """The frozen keys (or those under `keys`) of a config dict (`Config.to_dict()`), as flat dotted names."""
     frozen = lambda key: any(key == f or key.startswith(f + ".") for f in keys)

@@ -1,8 +1,8 @@
 """The LLaMA decoder for every arch: embedding -> scanned stack of blocks -> RMSNorm -> LM head.
 
 Where the tokens sit comes from the caller (`Positions`: positions and document segments; by
-default 0 .. S-1, one document per row), and so does a `KVCache` for decoding (`Model.decode`),
-which rides through the layer scan beside the layers' weights.
+default 0 .. S-1, one document per row), and so does the cache of decoding (`Model.decode`: one per
+layer, `layers/kv_cache.py`); decoding runs the layers one by one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import Attention, Positions
-from boost_jax.layers.kv_cache import KVCache
+from boost_jax.layers.kv_cache import Cache, KVCache, LatentCache
 from boost_jax.layers.lowrank import Linear
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
@@ -43,7 +43,7 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, **dtypes)
         self.mlp = MLP(cfg, linear_kwargs, rngs)
 
-    def __call__(self, plan: Plan, x, latents, where: Positions, cache: KVCache | None = None):
+    def __call__(self, plan: Plan, x, latents, where: Positions, cache: KVCache | LatentCache | None = None):
         """(residual, the previous layer's latents (LaX), positions, this layer's cache) -> (residual,
         this layer's latents, its updated cache)."""
         proj = plan.projections(self.cfg, plan, latents)
@@ -88,32 +88,43 @@ class Model(nnx.Module):
     def hidden(self, tokens: jax.Array, *, plan: Plan, where: Positions = Positions(),
                remat_mode: str = "none") -> jax.Array:
         """tokens: int[B, S] -> the final-normed hidden states [B, S, d] the LM head reads."""
-        return self._forward(tokens, plan, where, None, remat_mode)[0]
-
-    def decode(self, tokens: jax.Array, cache: KVCache, *, plan: Plan, positions: jax.Array) -> tuple[jax.Array, KVCache]:
-        """tokens int[B, S] at `positions` int[B, S] (each row's consecutive: a prompt's prefill, one
-        decode step, a chunk of a long sequence), attending to what `cache` holds and written into it
-        -> (fp32 logits [B, S, V], the updated cache)."""
-        if plan.pipeline is not None:
-            raise ValueError("decoding runs without pipeline stages: use a plan with parallel.pp=1")
-        h, cache = self._forward(tokens, plan, Positions(positions), cache, "none")
-        return self.logits(h, plan), cache
-
-    def _forward(self, tokens, plan: Plan, where: Positions, cache: KVCache | None, remat_mode: str):
         cfg = self.cfg
         x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
         carry = (x, self._initial_latents(tokens.shape))  # the residual, and the latents LaX crosses
         graphdef, state = nnx.split(self.layers)
         layer = decoder_layer(graphdef, plan, remat_mode)
         if plan.pipeline is None:
-            (x, _), cache = jax.lax.scan(lambda c, xs: layer(c, xs[0], where, xs[1]), carry, (state, cache))
+            (x, _), _ = jax.lax.scan(lambda c, s: layer(c, s, where), carry, state)
         else:  # the same layers as stages over pp, the micro-batches flowing through them
             split = lambda tree: jax.tree.map(lambda v: split_microbatches(v, plan.pipeline.microbatches), tree)
             x, _ = run_pipeline(plan.mesh, plan.pipeline, lambda p, c, w: layer(c, p, w)[0], state, split(carry),
                                 split(where))
             x = plan.constrain(merge_microbatches(x), RESIDUAL_AXES)
-        # BTP: the one all-gather along d
-        return self.final_norm(plan.constrain(x, ("batch", "seq", None))), cache
+        return self.final_norm(plan.constrain(x, ("batch", "seq", None)))  # BTP: the one all-gather along d
+
+    def decode(self, tokens: jax.Array, cache: Cache, *, plan: Plan, positions: jax.Array,
+               logits_at: jax.Array | None = None, layers: list | None = None) -> tuple[jax.Array, Cache]:
+        """tokens int[B, S] at `positions` int[B, S] (each row's consecutive: a prompt's prefill, one
+        decode step, a chunk of a long sequence), attending to what `cache` (one per layer) holds and
+        written into it -> (fp32 logits [B, S, V], or [B, V] at each row's index `logits_at` [B] of
+        the S tokens; the updated cache). The layers run one by one: `layers`, each layer's state as
+        `unstack_layers` gives it (its weights its own buffers), or slices of the stacked layers."""
+        if plan.pipeline is not None:
+            raise ValueError("decoding runs without pipeline stages: use a plan with parallel.pp=1")
+        cfg = self.cfg
+        x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
+        carry, where = (x, self._initial_latents(tokens.shape)), Positions(positions)
+        graphdef, state = nnx.split(self.layers)
+        layers = layers if layers is not None else unstack_layers(state, cfg.n_layers)
+        layer, new = decoder_layer(graphdef, plan, "none"), []
+        for layer_state, layer_cache in zip(layers, cache, strict=True):
+            carry, layer_cache = layer(carry, layer_state, where, layer_cache)
+            new.append(layer_cache)
+        h, cache = self.final_norm(plan.constrain(carry[0], ("batch", "seq", None))), tuple(new)
+        if logits_at is not None:  # the head on one position per row, not on the whole prompt
+            h = jnp.take_along_axis(h, logits_at[:, None, None], axis=1)
+            return self.logits(h, plan)[:, 0], cache
+        return self.logits(h, plan), cache
 
     def logits(self, x: jax.Array, plan: Plan) -> jax.Array:
         """Hidden states [B, S, d] -> fp32 logits [B, S, V] (vocab-parallel where the plan splits the head)."""
@@ -129,6 +140,11 @@ class Model(nnx.Module):
             return {}
         rank = lambda p: cfg.attn_rank if p in ("q", "k", "v", "o") else cfg.mlp_rank
         return {p: jnp.zeros((*shape, rank(p)), cfg.dtype) for p in PROJECTIONS}
+
+
+def unstack_layers(state, n_layers: int) -> list:
+    """The stacked layers' state [L, ...] as L states, one per layer."""
+    return [jax.tree.map(lambda v: v[i], state) for i in range(n_layers)]
 
 
 def decoder_layer(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str):

@@ -18,8 +18,8 @@ FLOORS = [
     {"data", "remat", "parallel", "flops"},
     {"layers"},
     {"model"},
-    {"step", "checkpoint", "log"},
-    {"analysis", "train", "training", "api", "export"},
+    {"step", "checkpoint", "log", "decode"},
+    {"analysis", "train", "training", "api", "export", "generate"},
     {"planner", "plan"},
     {"bench", "__main__"},
 ]

@@ -194,7 +194,7 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the report.
     monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))
     report.main(["--models", "llama-1b", "--variants", "dense/megatron,cola/vanilla,cola/btp", "--hardware", "a100-80gb",
-                 "--step-model", "llama-tiny", "--step-seq", "32", "--single-models", "llama-tiny",
+                 "--step-model", "llama-tiny", "--step-seq", "32", "--single-models", "llama-tiny", "--decode-model", "llama-tiny",
                  "--reps", "2", "--steps", "1", "--out", str(tmp_path)])
     page = (tmp_path / "results.md").read_text()
     result = json.loads((tmp_path / "results.json").read_text())
@@ -207,7 +207,7 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     assert 0 < result["single_device"]["rows"][0]["fraction_of_matmul_peak"] < 2
     assert [(r["arch"], r["tp"]) for r in result["profile"]] == [("cola", 1), ("dense", 1), ("cola", 4), ("dense", 4)]
     assert all(r["categories"]["gemm"] > 0 for r in result["profile"]) and "### Where the step time goes" in page
-    for png in ("paper_vs_model.png", "layer_comm.png", "cpu_measured.png"):
+    for png in ("paper_vs_model.png", "layer_comm.png", "cpu_measured.png", "decode.png"):
         data = (tmp_path / "img" / png).read_bytes()
         assert data[:4] == b"\x89PNG" and len(data) > 10_000
         assert f"(img/{png})" in page
@@ -216,6 +216,9 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     (plan,) = result["planner"]["rows"]
     assert plan["model"] == "llama-1b" and plan["choice"]["step_s"] <= plan["paper_layout"]["step_s"]
     assert "## 3. The planner on the paper's rows" in page and "| llama-1b | 1 | 4 x 4096 |" in page
+    dense, cola = result["decode"]["runs"]
+    assert [r["batch"] for r in cola["rows"]] == [1, 8, 32] * 3 and "## 5. Decoding on this machine" in page
+    assert all(r["decode_tokens_per_s"] > 0 and r["floor_s"] > 0 for r in dense["rows"] + cola["rows"])
     # The page is a pure function of the saved measurements.
     report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page

@@ -14,7 +14,7 @@ from flax import nnx
 from boost_jax.config import ConfigError, ModelConfig, load_config
 from boost_jax.data.loader import segment_ids
 from boost_jax.layers.attention import Positions
-from boost_jax.layers.kv_cache import KVCache
+from boost_jax.layers.kv_cache import empty
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan, single_device_plan
 from boost_jax.step import abstract_model, place_params, relayout_layers
@@ -55,7 +55,7 @@ def test_prefill_then_steps_through_the_cache_equal_the_full_forward(arch):
     want = np.asarray(full_logits(model, seqs))  # row i's tokens are seqs[i, :lengths[i] + steps]
     prompt = np.where(np.arange(width) < lengths[:, None], seqs[:, :width], 511)  # junk after each prompt
     decode = nnx.jit(lambda m, t, c, p: m.decode(t, c, plan=plan, positions=p))
-    cache = KVCache.empty(model.cfg, 3, 16)
+    cache = empty("full", model.cfg, 3, 16)
     logits, cache = decode(model, prompt, cache, jnp.broadcast_to(jnp.arange(width), (3, width)))
     for i, n in enumerate(lengths):
         assert_close(logits[i, :n], want[i, :n])
@@ -70,7 +70,7 @@ def test_a_chunk_of_a_long_sequence_attends_to_the_cached_ones():
     model = model_of("cola")
     plan = single_device_plan(model.cfg)
     seq = jax.random.randint(jax.random.key(2), (2, 14), 0, 512)
-    want, cache, got = full_logits(model, seq), KVCache.empty(model.cfg, 2, 14), []
+    want, cache, got = full_logits(model, seq), empty("full", model.cfg, 2, 14), []
     for lo, hi in [(0, 5), (5, 6), (6, 14)]:
         pos = jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo))
         logits, cache = nnx.jit(lambda m, t, c, p: m.decode(t, c, plan=plan, positions=p))(model, seq[:, lo:hi], cache, pos)

@@ -184,6 +184,29 @@ def plot(result: dict, out: Path) -> list[str]:
     a2.set_title("one device: model FLOP/s / matmul peak")
     fig.tight_layout()
     files.append(_save(fig, out / "cpu_measured.png"))
+
+    # 5. decoding on this machine: tokens/s per batch size beside the memory-bound ceiling.
+    if "decode" in result:
+        runs = result["decode"]["runs"]
+        fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), sharey=True)
+        for ax, run in zip(np.atleast_1d(axes), runs):
+            for cache in dict.fromkeys(r["cache"] for r in run["rows"]):
+                rows = [r for r in run["rows"] if r["cache"] == cache]
+                batches = [r["batch"] for r in rows]
+                line, = ax.plot(batches, [r["decode_tokens_per_s"] for r in rows], "o-", label=f"{cache} cache")
+                ax.plot(batches, [r["batch"] / r["floor_s"] for r in rows], "--", color=line.get_color(),
+                        label=f"{cache}: memory-bound ceiling")
+            if hf := run.get("hf"):
+                ax.plot([r["batch"] for r in hf["rows"]], [r["end_to_end_tokens_per_s"] for r in hf["rows"]], "ks",
+                        label="Hugging Face generate (end to end)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch (rows decoded together)")
+            ax.set_title(f"{run['model']} {run['arch']} {run['dtype']}")
+        np.atleast_1d(axes)[0].set_ylabel("new tokens per second")
+        np.atleast_1d(axes)[0].legend(fontsize=8)
+        fig.tight_layout()
+        files.append(_save(fig, out / "decode.png"))
     return files
 
 
@@ -330,9 +353,42 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
           "attention), so recomputation and elementwise work are not credited.", ""]
     if "profile" in result:
         L += profile_section(result["profile"])
+    if "decode" in result:
+        L += decode_section(result["decode"])
     L += ["## Plots", ""]
     L += [f"![{name}]({img_dir}/{name})" for name in images]
     return "\n".join(L) + "\n"
+
+
+def decode_section(dec: dict) -> list[str]:
+    """Markdown: `bench decode` per model, cache kind and batch size, against the memory-bound floor."""
+    L = ["## 5. Decoding on this machine", "",
+         f"`bench decode` (`boost_jax/decode.py`): random weights of each shape, prompts of {dec['runs'][0]['prompt_len']} "
+         f"tokens prefilled in one forward, {dec['runs'][0]['new_tokens']} new tokens greedily in the compiled decode "
+         "loop, the median of the repetitions after a warm-up that compiles. A decode step reads every weight once (at "
+         "the compute dtype) and every cached token of every row once, so it cannot beat (weight bytes + cached bytes) / "
+         f"the read bandwidth measured in the same run ({dec['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, a compiled "
+         "matrix-vector product over 256 MiB): the floor. The latent_v cache keeps the keys and v's rank-r latent, the "
+         "latent one both latents and rebuilds the keys each step (bytes per cached token, all layers, below; "
+         "docs/design.md section 11).", "",
+         "| model | cache | bytes/token | batch | prefill tok/s | decode tok/s | step ms | floor ms | step / floor |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for run in dec["runs"]:
+        for r in run["rows"]:
+            L.append(f"| {run['model']} {run['arch']} | {r['cache']} | {r['cache_bytes_per_token']:,} | {r['batch']} | "
+                     f"{r['prefill_tokens_per_s']:,.0f} | {r['decode_tokens_per_s']:,.0f} | {1e3 * r['step_s']:.2f} | "
+                     f"{1e3 * r['floor_s']:.2f} | {r['step_over_floor']:.2f}x |")
+    for run in dec["runs"]:
+        if hf := run.get("hf"):
+            L += ["", f"Hugging Face `generate` on the same {run['model']} {run['arch']} (exported with `python -m "
+                  f"boost_jax.export`, transformers {hf['transformers']}, torch {hf['torch']}, {hf['threads']} threads, "
+                  "its KV cache, greedy), end to end (prefill included) beside boost_jax's:", "",
+                  "| batch | Hugging Face tok/s | boost_jax tok/s | ratio |", "|---|---|---|---|"]
+            for h in hf["rows"]:
+                mine = next(r for r in run["rows"] if r["batch"] == h["batch"] and r["cache"] == "full")
+                L.append(f"| {h['batch']} | {h['end_to_end_tokens_per_s']:,.1f} | {mine['end_to_end_tokens_per_s']:,.1f} "
+                         f"| {mine['end_to_end_tokens_per_s'] / h['end_to_end_tokens_per_s']:.2f}x |")
+    return L + [""]
 
 
 def planner_section(pl: dict) -> list[str]:
@@ -459,6 +515,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
     p.add_argument("--step-seq", type=int, default=256, help="train.seq_len of the timed sections")
     p.add_argument("--single-models", default="llama-60m,llama-130m", help="presets timed on one device")
+    p.add_argument("--decode-model", default="llama-60m", help="bench decode preset (dense and cola)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default="docs", help="folder for results.md (plots go to <out>/img)")
@@ -528,6 +585,8 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
         profiles.offer(runners)
         del runners
         prof = profiles.rows()
+    log(f"bench decode: {a.decode_model} dense and cola, batches 1, 8, 32")
+    dec = decode_runs(a.decode_model, a.reps)
     commands = [
         paper_cmd,
         pl["settings"]["command"],
@@ -538,5 +597,29 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
     commands += [" ".join(["python -m boost_jax.bench profile", *step_args(a.step_model, arch, tp, a.step_batch, a.step_seq,
                                                                          scheme), f"--steps {a.steps}"])
                  for arch, scheme, tp in PROFILED]
+    commands += [f"python -m boost_jax.bench decode model.preset={a.decode_model} model.arch={arch} --reps {a.reps}"
+                 + (" --hf" if arch == "dense" and dec["runs"][0].get("hf") else "") for arch in ("dense", "cola")]
     return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
-            "single_device": sd, "profile": prof}
+            "single_device": sd, "profile": prof, "decode": dec}
+
+
+def decode_runs(model: str, reps: int) -> dict:
+    """`bench decode` of `model` dense (beside Hugging Face generate when torch and transformers are
+    installed) and cola, batches 1, 8 and 32."""
+    from boost_jax.bench import decode
+
+    def measure(bandwidth: float) -> dict:
+        runs = []
+        for arch in ("dense", "cola"):
+            cfg = config_of([f"model.preset={model}", f"model.arch={arch}", "parallel.dp=1"])
+            caches = ["full", "latent_v", "latent"] if arch != "dense" else ["full"]
+            run = decode.measure(cfg, caches, [1, 8, 32], 64, 64, reps, bandwidth)
+            if arch == "dense":
+                try:
+                    run["hf"] = decode.hf_generate(cfg, [1, 8, 32], 64, 64, reps)
+                except ImportError:  # torch or transformers not installed: the section shows boost_jax alone
+                    pass
+            runs.append(run)
+        return {"runs": runs}
+
+    return decode.measure_with_bandwidth(measure)

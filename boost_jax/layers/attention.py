@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.kv_cache import KVCache
+from boost_jax.layers.kv_cache import KVCache, LatentCache, ValueLatentCache
 from boost_jax.layers.lowrank import Linear
 from boost_jax.parallel.projections import Projections
 
@@ -116,10 +116,13 @@ class Attention(nnx.Module):
         self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
 
     def __call__(self, x: jax.Array, norm, proj: Projections, where: Positions,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                 cache: KVCache | ValueLatentCache | LatentCache | None = None):
         """x: the residual stream; `norm` is applied to it first (fused into q/k/v under btp). With a
-        cache, this forward's keys and values are written into it at their positions first, and the
-        queries attend to all it holds; returns the output and the updated cache."""
+        cache, this forward's keys and values (or their latents) are written into it at their
+        positions first, and the queries attend to all it holds; returns the output and the updated
+        cache."""
+        if isinstance(cache, (LatentCache, ValueLatentCache)):
+            return self._over_latents(x, norm, proj, where, cache)
         b, s, _ = x.shape
         kv = ("kv_heads", "act_kv_heads")
         qkv = proj.normed(x, norm, {"q": self.q, "k": self.k, "v": self.v},
@@ -142,4 +145,43 @@ class Attention(nnx.Module):
                                q_positions=q_positions, k_positions=k_positions,
                                q_segments=where.segments, k_segments=where.segments)
         out = constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
+        return proj("o", self.o, out, ("act_heads", "heads")), cache
+
+    def _over_latents(self, x, norm, proj: Projections, where: Positions, cache: LatentCache | ValueLatentCache):
+        """Attention over a cache of latents (layers/kv_cache.py): v stays a rank-r latent, and its
+        up-projection is applied after attention, to the attention-weighted latents:
+        softmax(q k^T) (h_v B_v) = (softmax(q k^T) h_v) B_v per kv head. Keys are cached after RoPE
+        (latent_v), or as latents too (latent), every cached key then rebuilt from its latent and
+        rotated at its slot's position."""
+        if where.segments is not None:
+            raise ValueError("attention: a latent cache holds one document per row; segment ids do not apply")
+        b, s, _ = x.shape
+        h, kvh, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        constrain = proj.plan.constrain
+        kv = ("kv_heads", "act_kv_heads")
+        hs = proj.latents(x, norm, {"q": self.q, "k": self.k, "v": self.v})
+        positions = where.of(b, s)
+        rotate = lambda y, pos, heads, axis: constrain(rope(y.reshape(b, -1, heads, dh), pos, self.rope_theta),
+                                                       ("batch", "seq", axis, None))
+        if isinstance(cache, ValueLatentCache):  # this chunk's keys, rotated once and cached
+            qk = proj.up({"q": hs["q"], "k": hs["k"]}, {"q": self.q, "k": self.k}, {"q": ("heads", "act_heads"), "k": kv})
+            cache = cache.write(rotate(qk["k"], positions, kvh, "act_kv_heads"), hs["v"], positions[:, 0])
+            cache = cache.constrain(constrain)
+            k = cache.k
+        else:  # every cached key rebuilt from its latent
+            qk = proj.up({"q": hs["q"]}, {"q": self.q}, {"q": ("heads", "act_heads")})
+            cache = cache.write(hs["k"], hs["v"], positions[:, 0]).constrain(constrain)
+            k = rotate(proj.up({"k": cache.k}, {"k": self.k}, {"k": kv})["k"],
+                       jnp.broadcast_to(cache.positions(), (b, cache.length)), kvh, "act_kv_heads")
+        q = rotate(qk["q"], positions, h, "act_heads")
+        rep = h // kvh
+        with jax.named_scope("attention"):
+            scores = jnp.einsum("bskgd,btkd->bkgst", q.reshape(b, s, kvh, rep, dh), k,
+                                preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(dh))
+            seen = cache.positions()[:, None, None, None, :] <= positions[:, None, None, :, None]
+            p = jax.nn.softmax(jnp.where(seen, scores, -jnp.inf), axis=-1)
+            z = jnp.einsum("bkgst,btr->bskgr", p.astype(cache.v.dtype), cache.v)  # attention-weighted latents
+            b_v = self.v.b[...].astype(z.dtype).reshape(-1, kvh, dh)  # [r, H_kv, d_h]
+            out = jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
+        out = constrain(out, ("batch", "seq", "act_heads"))
         return proj("o", self.o, out, ("act_heads", "heads")), cache

@@ -1,11 +1,29 @@
-"""The key/value cache of decoding: every layer's keys (after RoPE) and values, slot j of a row
-holding the token at position j.
+"""The caches of decoding: what each layer keeps of the tokens already seen, slot j of a row holding
+the token at position j. A table of kinds (`CACHES`, chosen by name):
 
-A forward with a cache writes its tokens' keys and values at their positions (each row's tokens
-are consecutive: a prompt, one decode step, a chunk) and then attends to the whole cache; slots
-past a query's position are masked by causality, so what a shorter row left in its padding slots
-is never read before it is overwritten. The caller sizes the cache (`length`) to hold every
-position it will write.
+- `full` (`KVCache`): every layer's keys (after RoPE) and values, [B, T, H_kv, d_h] each: what
+  every decoder keeps.
+- `latent_v` (`ValueLatentCache`, low-rank archs only): the keys after RoPE, and the rank-r latent of
+  v (the input of v's up-projection B_v: `silu(x A_v)` for cola and lax, crossed with the previous
+  layer's for lax; `x A_v` for svd), [B, T, r]. v's up-projection is applied after attention, to the
+  attention-weighted latents, once per query. It holds (H_kv d_h + r) / (2 H_kv d_h) of a full cache
+  (62.5% for an MHA model at r = d / 4) and computes nothing more per cached token: smaller and, where
+  a step is memory-bound, faster.
+- `latent` (`LatentCache`, low-rank archs only): the rank-r latents of k and v, [B, T, r] each. Each
+  step also rebuilds every cached token's key from its latent (RoPE follows k's up-projection, so it
+  cannot be folded away: 2 r H_kv d_h FLOPs per cached token per layer). It holds r / (H_kv d_h) of a
+  full cache (25% for an MHA model at r = d / 4); smaller still, but the rebuild costs more than the
+  bytes it saves unless the machine computes ~r H_kv d_h / (H_kv d_h - r) FLOPs per value it reads
+  (docs/design.md section 11). Neither latent kind saves anything where GQA already makes
+  H_kv d_h <= r.
+
+The model's cache is one per layer (`empty`): decoding runs the layers one by one, so each layer's
+cache (and weights) is its own buffer, never a slice copied out of a stack.
+
+A forward with a cache writes its tokens at their positions (each row's tokens are consecutive: a
+prompt, one decode step, a chunk) and then attends to the whole cache; slots past a query's position
+are masked by causality, so what a shorter row left in its padding slots is never read before it is
+overwritten. The caller sizes the cache (`length`) to hold every position it will write.
 """
 
 from __future__ import annotations
@@ -16,41 +34,117 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
 
-# Logical axes of one layer's cache [B, T, Hkv, D] (the stacked cache has "layers" in front).
-CACHE_AXES = ("batch", None, "act_kv_heads", None)
+
+def _write(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """cache [B, T, ...] with new [B, S, ...] at slots start[b] .. start[b] + S - 1 of each row."""
+    put = lambda c, n, at: jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), at, 0)
+    return jax.vmap(put)(cache, new, start)
 
 
-@jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class KVCache:
-    """k, v: [L, B, T, Hkv, D] for the model (the layer scan hands each layer its [B, T, Hkv, D])."""
+KV_AXES = ("batch", None, "act_kv_heads", None)  # logical axes of a layer's keys or values [B, T, H_kv, d_h]
+LATENT_AXES = ("batch", None, "act_latent")  # of a latent [B, T, r], as the scheme lays latents out
 
-    k: jax.Array
-    v: jax.Array
 
-    @classmethod
-    def empty(cls, cfg: ModelConfig, batch: int, length: int) -> KVCache:
-        """Zeros for `batch` rows of `length` positions, at the compute dtype."""
-        shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
-        return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+class _LayerCache:
+    """What every kind shares: one layer's `k` and `v`, each [B, T, ...] with slot j at position j."""
+
+    AXES: dict[str, tuple]  # each field's logical axes
 
     @property
     def length(self) -> int:
         """Positions each row can hold."""
-        return self.k.shape[-3]
-
-    def write(self, k: jax.Array, v: jax.Array, start: jax.Array) -> KVCache:
-        """One layer's cache with k, v [B, S, Hkv, D] written at slots start[b] .. start[b] + S - 1."""
-        put = jax.vmap(lambda cache, new, at: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), at, 0))
-        return KVCache(put(self.k, k, start), put(self.v, v, start))
+        return self.k.shape[1]
 
     def positions(self) -> jax.Array:
         """The position of every slot, [1, T] (the same in every row)."""
         return jnp.arange(self.length)[None]
 
-    def constrain(self, constrain: Callable, stacked: bool = False) -> KVCache:
-        """Laid out by the plan's `constrain` (the stacked cache with its layer axis in front)."""
-        axes = ("layers", *CACHE_AXES) if stacked else CACHE_AXES
-        return KVCache(constrain(self.k, axes), constrain(self.v, axes))
+    def write(self, k: jax.Array, v: jax.Array, start: jax.Array):
+        """This layer's cache with k, v [B, S, ...] written at slots start[b] .. start[b] + S - 1."""
+        return type(self)(_write(self.k, k, start), _write(self.v, v, start))
+
+    def constrain(self, constrain: Callable):
+        """This layer's cache laid out by the plan's `constrain`."""
+        return type(self)(constrain(self.k, self.AXES["k"]), constrain(self.v, self.AXES["v"]))
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class KVCache(_LayerCache):
+    """One layer's keys (after RoPE) and values: k, v [B, T, H_kv, d_h]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    AXES = {"k": KV_AXES, "v": KV_AXES}
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, length: int) -> KVCache:
+        """One layer's zeros for `batch` rows of `length` positions, at the compute dtype."""
+        shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+        return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+        """Bytes one cached token takes, all layers."""
+        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * itemsize
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class LatentCache(_LayerCache):
+    """One layer's latents of k's and v's up-projections: k, v [B, T, r]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    AXES = {"k": LATENT_AXES, "v": LATENT_AXES}
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, length: int) -> LatentCache:
+        """One layer's zeros for `batch` rows of `length` positions, at the compute dtype."""
+        if not ARCHS[cfg.arch].low_rank:
+            raise ValueError(f"a latent cache needs a low-rank arch (svd, cola, lax); {cfg.arch} has no latents")
+        shape = (batch, length, cfg.attn_rank)
+        return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+        """Bytes one cached token takes, all layers."""
+        return 2 * cfg.n_layers * cfg.attn_rank * itemsize
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class ValueLatentCache(_LayerCache):
+    """One layer's keys after RoPE, k [B, T, H_kv, d_h], and the latent of v's up-projection, v [B, T, r]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    AXES = {"k": KV_AXES, "v": LATENT_AXES}
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, length: int) -> ValueLatentCache:
+        """One layer's zeros for `batch` rows of `length` positions, at the compute dtype."""
+        return cls(KVCache.empty(cfg, batch, length).k, LatentCache.empty(cfg, batch, length).v)
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+        """Bytes one cached token takes, all layers."""
+        return cfg.n_layers * (cfg.n_kv_heads * cfg.head_dim + cfg.attn_rank) * itemsize
+
+
+# `--cache` name -> its kind.
+CACHES: dict[str, type[KVCache] | type[ValueLatentCache] | type[LatentCache]] = {
+    "full": KVCache, "latent_v": ValueLatentCache, "latent": LatentCache}
+
+Cache = tuple[KVCache, ...] | tuple[ValueLatentCache, ...] | tuple[LatentCache, ...]  # the model's: one per layer
+
+
+def empty(kind: str, cfg: ModelConfig, batch: int, length: int) -> Cache:
+    """The model's empty cache of a kind (CACHES): one per layer."""
+    return tuple(CACHES[kind].empty(cfg, batch, length) for _ in range(cfg.n_layers))

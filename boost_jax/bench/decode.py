@@ -1,0 +1,184 @@
+"""`bench decode [CONFIG.yaml] [section.key=value ...]`: generation speed on this machine against the
+memory-bound floor.
+
+For the config's model (random weights of its shape, one device unless the config's mesh says
+otherwise), each cache kind (--caches) and batch size (--batches): prompts of --prompt-len tokens
+are prefilled and --new-tokens generated greedily (`boost_jax/decode.py`), after a warm-up that
+compiles the programs. Reported: prefill and decode tokens/s, the time of one decode step, the
+bytes one cached token takes (all layers, beside what a dense model of the same shape keeps), and
+the step against its memory-bound floor: a step reads every weight once (at the compute dtype: the
+decoder serves the weights cast to it) and every cached token of every row once, so it cannot take
+less than (weight bytes + cached bytes) / the read bandwidth measured here (`read_bandwidth`). `--hf`
+times Hugging Face `generate` (transformers + PyTorch, with its KV cache, greedy, the same prompts
+and token counts) on the same dense LLaMA, when both are installed; both sides end to end, prefill
+included.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.cli import int_list
+from boost_jax.config import Config, ConfigError
+from boost_jax.decode import Decoder
+from boost_jax.layers.kv_cache import CACHES, KVCache
+from boost_jax.model import Model
+from boost_jax.parallel import make_plan
+from boost_jax.parallel.mesh import mesh_devices
+
+
+def read_bandwidth(megabytes: int = 256, reps: int = 15) -> float:
+    """Bytes per second a compiled matrix-vector product reads from a `megabytes` fp32 matrix (the best
+    of `reps`): the access pattern of a decode step, which reads each weight once per token. (A
+    compiled elementwise copy is a worse yardstick on CPU: XLA runs it on one thread.)"""
+    w = jnp.ones((megabytes << 8, 1024), jnp.float32)
+    v = jnp.ones((1024,), jnp.float32)
+    gemv = jax.jit(lambda w, v: w @ v)
+    jax.block_until_ready(gemv(w, v))
+    best = min(_timed(lambda: jax.block_until_ready(gemv(w, v))) for _ in range(reps))
+    return w.nbytes / best
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int, new_tokens: int, reps: int,
+            bandwidth: float) -> dict:
+    """Rows of speeds per (cache kind, batch size), with the memory-bound floor of each decode step."""
+    m = cfg.model
+    model = Model(m, rngs=nnx.Rngs(cfg.train.seed))
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
+    itemsize = jnp.dtype(m.dtype).itemsize
+    weight_bytes = sum(x.size * itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    rows = []
+    rng = np.random.default_rng(0)
+    for cache in caches:
+        decoder = Decoder(model, plan, cache=cache)
+        per_token = CACHES[cache].bytes_per_token(m, itemsize)
+        for b in batches:
+            prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()
+            decoder.generate(prompts, new_tokens)  # compiles every program this shape needs
+            runs = [decoder.generate(prompts, new_tokens) for _ in range(reps)]
+            prefill = statistics.median(r.prefill_s for r in runs)
+            decode = statistics.median(r.decode_s for r in runs)
+            steps = new_tokens - 1  # the first new token comes from the prefill
+            # Cached tokens a step reads, on average over the steps: each row's prompt and what it has made.
+            cached = b * (prompt_len + new_tokens / 2)
+            floor = (weight_bytes + cached * per_token) / bandwidth
+            rows.append({"cache": cache, "batch": b, "prefill_tokens_per_s": b * prompt_len / prefill,
+                         "decode_tokens_per_s": b * steps / decode, "step_s": decode / steps, "floor_s": floor,
+                         "end_to_end_tokens_per_s": b * new_tokens / (prefill + decode),
+                         "step_over_floor": decode / steps / floor, "cache_bytes_per_token": per_token,
+                         "programs": decoder.programs})
+    return {"model": m.preset, "arch": m.arch, "dtype": m.dtype, "prompt_len": prompt_len, "new_tokens": new_tokens,
+            "weight_bytes": weight_bytes, "dense_cache_bytes_per_token": KVCache.bytes_per_token(m, itemsize),
+            "rows": rows}
+
+
+def measure_with_bandwidth(run) -> dict:
+    """`run(bandwidth)` bracketed by `read_bandwidth` (the best of before and after: noise only slows),
+    its floors then scaled to the best bandwidth."""
+    before = read_bandwidth()
+    result = run(before)
+    best = max(before, read_bandwidth())
+    for run_result in result["runs"] if "runs" in result else [result]:
+        for r in run_result["rows"]:
+            r["floor_s"] *= before / best
+            r["step_over_floor"] = r["step_s"] / r["floor_s"]
+    return {"read_bandwidth_bytes_per_s": best, **result}
+
+
+def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: int, reps: int) -> dict:
+    """Hugging Face `generate` (greedy, its KV cache) on the same dense LLaMA, exported by boost_jax."""
+    import tempfile
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from boost_jax.export import export_model, is_hf_llama
+
+    if not is_hf_llama(cfg.model):
+        raise ConfigError(f"--hf needs a model Hugging Face calls a LLaMA (model.arch=dense with the gate SiLU), "
+                          f"not {cfg.model.arch}")
+    model = Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
+    torch.set_num_threads(jax.local_device_count() if jax.devices()[0].platform != "cpu" else _cores())
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        export_model(cfg, model, tmp)
+        hf = LlamaForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32).eval()
+        rng = np.random.default_rng(0)
+        for b in batches:
+            prompts = torch.tensor(rng.integers(3, cfg.model.vocab_size, (b, prompt_len)))
+            run = lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+            with torch.inference_mode():
+                run()
+                seconds = statistics.median(_timed(run) for _ in range(reps))
+            rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / seconds, "seconds": seconds})
+    import transformers
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "rows": rows}
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def main(argv: list[str]) -> None:
+    p = parser("python -m boost_jax.bench decode", __doc__)
+    p.add_argument("--caches", default="full,latent_v,latent",
+                   help=f"comma-separated, from {list(CACHES)} (the latent kinds: low-rank archs)")
+    p.add_argument("--batches", type=int_list, default="1,8,32")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--hf", action="store_true", help="also time Hugging Face generate (needs torch and transformers)")
+    a = parse(p, argv)
+    if a.prompt_len < 1 or a.new_tokens < 2 or a.reps < 1 or not a.batches or min(a.batches) < 1:
+        raise ConfigError("--prompt-len, --reps and --batches must be at least 1 and --new-tokens at least 2")
+    cfg = config_of(a.config)
+    caches = [c for c in a.caches.split(",") if c]
+    if bad := [c for c in caches if c not in CACHES]:
+        raise ConfigError(f"--caches: unknown {bad}; choose from {list(CACHES)}")
+    if cfg.model.arch == "dense":
+        caches = [c for c in caches if not c.startswith("latent")]  # a dense model has no latents
+    result = {"device": jax.devices()[0].device_kind, **measure_with_bandwidth(
+        lambda bandwidth: measure(cfg, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth))}
+    if a.hf:
+        result["hf"] = hf_generate(cfg, a.batches, a.prompt_len, a.new_tokens, a.reps)
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return
+    print_table(result)
+
+
+def print_table(r: dict) -> None:
+    print(f"{r['model']} {r['arch']} {r['dtype']} on {r['device']}: prompts of {r['prompt_len']}, {r['new_tokens']} new "
+          f"tokens, greedy; weights {r['weight_bytes'] / 2**20:.1f} MiB; read bandwidth "
+          f"{r['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+    print(f"{'cache':7s} {'batch':>5s} {'B/token':>8s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'step ms':>8s} "
+          f"{'floor ms':>8s} {'x floor':>7s}")
+    for row in r["rows"]:
+        print(f"{row['cache']:7s} {row['batch']:5d} {row['cache_bytes_per_token']:8d} {row['prefill_tokens_per_s']:13,.0f} "
+              f"{row['decode_tokens_per_s']:12,.1f} {1e3 * row['step_s']:8.2f} {1e3 * row['floor_s']:8.2f} "
+              f"{row['step_over_floor']:7.2f}")
+    print(f"(a dense model of this shape caches {r['dense_cache_bytes_per_token']} bytes per token)")
+    if hf := r.get("hf"):
+        print(f"Hugging Face generate (transformers {hf['transformers']}, torch {hf['torch']}, {hf['threads']} threads):")
+        for row in hf["rows"]:
+            mine = next(x for x in r["rows"] if x["batch"] == row["batch"] and x["cache"] == "full")
+            print(f"  batch {row['batch']:3d}: {row['end_to_end_tokens_per_s']:10,.1f} tokens/s end to end; boost_jax "
+                  f"{mine['end_to_end_tokens_per_s']:,.1f} ({mine['end_to_end_tokens_per_s'] / row['end_to_end_tokens_per_s']:.2f}x)")

@@ -1,0 +1,257 @@
+"""Text generation: a batch of prompts prefilled in one forward, then a compiled decode loop.
+
+    decoder = Decoder(model, plan, cache="full", eos_id=2)
+    out = decoder.generate([[5, 9, 31], [7]], max_new_tokens=32, sampling=Sampling(temperature=0.8, top_p=0.95))
+    out.tokens                                  # each row's new tokens (up to, not including, its <eos>)
+
+Prompts of different lengths share one batch: they are right-padded and prefilled together, and
+each row then decodes at its own next position (the cache and causality keep rows apart: a row's
+tokens never depend on the others in its batch). Programs are compiled per (batch size, prompt
+length bucket) for the prefill and per (batch size, cache length bucket) for the decode loop, never
+per token: the loop runs up to `CHUNK` steps per call in a `lax.while_loop` and stops early when
+every row is done; when a row reaches the end of the cache the cache grows to the next bucket (a
+power of two). Sampling is greedy at temperature 0; otherwise temperature, top-k and top-p (nucleus)
+shape the distribution and token i of every row is drawn with `fold_in(key(seed), i)`, so a seed
+reproduces a generation whatever the chunking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from boost_jax.errors import ConfigError
+from boost_jax.layers.kv_cache import CACHES, Cache, empty
+from boost_jax.model import Model, unstack_layers
+from boost_jax.parallel.plan import Plan
+
+CHUNK = 16  # decode steps per call of the compiled loop (the granularity of streaming)
+MIN_BUCKET = 16
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: greedy at temperature 0, else sampled from the temperature-scaled
+    distribution cut to its top_k tokens (0: all) and to the smallest set of top_p probability."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = no cut), got {self.top_k}")
+
+
+@dataclass
+class Generation:
+    """What `Decoder.generate` returns: each row's new tokens, and where the time went."""
+
+    tokens: list[list[int]]
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    programs: dict[str, int] = field(default_factory=dict)
+
+    def timings(self) -> dict:
+        """Seconds and tokens/s of the prefill and the decode loop (compile time included in the first call)."""
+        rate = lambda n, s: n / s if s > 0 else None
+        return {"prefill_s": self.prefill_s, "decode_s": self.decode_s,
+                "prefill_tokens_per_s": rate(self.prompt_tokens, self.prefill_s),
+                "decode_tokens_per_s": rate(self.new_tokens, self.decode_s)}
+
+
+def bucket(n: int) -> int:
+    """The power of two >= n (at least MIN_BUCKET): the lengths programs are compiled for."""
+    return max(MIN_BUCKET, 1 << (max(n, 1) - 1).bit_length())
+
+
+def furthest(state: dict):
+    """The highest position a row still decoding will write next (on device or host arrays)."""
+    xp = np if isinstance(state["done"], np.ndarray) else jnp
+    return xp.max(xp.where(state["done"], 0, state["position"]))
+
+
+def sample(logits: jax.Array, key: jax.Array, index: jax.Array, sampling: Sampling) -> jax.Array:
+    """Token ids [B] from logits [B, V]: greedy at temperature 0, else drawn with fold_in(key, index)."""
+    if sampling.temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits.astype(jnp.float32) / sampling.temperature
+    if sampling.top_k:
+        kth = jax.lax.top_k(logits, min(sampling.top_k, logits.shape[-1]))[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if sampling.top_p < 1:
+        order = jnp.argsort(-logits, axis=-1)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        before = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) - jax.nn.softmax(sorted_logits, axis=-1)
+        keep_sorted = before < sampling.top_p  # the smallest prefix reaching top_p (the first token always)
+        keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+        logits = jnp.where(keep, logits, -jnp.inf)
+    return jax.random.categorical(jax.random.fold_in(key, index), logits).astype(jnp.int32)
+
+
+class Decoder:
+    """A model's generation under one plan: its parameters laid out once, its programs compiled per
+    shape bucket and kept (`programs` counts them)."""
+
+    def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None):
+        if cache not in CACHES:
+            raise ConfigError(f"cache {cache!r}: choose one of {list(CACHES)}")
+        if plan.pipeline is not None:
+            raise ConfigError("decoding runs without pipeline stages: pass parallel.pp=1 (a checkpoint restores "
+                              "onto any layout)")
+        self.cfg, self.plan, self.cache_name, self.eos_id = model.cfg, plan, cache, eos_id
+        try:
+            CACHES[cache].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
+        except ValueError as e:
+            raise ConfigError(f"--cache {cache}: {e}") from None
+        self.graphdef, state = nnx.split(model, nnx.Param)
+        # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
+        dtype = jnp.dtype(self.cfg.dtype)
+        params = jax.tree.map(lambda w: np.asarray(w, dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w,
+                              nnx.to_pure_dict(state))
+        params = jax.device_put(params, plan.named(plan.param_specs(state)))
+        # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
+        # for it in the model, which never reads it while decoding.
+        stacked = params.pop("layers")
+        self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
+        self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
+        self.rows = plan.size("batch")  # a batch is padded to a multiple of the data-parallel split
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("length", "sampling"))
+        self._chunk = jax.jit(self._chunk_fn, static_argnames=("sampling", "max_new"), donate_argnums=(1,))
+        self._grow = jax.jit(self._grow_fn, static_argnames=("length",))
+
+    @property
+    def programs(self) -> dict[str, int]:
+        """Compiled programs so far: prefill per (batch, prompt bucket), the loop per (batch, cache bucket)."""
+        return {"prefill": self._prefill._cache_size(), "decode": self._chunk._cache_size(),
+                "grow": self._grow._cache_size()}
+
+    def _decode(self, params, tokens, cache: Cache, positions, logits_at):
+        model = nnx.merge(self.graphdef, {**params["rest"], "layers": self.stack})
+        return model.decode(tokens, cache, plan=self.plan, positions=positions, logits_at=logits_at,
+                            layers=params["layers"])
+
+    def _empty(self, batch: int, length: int) -> Cache:
+        cache = empty(self.cache_name, self.cfg, batch, length)
+        return tuple(c.constrain(self.plan.constrain) for c in cache)
+
+    def _prefill_fn(self, params, tokens, lengths, key, *, length: int, sampling: Sampling):
+        """Prompts [B, P] (right-padded) into an empty cache of `length`; the first new token of each row."""
+        b, p = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(p), (b, p))
+        logits, cache = self._decode(params, tokens, self._empty(b, length), positions, lengths - 1)
+        return sample(logits, key, jnp.int32(0), sampling), cache
+
+    def _chunk_fn(self, params, cache, state, key, *, sampling: Sampling, max_new: int):
+        """Up to CHUNK decode steps, stopping early when every row is done or a row reaches the cache's end."""
+        length = cache[0].length
+
+        def more(carry):
+            i, _, s = carry
+            return (i < CHUNK) & ~jnp.all(s["done"]) & (furthest(s) < length)
+
+        def step(carry):
+            i, cache, s = carry
+            logits, cache = self._decode(params, s["last"][:, None], cache, s["position"][:, None],
+                                         jnp.zeros_like(s["last"]))
+            token = sample(logits, key, s["index"], sampling)
+            live = ~s["done"]
+            # A done row writes nothing (its slot index is out of range) and stays where it is.
+            out = s["out"].at[jnp.arange(token.shape[0]), jnp.where(live, s["count"], max_new)].set(token, mode="drop")
+            count = s["count"] + live
+            done = s["done"] | (live & (token == self._eos())) | (count >= max_new)
+            return i + 1, cache, {"last": jnp.where(live, token, s["last"]), "position": s["position"] + live,
+                                  "count": count, "done": done, "out": out, "index": s["index"] + 1}
+
+        _, cache, state = jax.lax.while_loop(more, step, (jnp.int32(0), cache, state))
+        return cache, state
+
+    def _grow_fn(self, cache: Cache, *, length: int) -> Cache:
+        """The cache padded with empty slots to `length` positions."""
+        def grow(v):
+            pad = [(0, 0)] * v.ndim
+            pad[1] = (0, length - v.shape[1])
+            return jnp.pad(v, pad)
+
+        return tuple(jax.tree.map(grow, c).constrain(self.plan.constrain) for c in cache)
+
+    def _eos(self) -> int:
+        return -1 if self.eos_id is None else self.eos_id
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: Sampling = Sampling(), *,
+                 max_len: int | None = None, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generation:
+        """Each prompt's continuation: up to `max_new_tokens` new tokens, a row stopping at `eos_id`
+        (which is not returned). `max_len`: the positions a row may reach (prompt + new), refused
+        beyond. `on_tokens` sees every row's tokens so far after each decode call (streaming)."""
+        prompts = [list(map(int, p)) for p in prompts]
+        self._check(prompts, max_new_tokens, max_len)
+        n = len(prompts)
+        b = -(-n // self.rows) * self.rows  # padding rows (copies of the first prompt) keep the split even
+        rows = prompts + [prompts[0]] * (b - n)
+        lengths = np.array([len(p) for p in rows], np.int32)
+        width = bucket(int(lengths.max()))
+        tokens = np.zeros((b, width), np.int32)
+        for i, p in enumerate(rows):
+            tokens[i, :len(p)] = p
+        key = jax.random.key(sampling.seed)
+        length = bucket(int(lengths.max()) + 1)
+        put = lambda x: jax.device_put(x, self.plan.sharding(("batch",) + (None,) * (x.ndim - 1)))
+        t0 = time.perf_counter()
+        first, cache = self._prefill(self.params, put(tokens), put(lengths), key, length=length, sampling=sampling)
+        first = np.asarray(first)
+        prefill_s = time.perf_counter() - t0
+        done = (first == self._eos()) | (max_new_tokens <= 1)
+        out = np.full((b, max_new_tokens), -1, np.int32)
+        out[:, 0] = first
+        state = jax.tree.map(put, {"last": first, "position": lengths.copy(), "count": np.ones(b, np.int32),
+                                   "done": done, "out": out})
+        state["index"] = jnp.int32(1)  # the generation index of the next token (its sampling key)
+        t0 = time.perf_counter()
+        while not np.all((now := jax.device_get({k: state[k] for k in ("done", "position")}))["done"]):
+            if furthest(now) >= length:  # a row reached the cache's end
+                length *= 2
+                cache = self._grow(cache, length=length)
+            cache, state = self._chunk(self.params, cache, state, key, sampling=sampling, max_new=max_new_tokens)
+            if on_tokens is not None:
+                on_tokens(self._rows(jax.device_get(state["out"])[:n]))
+        decode_s = time.perf_counter() - t0
+        result = self._rows(jax.device_get(state["out"])[:n])
+        return Generation(result, prefill_s, decode_s, int(lengths[:n].sum()), sum(map(len, result)), self.programs)
+
+    def _rows(self, out: np.ndarray) -> list[list[int]]:
+        """Each row's tokens up to its first <eos> or unwritten slot."""
+        rows = []
+        for r in out.tolist():
+            end = next((i for i, t in enumerate(r) if t < 0 or t == self.eos_id), len(r))
+            rows.append(r[:end])
+        return rows
+
+    def _check(self, prompts: list[list[int]], max_new_tokens: int, max_len: int | None) -> None:
+        vocab = self.cfg.vocab_size
+        if not prompts:
+            raise ConfigError("no prompts to generate from")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ConfigError(f"prompt {i} is empty: a continuation needs at least one token")
+            if bad := [t for t in p if not 0 <= t < vocab]:
+                raise ConfigError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+            if max_len is not None and len(p) + max_new_tokens > max_len:
+                raise ConfigError(f"prompt {i} ({len(p)} tokens) + max_new_tokens={max_new_tokens} = "
+                                  f"{len(p) + max_new_tokens} positions is more than the model's {max_len} "
+                                  "(train.seq_len, the context it was trained on); shorten the prompt or "
+                                  "max_new_tokens (nothing is truncated)")

@@ -1,0 +1,121 @@
+"""python -m boost_jax.generate RUN_DIR (--prompt TEXT | --prompts-file FILE) [--step N] [--max-new-tokens N]
+[--temperature T] [--top-k K] [--top-p P] [--seed S] [--cache full|latent_v|latent] [section.key=value ...] [--json]
+
+Continues text with a trained run's model (its newest checkpoint, or --step), tokenized by the run's
+own tokenizer. One --prompt streams its continuation to stdout as it is produced; --prompts-file
+takes one prompt per line (a batch: prompts of different lengths are decoded together, each row
+stopping at the end-of-document token). --json prints one object: prompts, the new token ids and
+texts, and timings (prefill and decode tokens/s). The overrides are the train config's: the layout
+(`parallel.tp=2 parallel.dp=1`; decoding runs with parallel.pp=1) or how the model computes
+(`model.dtype=bfloat16`); a key that would change what the parameters mean is refused. A prompt plus
+--max-new-tokens longer than the context the model was trained on (train.seq_len) is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, run_main
+from boost_jax.errors import ConfigError
+from boost_jax.layers.kv_cache import CACHES
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (one message and exit 1 on a user error)."""
+    run_main(_main, argv)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m boost_jax.generate", description=__doc__, epilog=DEBUG_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("config", nargs="*", metavar="section.key=value", help=CONFIG_HELP)
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="one prompt (its continuation is streamed)")
+    given.add_argument("--prompts-file", type=Path, help="a UTF-8 text file, one prompt per line")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set of this probability")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default="full", choices=list(CACHES),
+                   help="latent_v: keys and v's rank-r latent; latent: both latents (low-rank archs; layers/kv_cache.py)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_intermixed_args(argv)
+    if bad := [c for c in a.config if "=" not in c]:
+        raise ConfigError(f"{bad[0]!r}: after RUN_DIR only section.key=value overrides (the run's config.yaml is the config)")
+    if a.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
+    from boost_jax.decode import Sampling
+
+    a.sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)  # checks --temperature, --top-k, --top-p
+    return a
+
+
+def read_prompts(a: argparse.Namespace) -> list[str]:
+    if a.prompt is not None:
+        prompts = [a.prompt]
+    else:
+        try:
+            raw = a.prompts_file.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"--prompts-file {a.prompts_file}: cannot read it ({e.strerror})") from None
+        if b"\0" in raw:
+            raise ConfigError(f"--prompts-file {a.prompts_file}: not a text file (it holds NUL bytes)")
+        try:
+            prompts = [line for line in raw.decode("utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--prompts-file {a.prompts_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not prompts or any(not p for p in prompts):
+        raise ConfigError("a prompt is empty: a continuation needs some text to continue")
+    return prompts
+
+
+def _main(argv: list[str]) -> None:
+    a = parse(argv)
+    prompts = read_prompts(a)
+    from boost_jax import api
+    from boost_jax.data.tokenizer import eos_id, load_tokenizer
+    from boost_jax.decode import Decoder
+    from boost_jax.parallel import make_plan
+    from boost_jax.parallel.mesh import mesh_devices
+
+    tokenizer_path = a.run_dir / "tokenizer.json"
+    if a.run_dir.is_dir() and not tokenizer_path.is_file():
+        raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
+    cfg, model, step = api.restore(a.run_dir, a.step, a.config)
+    tok = load_tokenizer(tokenizer_path)
+    ids = [tok.encode(p).ids for p in prompts]
+    if empty := [i for i, x in enumerate(ids) if not x]:
+        raise ConfigError(f"prompt {empty[0]} encodes to no tokens")
+    decoder = Decoder(model, make_plan(cfg, mesh_devices(cfg.parallel)), cache=a.cache, eos_id=eos_id(tok))
+    streaming = len(prompts) == 1 and not a.json
+    shown = [""]
+
+    def stream(rows):  # print the new text as it comes (decoding all so far: merges change bytes)
+        text = tok.decode(rows[0])
+        sys.stdout.write(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
+        sys.stdout.flush()
+        shown[0] = text
+
+    if streaming:
+        sys.stdout.write(prompts[0])
+    out = decoder.generate(ids, a.max_new_tokens, a.sampling, max_len=cfg.train.seq_len,
+                           on_tokens=stream if streaming else None)
+    texts = [tok.decode(t) for t in out.tokens]
+    if a.json:
+        print(json.dumps({"run_dir": str(a.run_dir), "step": step, "cache": a.cache, "prompts": prompts,
+                          "prompt_ids": ids, "tokens": out.tokens, "texts": texts, **out.timings()}, indent=1))
+    elif streaming:
+        print()  # the continuation was streamed
+    else:
+        for prompt, text in zip(prompts, texts):
+            print(f"{prompt}{text}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Generation with a KV cache: the tokens a decoder picks are those repeated full forwards pick, for
+every arch, cache kind and layout; rows of one batch never see each other; a seed reproduces a
+sample; one program per shape bucket, never per token; bad input is one message."""
+
+import functools
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from boost_jax import api, generate
+from boost_jax.config import ConfigError, ModelConfig, load_config
+from boost_jax.decode import Decoder, Sampling
+from boost_jax.layers.kv_cache import empty
+from boost_jax.model import Model
+from boost_jax.parallel import make_plan, single_device_plan
+from boost_jax.train import train
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [30, 31, 32, 33, 34, 35], [40, 41, 42]]  # three lengths
+NEW = 32
+
+
+def tiny(arch, **kw) -> ModelConfig:
+    return ModelConfig(preset="llama-tiny", arch=arch, **kw).resolved()  # GQA: 8 heads, 2 kv heads
+
+
+@functools.cache
+def model_of(arch, **kw):
+    return Model(tiny(arch, **dict(kw)), rngs=nnx.Rngs(0))
+
+
+def greedy_by_full_forwards(model, prompts, new):
+    """The reference: each next token the argmax of a full forward of the sequence so far, no cache
+    (one padded shape, so one program: a causal model's logit at p does not see the padding after p)."""
+    plan = single_device_plan(model.cfg)
+    forward = nnx.jit(lambda m, t: m(t, plan=plan))
+    width = max(map(len, prompts)) + new
+    seqs = [list(p) for p in prompts]
+    for _ in range(new):
+        tokens = np.zeros((len(seqs), width), np.int32)
+        for i, s in enumerate(seqs):
+            tokens[i, :len(s)] = s
+        logits = np.asarray(forward(model, tokens))
+        for i, s in enumerate(seqs):
+            s.append(int(np.argmax(logits[i, len(s) - 1])))
+    return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+@pytest.mark.parametrize("arch, kw", [
+    ("dense", ()), ("lax", ()),
+    pytest.param("svd", (), marks=pytest.mark.slow), pytest.param("cola", (), marks=pytest.mark.slow),
+    pytest.param("dense", (("tie_embeddings", True),), marks=pytest.mark.slow),
+])
+def test_greedy_decoding_equals_repeated_full_forwards(arch, kw):
+    model = model_of(arch, **dict(kw))
+    got = Decoder(model, single_device_plan(model.cfg)).generate(PROMPTS, NEW)
+    assert got.tokens == greedy_by_full_forwards(model, PROMPTS, NEW)
+    # One prefill program and one decode loop per cache bucket (16 -> 32 -> 64 positions), not per token.
+    assert got.programs == {"prefill": 1, "decode": 3, "grow": 2}
+
+
+@pytest.mark.parametrize("arch", ["lax", pytest.param("svd", marks=pytest.mark.slow),
+                                  pytest.param("cola", marks=pytest.mark.slow)])
+def test_the_latent_caches_compute_what_the_full_one_does(arch):
+    """Prefill and three steps through each cache kind: the same logits (fp32, 1e-5), the same tokens."""
+    model = model_of(arch)
+    plan = single_device_plan(model.cfg)
+    seq = jax.random.randint(jax.random.key(5), (2, 12), 0, 512)
+    logits = {}
+    for kind in ("full", "latent_v", "latent"):
+        cache, out = empty(kind, model.cfg, 2, 16), []
+        step = nnx.jit(lambda m, t, c, p: m.decode(t, c, plan=plan, positions=p))
+        for lo, hi in [(0, 9), (9, 10), (10, 11), (11, 12)]:
+            x, cache = step(model, seq[:, lo:hi], cache, jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo)))
+            out.append(np.asarray(x))
+        logits[kind] = np.concatenate(out, axis=1)
+    full = logits["full"]
+    for kind in ("latent_v", "latent"):
+        assert np.abs(logits[kind] - full).max() <= 1e-5 * np.abs(full).max(), kind
+    tokens = {c: Decoder(model, plan, cache=c).generate(PROMPTS, 12).tokens for c in ("full", "latent_v", "latent")}
+    assert tokens["latent"] == tokens["latent_v"] == tokens["full"]
+
+
+def test_a_row_does_not_depend_on_the_rest_of_its_batch():
+    model = model_of("cola")
+    decoder = Decoder(model, single_device_plan(model.cfg))
+    together = decoder.generate(PROMPTS, 12).tokens
+    assert together == [decoder.generate([p], 12).tokens[0] for p in PROMPTS]
+
+
+def test_sampling_is_reproducible_from_the_seed():
+    model = model_of("cola")
+    decoder = Decoder(model, single_device_plan(model.cfg))
+    draw = lambda **kw: decoder.generate(PROMPTS, 16, Sampling(**kw)).tokens
+    greedy = draw()
+    assert draw(temperature=1.0, seed=7) == draw(temperature=1.0, seed=7)
+    assert draw(temperature=1.0, seed=7) != draw(temperature=1.0, seed=8)
+    assert draw(temperature=1.0, top_k=1, seed=7) == greedy  # only the most likely token is left
+    assert draw(temperature=1.0, top_p=1e-6, seed=7) == greedy  # the smallest set is the most likely token
+    assert draw(temperature=1.0, seed=7) != greedy
+
+
+def test_each_row_stops_at_its_end_of_document_token():
+    model = model_of("cola")
+    plan = single_device_plan(model.cfg)
+    free = Decoder(model, plan).generate(PROMPTS, 16).tokens
+    eos = free[0][5]  # what row 0 says sixth: made the end-of-document token
+    got = Decoder(model, plan, eos_id=eos).generate(PROMPTS, 16).tokens
+    assert got[0] == free[0][:free[0].index(eos)]
+    for row, full in zip(got[1:], free[1:]):
+        assert row == (full[:full.index(eos)] if eos in full else full)
+
+
+@pytest.mark.parametrize("arch, scheme, dp, fsdp, tp", [
+    ("cola", "btp", 2, 1, 2),
+    pytest.param("lax", "vanilla", 2, 1, 2, marks=pytest.mark.slow),
+    pytest.param("dense", "megatron", 1, 2, 2, marks=pytest.mark.slow),
+    pytest.param("svd", "btp", 1, 1, 4, marks=pytest.mark.slow),
+])
+def test_sharded_decoding_equals_one_device(arch, scheme, dp, fsdp, tp):
+    cfg = load_config(None, ["model.preset=llama-tiny", f"model.arch={arch}", f"parallel.scheme={scheme}",
+                             f"parallel.dp={dp}", f"parallel.fsdp={fsdp}", f"parallel.tp={tp}", "train.batch_size=4"])
+    model = model_of(arch)
+    plan = make_plan(cfg, jax.devices()[:dp * fsdp * tp])
+    one = Decoder(model, single_device_plan(model.cfg)).generate(PROMPTS, 12).tokens
+    assert Decoder(model, plan).generate(PROMPTS, 12).tokens == one  # 3 rows padded to the split of 2
+    # and the logits, through the cache laid out by the scheme
+    seq = jnp.asarray(np.random.default_rng(0).integers(0, 512, (4, 10)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(10), (4, 10))
+    graphdef, state = nnx.split(model, nnx.Param)
+
+    def run(p):
+        params = jax.device_put(nnx.to_pure_dict(state), p.named(p.param_specs(state)))
+        decode = lambda params: nnx.merge(graphdef, params).decode(seq, empty("full", model.cfg, 4, 16), plan=p,
+                                                                    positions=pos)[0]
+        return np.asarray(jax.jit(decode)(params))
+
+    want, got = run(single_device_plan(model.cfg)), run(plan)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_bf16_decoding_tracks_the_bf16_forward():
+    """In bf16 the cache holds bf16 keys and values: prefill + steps stay within 2% of the logits'
+    scale of the full bf16 forward (what a GPU would serve)."""
+    model = Model(tiny("cola", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    plan = single_device_plan(model.cfg)
+    seq = jax.random.randint(jax.random.key(6), (2, 12), 0, 512)
+    want = np.asarray(nnx.jit(lambda m, t: m(t, plan=plan))(model, seq))
+    cache, out = empty("full", model.cfg, 2, 16), []
+    for lo, hi in [(0, 8), (8, 9), (9, 10), (10, 11), (11, 12)]:
+        x, cache = nnx.jit(lambda m, t, c, p: m.decode(t, c, plan=plan, positions=p))(
+            model, seq[:, lo:hi], cache, jnp.broadcast_to(jnp.arange(lo, hi), (2, hi - lo)))
+        out.append(np.asarray(x))
+    assert np.abs(np.concatenate(out, axis=1) - want).max() <= 0.02 * np.abs(want).max()
+
+
+def test_refusals_name_the_problem():
+    model = model_of("dense")
+    plan = single_device_plan(model.cfg)
+    decoder = Decoder(model, plan)
+    for prompts, new, needle in [([[]], 4, "prompt 0 is empty"), ([[1, 2]], 0, "max_new_tokens must be a positive"),
+                                 ([[1, 600]], 4, "outside the vocabulary"), ([], 4, "no prompts")]:
+        with pytest.raises(ConfigError, match=needle):
+            decoder.generate(prompts, new)
+    with pytest.raises(ConfigError, match="more than the model's 16"):
+        decoder.generate([[1] * 10], 8, max_len=16)
+    with pytest.raises(ConfigError, match="top_p must be in"):
+        Sampling(temperature=1.0, top_p=0.0)
+    with pytest.raises(ConfigError, match="--cache latent: a latent cache needs a low-rank arch"):
+        Decoder(model, plan, cache="latent")
+    piped = load_config(None, ["model.preset=llama-tiny", "model.arch=dense", "parallel.pp=2", "parallel.dp=1",
+                               "train.microbatches=2", "train.batch_size=4"])
+    with pytest.raises(ConfigError, match="decoding runs without pipeline stages: pass parallel.pp=1"):
+        Decoder(model, make_plan(piped, jax.devices()[:2]))
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_overrides):
+    """A cola run dir trained 4 steps, with its checkpoint and tokenizer."""
+    path = tmp_path_factory.mktemp("generate") / "run"
+    train(load_config(None, [*tiny_overrides, f"run_dir={path}", "train.steps=4", "checkpoint.every=4",
+                             "train.eval_every=0", "parallel.dp=1"]), jax.devices()[:1])
+    return path
+
+
+def test_cli_generates_and_reports_as_json(run_dir, capsys, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main(\nimport os\n")
+    generate.main([str(run_dir), "--prompts-file", str(prompts), "--max-new-tokens", "8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts"] == ["def main(", "import os"] and len(out["tokens"]) == 2
+    assert all(len(t) <= 8 for t in out["tokens"]) and out["decode_tokens_per_s"] > 0
+    _, model, _ = api.restore(run_dir)
+    assert out["tokens"][0] == greedy_by_full_forwards(model, out["prompt_ids"][:1], len(out["tokens"][0]))[0]
+
+
+def test_cli_streams_one_prompt(run_dir, capsys):
+    generate.main([str(run_dir), "--prompt", "def main(", "--max-new-tokens", "8", "model.dtype=bfloat16"])
+    assert capsys.readouterr().out.startswith("def main(")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--max-new-tokens", "100"], "more than the model's 64 (train.seq_len"),
+    (["model.d_model=128"], "different model.d_model"),
+    (["--step", "3"], "has no checkpoint of step 3"),
+])
+def test_cli_refuses_bad_input_by_name(run_dir, args, needle):
+    with pytest.raises(SystemExit, match=needle.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        generate.main([str(run_dir), "--prompt", "def main(", *args])
+
+
+@pytest.mark.slow  # processes
+@pytest.mark.parametrize("args, needle", [
+    (["NO_RUN", "--prompt", "x"], "run dir not found"),
+    (["RUN", "--prompt", ""], "a prompt is empty"),
+    (["RUN", "--prompts-file", "BINARY"], "not a text file"),
+])
+def test_cli_errors_are_one_message(run_dir, tmp_path, args, needle):
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\x00\x01\x02")
+    args = [{"NO_RUN": str(tmp_path / "nope"), "RUN": str(run_dir), "BINARY": str(binary)}.get(a, a) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.generate", *args], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and needle in proc.stderr, proc.stderr
+
+
+def test_bench_decode_reports_speed_beside_the_floor(capsys):
+    from boost_jax.bench import decode
+
+    decode.main(["model.preset=llama-tiny", "model.arch=cola", "--batches", "1,2", "--prompt-len", "8",
+                 "--new-tokens", "4", "--reps", "1", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert [(x["cache"], x["batch"]) for x in r["rows"]] == [(c, b) for c in ("full", "latent_v", "latent") for b in (1, 2)]
+    # llama-tiny: 2 layers x 2 kv heads x 8 dims; its latents are 16 wide, wider than the 2 x 8 of GQA's k.
+    assert r["dense_cache_bytes_per_token"] == 2 * 2 * 2 * 8 * 4 == r["rows"][0]["cache_bytes_per_token"]
+    assert r["rows"][2]["cache_bytes_per_token"] == 2 * (2 * 8 + 16) * 4 and r["rows"][4]["cache_bytes_per_token"] == 2 * 2 * 16 * 4
+    assert all(x["step_s"] > 0 and x["floor_s"] > 0 and x["decode_tokens_per_s"] > 0 for x in r["rows"])
