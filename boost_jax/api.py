@@ -48,15 +48,28 @@ def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[st
     """(config, model with the checkpoint's parameters, step) from a run dir, on one device.
     `overrides` (`section.key=value`) may change anything but what the parameters mean (a
     `model.*` key outside checkpoint.COMPUTE_ONLY): e.g. model.dtype=bfloat16, parallel.tp=2."""
-    from boost_jax.checkpoint import Checkpointer, model_identity
-    from boost_jax.step import setup
+    cfg = run_config(run_dir, overrides)
+    run, state, step = restore_state(run_dir, cfg, single_device_plan(cfg.model, cfg.parallel.scheme), step)
+    return cfg, nnx.merge(run.graphdef, state["params"]), step
 
+
+def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """A run dir's config (its config.yaml, then `overrides`), after checking it is a run dir."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run dir not found: {run_dir}")
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
-    cfg = _run_config(run_dir / "config.yaml", overrides)
+    return _run_config(run_dir / "config.yaml", overrides)
+
+
+def restore_state(run_dir: str | Path, cfg: Config, plan: Plan, step: int | None = None):
+    """(the jitted steps' Setup, the train state of checkpoint `step` (default: the newest) laid out
+    for `plan`, the step) of a run dir whose config is `cfg` (`run_config`)."""
+    from boost_jax.checkpoint import Checkpointer, model_identity
+    from boost_jax.step import setup
+
+    run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, read_only=True)
@@ -67,13 +80,13 @@ def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[st
         step = steps[-1] if step is None else step
         if step not in steps:
             raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
-        run, like = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme))
+        run, like = setup(cfg, plan)
         # Only the model decides what the parameters mean (data and batch keys matter to resuming).
         state, meta = ckpt.restore(step, like, model_identity(cfg.to_dict()))
         state = run.adopt(state, meta)
     finally:
         ckpt.close()
-    return cfg, nnx.merge(run.graphdef, state["params"]), step
+    return run, state, step
 
 
 def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:

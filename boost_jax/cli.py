@@ -8,10 +8,12 @@ noise) only with `--debug` or `BOOST_JAX_DEBUG=1`. Any other exception is a bug 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from boost_jax.errors import BoostJaxError, ConfigError
 
@@ -55,6 +57,25 @@ def refuse_retired_flags(argv: Sequence[str], keep: Sequence[str] = ()) -> None:
         if flag in RETIRED_FLAGS and flag not in keep:
             raise ConfigError(f"{flag} is not a flag any more: write {RETIRED_FLAGS[flag]} "
                               "(every command reads the train config's keys)")
+
+
+def run_dir_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of a command on a run dir's checkpoint: RUN_DIR, then `section.key=value` overrides of
+    its config.yaml (`run_dir_args` parses and checks them), --step, --json."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, epilog=DEBUG_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("config", nargs="*", metavar="section.key=value", help=CONFIG_HELP)
+    p.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def run_dir_args(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    a = p.parse_intermixed_args(argv)
+    if bad := [c for c in a.config if "=" not in c]:
+        raise ConfigError(f"{bad[0]!r}: after RUN_DIR only section.key=value overrides (the run's config.yaml is the config)")
+    return a
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -18,7 +18,8 @@ from pathlib import Path
 import jax
 import numpy as np
 from flax import nnx
-from safetensors.numpy import load_file, save_file
+from safetensors import safe_open
+from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from boost_jax import api
@@ -162,32 +163,65 @@ def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:
 # ----------------------------------------------------------------------------- import
 
 
-def load_exported(out_dir: str | Path) -> tuple[ModelConfig, dict]:
-    """(resolved model config, parameter pure dict in the config's param_dtype) from either layout."""
-    out_dir = Path(out_dir)
-    cfg, hf = _read_config(out_dir)
-    tensors, where = load_file(str(out_dir / WEIGHTS)), out_dir / WEIGHTS
+def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
+    """(resolved model config, parameter pure dict in the config's param_dtype) from either layout:
+    a boost export, or a Hugging Face LLaMA folder (`model.safetensors`, or shards listed in
+    `model.safetensors.index.json`; float32, float16 or bfloat16). Read tensor by tensor: the model
+    is in host memory once, plus the tensor being read."""
+    src = Path(src)
+    cfg, hf = _read_config(src)
+    files = _weight_files(src)
+    where = {}  # tensor name -> its file
+    for path in files:
+        with safe_open(str(path), framework="numpy") as f:
+            where.update(dict.fromkeys(f.keys(), path))
+    handles = {}
     used = set()
+
+    def tensor(name: str) -> np.ndarray:
+        if name not in where:
+            raise ExportError(f"{src} lacks the tensor {name}")
+        used.add(name)
+        if where[name] not in handles:
+            handles[where[name]] = safe_open(str(where[name]), framework="numpy")
+        return handles[where[name]].get_tensor(name)
 
     def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
         path = _path_str(key_path)
-        stacked = path.startswith("layers.")
-        names = [_tensor_name(path, hf).format(i=i) for i in (range(cfg.n_layers) if stacked else [None])]
-        if missing := [n for n in names if n not in tensors]:
-            raise ExportError(f"{where} lacks {missing}")
-        used.update(names)
-        x = np.stack([tensors[n] for n in names]) if stacked else tensors[names[0]]
-        if hf and path.endswith(".w"):
-            x = np.swapaxes(x, -1, -2)
-        if x.shape != like.shape:
-            raise ExportError(f"{where}: {_tensor_name(path, hf)} make {path} of shape {x.shape}, "
-                              f"the config needs {like.shape}")
-        return x.astype(like.dtype)
+        name = _tensor_name(path, hf)
+        out = np.empty(like.shape, like.dtype)
+        for i, dst in enumerate(out if path.startswith("layers.") else [out]):
+            x = tensor(name.format(i=i))
+            x = np.swapaxes(x, -1, -2) if hf and path.endswith(".w") else x
+            if x.shape != dst.shape:
+                raise ExportError(f"{src}: {name.format(i=i)} has shape {x.shape}, the config needs {dst.shape}")
+            dst[...] = x  # cast to param_dtype
+        return out
 
     params = jax.tree_util.tree_map_with_path(read, _abstract_params(cfg))
-    if extra := sorted(set(tensors) - used):
-        raise ExportError(f"{where} has tensors the config does not use: {extra}")
+    extra = sorted(set(where) - used)
+    if hf and cfg.tie_embeddings and "lm_head.weight" in extra:  # some tied checkpoints store the copy
+        if np.array_equal(tensor("lm_head.weight"), params["embed"]):
+            extra.remove("lm_head.weight")
+    if extra:
+        raise ExportError(f"{src} has tensors the config does not use: {extra[:8]}")
     return cfg, params
+
+
+def _weight_files(src: Path) -> list[Path]:
+    """The safetensors files of a folder: model.safetensors, or every shard its index names."""
+    index = src / (WEIGHTS + ".index.json")
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as e:
+            raise ExportError(f"{index} is not a safetensors index (no weight_map: {e})") from None
+        if missing := [s for s in shards if not (src / s).is_file()]:
+            raise ExportError(f"{index} names shards that are not in {src}: {missing}")
+        return [src / s for s in shards]
+    if not (src / WEIGHTS).is_file():
+        raise ExportError(f"{src} has no {WEIGHTS} (nor {index.name})")
+    return [src / WEIGHTS]
 
 
 def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
@@ -204,10 +238,16 @@ def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
 
 
 def _from_hf_config(c: dict) -> ModelConfig:
+    if c.get("model_type", "llama") != "llama":
+        raise ExportError(f"config.json: model_type {c.get('model_type')!r} is not a LLaMA")
     unsupported = {k: c[k] for k in ("attention_bias", "mlp_bias", "rope_scaling") if c.get(k)}
-    if c.get("hidden_act", "silu") != "silu" or unsupported:
-        raise ExportError(f"config.json: a LLaMA variant boost_jax cannot express: "
-                          f"hidden_act={c.get('hidden_act')!r} {unsupported}")
+    if c.get("hidden_act", "silu") != "silu":
+        unsupported["hidden_act"] = c["hidden_act"]
+    if unsupported:
+        raise ExportError(f"config.json: fields boost_jax cannot express: {unsupported}")
+    if missing := [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "vocab_size", "rms_norm_eps") if k not in c]:
+        raise ExportError(f"config.json lacks {missing}: not a LLaMA config")
     # transformers >= 5 saves rope_theta inside rope_parameters.
     theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0)
     return from_dict({"model": {

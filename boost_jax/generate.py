@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, run_main
+from boost_jax.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES
 
@@ -29,14 +29,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.generate", description=__doc__, epilog=DEBUG_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("config", nargs="*", metavar="section.key=value", help=CONFIG_HELP)
+    p = run_dir_parser("python -m boost_jax.generate", __doc__)
     given = p.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="one prompt (its continuation is streamed)")
     given.add_argument("--prompts-file", type=Path, help="a UTF-8 text file, one prompt per line")
-    p.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
@@ -44,10 +40,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="full", choices=list(CACHES),
                    help="latent_v: keys and v's rank-r latent; latent: both latents (low-rank archs; layers/kv_cache.py)")
-    p.add_argument("--json", action="store_true")
-    a = p.parse_intermixed_args(argv)
-    if bad := [c for c in a.config if "=" not in c]:
-        raise ConfigError(f"{bad[0]!r}: after RUN_DIR only section.key=value overrides (the run's config.yaml is the config)")
+    a = run_dir_args(p, argv)
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
     from boost_jax.decode import Sampling

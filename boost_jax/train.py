@@ -94,7 +94,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         if start >= t.steps:
             log.line(f"run_dir already holds step {start} >= train.steps={t.steps}; nothing to do")
             return {"start_step": start, "losses": []}
-        if start:
+        if ckpt.restored:
             log.line(f"resumed from step {start} ({ckpt.directory}"
                      + (f", loss {resumed_loss:.4f})" if resumed_loss is not None else ")"))
 
@@ -119,7 +119,8 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                 paused = meter.pause(state)
                 evals[done] = evaluate(state)
                 meter.resume(paused)
-                log.line(f"eval step {done} | loss {evals[done]['eval_loss']:.4f} | ppl {evals[done]['eval_ppl']:.2f}")
+                e = evals[done]
+                log.line(f"eval step {done} | loss {e['eval_loss']:.4f} | ppl {e['eval_ppl']:.2f} | bpb {e['eval_bpb']:.4f}")
             save, log_due = ckpt.due(done), done % cfg.log.every == 0 or done == t.steps
             if not (save or log_due):  # one host sync per log interval and before every checkpoint
                 continue

@@ -93,13 +93,13 @@ class Checkpoints:
         self.cfg, self.run = cfg, run
         self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep) if cfg.checkpoint.every else None
         self.identity = identity(cfg.to_dict())
-        self.saved_step = 0
+        self.saved_step, self.restored = 0, False
 
     def resume(self, state):
-        """(state, step, the checkpoint's recorded loss) from the newest checkpoint, or the fresh
-        state at step 0."""
-        start = (self.ckpt.latest_step() or 0) if self.ckpt else 0
-        if not start:
+        """(state, step, the checkpoint's recorded loss) from the newest checkpoint (step 0: an
+        import's, `python -m boost_jax.convert`), or the fresh state at step 0."""
+        start = self.ckpt.latest_step() if self.ckpt else None
+        if start is None:
             return state, 0, None
         state, meta = self.ckpt.restore(start, state, self.identity)
         state = self.run.adopt(state, meta)
@@ -107,7 +107,7 @@ class Checkpoints:
         if meta.get("data_position") != expected:
             raise CheckpointError(f"checkpoint step {start} in {self.ckpt.directory} records data position "
                                   f"{meta.get('data_position')}, expected {expected}")
-        self.saved_step = start
+        self.saved_step, self.restored = start, True
         return state, start, meta.get("loss")
 
     def due(self, done: int) -> bool:
@@ -165,10 +165,16 @@ class Meter:
 
 
 class Evaluator:
-    """Mean loss over the first `train.eval_batches` validation batches (always the same ones)."""
+    """Loss, perplexity and bits per byte over the first `batches` (default `train.eval_batches`)
+    batches of a split (always the same ones). Bits per byte: the summed loss in bits over the UTF-8
+    bytes of the evaluated tokens' decoded text, comparable across tokenizers."""
 
-    def __init__(self, cfg: Config, run, data, process: tuple[int, int]):
+    def __init__(self, cfg: Config, run, data, process: tuple[int, int], split: str = "val",
+                 batches: int | None = None):
         self.cfg, self.run, self.data, self.process = cfg, run, data, process
+        self.source = data.val if split == "val" else data.train
+        self.batches = batches or cfg.train.eval_batches
+        self._bytes: int | None = None
 
     def due(self, done: int) -> bool:
         """An eval after step `done`: every `train.eval_every` steps and at the end (if there is val data)."""
@@ -180,9 +186,19 @@ class Evaluator:
 
         t = self.cfg.train
         losses = [self.run.eval_step(state["params"], device_batch(b, self.run.batch_sharding))
-                  for b in self.data.val.eval_batches(t.eval_batches, t.batch_size, *self.process)]
+                  for b in self.source.eval_batches(self.batches, t.batch_size, *self.process)]
         loss = float(np.mean(jax.device_get(losses)))
-        return {"eval_loss": loss, "eval_ppl": perplexity(loss)}
+        tokens = self.batches * t.batch_size * t.seq_len
+        return {"eval_loss": loss, "eval_ppl": perplexity(loss),
+                "eval_bpb": loss * tokens / (self.bytes() * math.log(2)), "eval_tokens": tokens}
+
+    def bytes(self) -> int:
+        """UTF-8 bytes of the evaluated targets' text, every process's rows (counted once)."""
+        if self._bytes is None:
+            t, tok = self.cfg.train, self.data.tokenizer
+            rows = [row for b in self.source.eval_batches(self.batches, t.batch_size) for row in b["targets"].tolist()]
+            self._bytes = max(1, sum(len(text.encode()) for text in tok.decode_batch(rows)))
+        return self._bytes
 
 
 def perplexity(loss: float) -> float:

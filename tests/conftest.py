@@ -51,3 +51,13 @@ def tiny_overrides(cache_dir):
         "train.warmup_steps=2", "train.eval_batches=2", "data.max_bytes=300000",
         f"data.cache_dir={cache_dir}", "log.progress=false", "log.tensorboard=false", "log.every=5",
     ]
+
+
+def train_tiny(path, tiny_overrides, *extra):
+    """A llama-tiny run dir at `path`, 4 steps on one device, checkpointed at step 4 (`extra`: more overrides)."""
+    from boost_jax.config import load_config
+    from boost_jax.train import train
+
+    train(load_config(None, [*tiny_overrides, f"run_dir={path}", "train.steps=4", "checkpoint.every=4",
+                             "train.eval_every=0", "parallel.dp=1", *extra]), jax.devices()[:1])
+    return path

@@ -114,7 +114,7 @@ def test_load_refuses_a_damaged_export(exported):
         load_exported(out)
     del tensors[name]
     save_file(tensors, str(out / "model.safetensors"))
-    with pytest.raises(ExportError, match=re.escape(f"lacks ['{name}']")):
+    with pytest.raises(ExportError, match=re.escape(f"lacks the tensor {name}")):
         load_exported(out)
 
 

@@ -19,7 +19,7 @@ from boost_jax.decode import Decoder, Sampling
 from boost_jax.layers.kv_cache import empty
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan, single_device_plan
-from boost_jax.train import train
+from conftest import train_tiny
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [30, 31, 32, 33, 34, 35], [40, 41, 42]]  # three lengths
 NEW = 32
@@ -185,10 +185,7 @@ def test_refusals_name_the_problem():
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_overrides):
     """A cola run dir trained 4 steps, with its checkpoint and tokenizer."""
-    path = tmp_path_factory.mktemp("generate") / "run"
-    train(load_config(None, [*tiny_overrides, f"run_dir={path}", "train.steps=4", "checkpoint.every=4",
-                             "train.eval_every=0", "parallel.dp=1"]), jax.devices()[:1])
-    return path
+    return train_tiny(tmp_path_factory.mktemp("generate") / "run", tiny_overrides)
 
 
 def test_cli_generates_and_reports_as_json(run_dir, capsys, tmp_path):

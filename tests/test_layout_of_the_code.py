@@ -19,8 +19,8 @@ FLOORS = [
     {"layers"},
     {"model"},
     {"step", "checkpoint", "log", "decode"},
-    {"analysis", "train", "training", "api", "export", "generate"},
-    {"planner", "plan"},
+    {"analysis", "train", "training", "api", "export", "generate", "eval", "compress", "lm_eval"},
+    {"planner", "plan", "convert"},
     {"bench", "__main__"},
 ]
 

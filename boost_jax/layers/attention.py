@@ -121,6 +121,12 @@ class Attention(nnx.Module):
         cache, this forward's keys and values (or their latents) are written into it at their
         positions first, and the queries attend to all it holds; returns the output and the updated
         cache."""
+        heads, cache = self.heads(x, norm, proj, where, cache)
+        return proj("o", self.o, heads, ("act_heads", "heads")), cache
+
+    def heads(self, x: jax.Array, norm, proj: Projections, where: Positions,
+              cache: KVCache | ValueLatentCache | LatentCache | None = None):
+        """The attention heads' output [B, S, H * d_h] before o (what o reads), and the cache."""
         if isinstance(cache, (LatentCache, ValueLatentCache)):
             return self._over_latents(x, norm, proj, where, cache)
         b, s, _ = x.shape
@@ -144,8 +150,7 @@ class Attention(nnx.Module):
         out = causal_attention(q, k, v, impl=proj.plan.attention, query_block=self.query_block,
                                q_positions=q_positions, k_positions=k_positions,
                                q_segments=where.segments, k_segments=where.segments)
-        out = constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
-        return proj("o", self.o, out, ("act_heads", "heads")), cache
+        return constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads")), cache
 
     def _over_latents(self, x, norm, proj: Projections, where: Positions, cache: LatentCache | ValueLatentCache):
         """Attention over a cache of latents (layers/kv_cache.py): v stays a rank-r latent, and its
@@ -183,5 +188,4 @@ class Attention(nnx.Module):
             z = jnp.einsum("bkgst,btr->bskgr", p.astype(cache.v.dtype), cache.v)  # attention-weighted latents
             b_v = self.v.b[...].astype(z.dtype).reshape(-1, kvh, dh)  # [r, H_kv, d_h]
             out = jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
-        out = constrain(out, ("batch", "seq", "act_heads"))
-        return proj("o", self.o, out, ("act_heads", "heads")), cache
+        return constrain(out, ("batch", "seq", "act_heads")), cache

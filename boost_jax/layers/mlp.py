@@ -23,8 +23,11 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array, norm, proj: Projections) -> jax.Array:
         """x: the residual stream; `norm` is applied to it first (fused into gate/up under btp)."""
+        return proj("down", self.down, self.hidden(x, norm, proj), ("act_mlp", "mlp"))
+
+    def hidden(self, x: jax.Array, norm, proj: Projections) -> jax.Array:
+        """act(gate(norm(x))) * up(norm(x)) [B, S, d_ff]: what down reads."""
         mlp = ("mlp", "act_mlp")
         gu = proj.normed(x, norm, {"gate": self.gate, "up": self.up}, {"gate": mlp, "up": mlp})
         g = jax.nn.silu(gu["gate"]) if self.gate_silu else gu["gate"]
-        h = proj.plan.constrain(g * gu["up"], ("batch", "seq", "act_mlp"))
-        return proj("down", self.down, h, ("act_mlp", "mlp"))
+        return proj.plan.constrain(g * gu["up"], ("batch", "seq", "act_mlp"))

@@ -1,0 +1,162 @@
+"""`bench quality [CONFIG.yaml] [section.key=value ...]`: the low-rank quality claim, measured.
+
+Trains dense, svd, cola and lax from scratch on one corpus at equal tokens (--tokens), then cola and
+svd again at dense's training FLOPs (more tokens: their FLOPs per token are lower), evaluates each
+with `python -m boost_jax.eval`'s evaluator on the validation split, and compresses the trained dense
+model to the svd arch at rank d/4 (`--method svd` and `whiten`), evaluated before and after
+--recover-steps of continued training. Every run is an ordinary run dir under --work (rerunning
+resumes or skips what is done). The config (default: the quickstart's llama-mini on the Python
+standard library) is every run's, with the arch and train.steps set per run; --json prints
+everything, and `bench report --quality-json` puts it on the results page.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from boost_jax.bench.common import parse, parser
+from boost_jax.config import ConfigError, from_args
+from boost_jax.flops import count
+
+ARCHS = ("dense", "svd", "cola", "lax")
+MATCHED = ("svd", "cola")  # trained again at dense's FLOPs
+# What the quality runs share unless the config says otherwise: the quickstart's model and corpus at
+# sequence 256, evaluated on 8 validation batches ~10 times per run.
+PROTOCOL = ["model.preset=llama-mini", "train.seq_len=256", "train.batch_size=16", "train.lr=3e-3",
+            "train.eval_batches=8", "checkpoint.keep=1", "log.progress=false", "log.tensorboard=false"]
+
+
+def run_args(args: list[str], arch: str, steps: int, run_dir: Path) -> list[str]:
+    return [*PROTOCOL, *args, f"model.arch={arch}", f"train.steps={steps}", f"train.warmup_steps={max(1, steps // 10)}",
+            f"train.eval_every={max(1, steps // 10)}", f"checkpoint.every={steps}", "parallel.dp=1", f"run_dir={run_dir}"]
+
+
+def curve(run_dir: Path, flops_per_token: float, tokens_per_step: int) -> list[dict]:
+    """The run's eval points: step, tokens, training FLOPs, loss, bits per byte."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{"step": r["step"], "tokens": r["step"] * tokens_per_step, "flops": r["step"] * tokens_per_step * flops_per_token,
+             "eval_loss": r["eval_loss"], "eval_bpb": r.get("eval_bpb")} for r in rows if "eval_loss" in r]
+
+
+def final_eval(run_dir: Path, max_tokens: int) -> dict:
+    from boost_jax.eval import evaluate
+
+    r = evaluate(run_dir, max_tokens=max_tokens)
+    return {k: r[k] for k in ("step", "loss", "perplexity", "bits_per_byte", "tokens")}
+
+
+def train_run(args: list[str], arch: str, steps: int, run_dir: Path, max_tokens: int, log) -> dict:
+    import jax
+
+    from boost_jax.train import train
+
+    cfg = from_args(run_args(args, arch, steps, run_dir))
+    t0 = time.perf_counter()
+    summary = train(cfg, jax.devices()[:1])
+    c = count(cfg.model, cfg.train.seq_len)
+    tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
+    out = {"arch": arch, "run_dir": str(run_dir), "steps": steps, "tokens": steps * tokens_per_step,
+           "params": c.params, "train_flops_per_token": c.train_flops_per_token,
+           "train_flops": steps * tokens_per_step * c.train_flops_per_token, "seconds": time.perf_counter() - t0,
+           "tokens_per_s": summary.get("tokens_per_s"), "curve": curve(run_dir, c.train_flops_per_token, tokens_per_step),
+           "final": final_eval(run_dir, max_tokens)}
+    log(f"  {arch} {steps} steps: val loss {out['final']['loss']:.4f}, ppl {out['final']['perplexity']:.2f} "
+        f"({out['seconds'] / 60:.1f} min)")
+    return out
+
+
+def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, max_tokens: int, log) -> dict:
+    """The trained dense model factored to svd at rank d/4 by `method`, evaluated, trained on `steps`."""
+    import argparse
+
+    import jax
+
+    from boost_jax.convert import convert
+    from boost_jax.data.build import build_data
+    from boost_jax.train import train
+
+    run_dir = work / f"dense-to-svd-{method}"
+    base = from_args(run_args(args, "dense", dense["steps"], Path(dense["run_dir"])))
+    rank = base.model.d_model // 4
+    if not (run_dir / "config.yaml").is_file():
+        data = build_data(base.data, vocab_size=base.model.vocab_size, seq_len=base.train.seq_len, seed=0).directory
+        convert(argparse.Namespace(src=Path(dense["run_dir"]), run_dir=run_dir, config=[], step=None, to="svd",
+                                   rank=rank, method=method, calibration=data, samples=64, json=True))
+    compressed = final_eval(run_dir, max_tokens)
+    cfg = from_args([str(run_dir / "config.yaml"), f"train.steps={steps}", f"train.eval_every={max(1, steps // 5)}",
+                     f"train.warmup_steps={max(1, steps // 10)}", "train.lr=1e-3", f"checkpoint.every={steps}"])
+    train(cfg, jax.devices()[:1])
+    recovered = final_eval(run_dir, max_tokens)
+    log(f"  dense -> svd rank {rank} ({method}): ppl {compressed['perplexity']:.2f}, after {steps} steps "
+        f"{recovered['perplexity']:.2f}")
+    return {"method": method, "rank": rank, "steps": steps,
+            "tokens": steps * cfg.train.batch_size * cfg.train.seq_len, "compressed": compressed, "recovered": recovered}
+
+
+def measure(args: list[str], tokens: int, recover_steps: int, work: Path, max_tokens: int, log=print) -> dict:
+    base = from_args([*PROTOCOL, *args, "parallel.dp=1"])
+    per_step = base.train.batch_size * base.train.seq_len
+    steps = max(10, tokens // per_step)
+    flops = {arch: count(from_args([*PROTOCOL, *args, f"model.arch={arch}"]).model, base.train.seq_len).train_flops_per_token
+             for arch in ARCHS}
+    runs = []
+    for arch in ARCHS:
+        log(f"{arch}: {steps} steps of {per_step} tokens")
+        runs.append({**train_run(args, arch, steps, work / arch, max_tokens, log), "budget": "tokens"})
+    for arch in MATCHED:
+        matched = round(steps * flops["dense"] / flops[arch])
+        log(f"{arch} at dense's FLOPs: {matched} steps")
+        runs.append({**train_run(args, arch, matched, work / f"{arch}-flops", max_tokens, log), "budget": "flops"})
+    dense = runs[0]
+    recovery = [recover(args, dense, method, recover_steps, work, max_tokens, log) for method in ("svd", "whiten")]
+    m = base.model
+    return {"model": m.preset, "d_model": m.d_model, "n_layers": m.n_layers, "rank": m.d_model // 4,
+            "seq_len": base.train.seq_len, "batch_size": base.train.batch_size, "corpus": base.data.source,
+            "tokens": steps * per_step, "eval_tokens": max_tokens, "runs": runs, "recovery": recovery,
+            "command": " ".join(["python -m boost_jax.bench quality", *args, f"--tokens {tokens}",
+                                 f"--recover-steps {recover_steps}"])}
+
+
+def main(argv: list[str]) -> None:
+    p = parser("python -m boost_jax.bench quality", __doc__)
+    p.add_argument("--tokens", type=int, default=1_200_000, help="training tokens of each equal-token run")
+    p.add_argument("--recover-steps", type=int, default=100, help="continued training of the compressed dense model")
+    p.add_argument("--eval-tokens", type=int, default=200_000, help="validation tokens of each final eval")
+    p.add_argument("--work", type=Path, default=Path("runs/quality"), help="where the run dirs go")
+    a = parse(p, argv)
+    if a.tokens < 1 or a.recover_steps < 1 or a.eval_tokens < 1:
+        raise ConfigError("--tokens, --recover-steps and --eval-tokens must be at least 1")
+    if bad := [c for c in a.config if c.split("=")[0] in ("model.arch", "train.steps", "run_dir")]:
+        raise ConfigError(f"{bad[0]}: bench quality sets the arch, the steps and the run dir of each run")
+    result = measure(a.config, a.tokens, a.recover_steps, a.work, a.eval_tokens,
+                     log=lambda s: print(s, file=sys.stderr, flush=True))
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return
+    for line in table(result):
+        print(line)
+
+
+def table(q: dict) -> list[str]:
+    """Markdown: each run's final validation figures, and the compressed dense model's recovery."""
+    lines = ["| arch | budget | steps | tokens | training PFLOP | params | val loss | perplexity | bits/byte | minutes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in q["runs"]:
+        f = r["final"]
+        lines.append(f"| {r['arch']} | {r['budget']} | {r['steps']} | {r['tokens']:,} | {r['train_flops'] / 1e15:.3f} | "
+                     f"{r['params'] / 1e6:.2f}M | {f['loss']:.4f} | {f['perplexity']:.2f} | {f['bits_per_byte']:.4f} | "
+                     f"{r['seconds'] / 60:.1f} |")
+    return lines
+
+
+def ratios(q: dict) -> dict[str, float]:
+    """Perplexity of each low-rank run over dense's."""
+    dense = next(r for r in q["runs"] if r["arch"] == "dense")["final"]["perplexity"]
+    return {f"{r['arch']}/{r['budget']}": r["final"]["perplexity"] / dense for r in q["runs"] if r["arch"] != "dense"}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

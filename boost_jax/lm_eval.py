@@ -1,0 +1,131 @@
+"""A boost_jax model as an lm-evaluation-harness model (`pip install -e ".[eval]"`):
+
+    lm_eval --model boost_jax --model_args run_dir=runs/default[,step=N][,batch_size=8] --tasks hellaswag
+
+or from Python: `lm_eval.simple_evaluate(model=BoostLM(run_dir="runs/default"), tasks=[...])`.
+
+The three requests the harness makes, each answered from the model's own forward (one device):
+- `loglikelihood(context, continuation)`: the summed log-probability of the continuation's tokens
+  after the context's, and whether each is the greedy choice. The continuation's tokens are those of
+  context + continuation past the context's (a leading space belongs to the continuation); an empty
+  context is the end-of-document token. A sequence longer than the model's context (train.seq_len)
+  keeps its last tokens.
+- `loglikelihood_rolling(text)`: the summed log-probability of every token of a document, in
+  consecutive windows of the model's context, the first token predicted from the end-of-document
+  token (the harness's perplexity and bits per byte).
+- `generate_until(context, {until, max_gen_toks, temperature, do_sample})`: the decoder's continuation
+  (`boost_jax/decode.py`), cut at the first stop string.
+
+The class works without lm-eval installed (tests drive it with plain request objects); with it, it
+is an `lm_eval.api.model.LM` registered as "boost_jax".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+try:  # the harness is an optional extra
+    from lm_eval.api.model import LM as _Harness
+    from lm_eval.api.registry import register_model
+except ImportError:
+    _Harness, register_model = object, None
+
+
+class BoostLM(_Harness):
+    """An lm-evaluation-harness model over a boost_jax run dir's checkpoint."""
+
+    def __init__(self, run_dir: str | Path, step: int | None = None, batch_size: int = 8, **_):
+        super().__init__()
+        from boost_jax import api
+        from boost_jax.data.tokenizer import eos_id, load_tokenizer
+        from boost_jax.decode import Decoder
+        from boost_jax.parallel import single_device_plan
+
+        self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step))
+        self.tokenizer = load_tokenizer(Path(run_dir) / "tokenizer.json")
+        self.eos = eos_id(self.tokenizer)
+        self.context = self.cfg.train.seq_len
+        self.rows = int(batch_size)
+        plan = single_device_plan(self.model.cfg)
+        graphdef, params = nnx.split(self.model)
+        self._log_probs = jax.jit(lambda p, t: jax.nn.log_softmax(nnx.merge(graphdef, p)(t, plan=plan), axis=-1))
+        self._params = params
+        self.decoder = Decoder(self.model, plan, eos_id=self.eos)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> BoostLM:
+        """The harness's `--model_args run_dir=...,step=...,batch_size=...`."""
+        args = dict(kv.split("=", 1) for kv in arg_string.split(",") if kv)
+        return cls(**args, **{k: v for k, v in (additional_config or {}).items() if k == "batch_size" and v})
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
+        """(sum of log-probs, all greedy) of the last `n` tokens of each token sequence, each predicted
+        from the tokens before it (sequences cut to the model's context + 1, padded to a bucket)."""
+        from boost_jax.decode import bucket
+
+        out = []
+        for lo in range(0, len(sequences), self.rows):
+            part = [(ids[-(self.context + 1):], n) for ids, n in sequences[lo:lo + self.rows]]
+            width = bucket(max(len(ids) - 1 for ids, _ in part))
+            tokens = np.zeros((len(part), width), np.int32)
+            for i, (ids, _) in enumerate(part):
+                tokens[i, :len(ids) - 1] = ids[:-1]
+            log_probs = np.asarray(self._log_probs(self._params, jnp.asarray(tokens)))
+            for i, (ids, n) in enumerate(part):
+                at = np.arange(len(ids) - 1 - n, len(ids) - 1)  # the positions predicting the last n tokens
+                wanted = np.asarray(ids[-n:])
+                rows = log_probs[i, at]
+                out.append((float(rows[np.arange(n), wanted].sum()), bool((rows.argmax(-1) == wanted).all())))
+        return out
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """(log P(continuation | context), greedy) per request (`args`: context, continuation)."""
+        sequences = []
+        for request in requests:
+            context, continuation = request.args
+            prefix = self.encode(context) if context else [self.eos]
+            whole = self.encode(context + continuation) if context else prefix + self.encode(continuation)
+            n = max(len(whole) - len(prefix), 1)  # the continuation's tokens (a merge across the seam counts in)
+            sequences.append((whole, n))
+        return self.score(sequences)
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        """log P(text) per request (`args`: (text,)), in windows of the model's context."""
+        out, c = [], self.context
+        for request in requests:
+            ids = [self.eos, *self.encode(request.args[0])]
+            # Tokens s .. e-1 scored per window, each from up to c tokens before it.
+            windows = [(ids[max(0, e - c - 1):e], e - s) for s in range(1, len(ids), c) for e in [min(s + c, len(ids))]]
+            out.append(sum(score for score, _ in self.score(windows)))
+        return out
+
+    def generate_until(self, requests) -> list[str]:
+        """The continuation of each request's context (`args`: context, gen_kwargs), cut at `until`."""
+        from boost_jax.decode import Sampling
+
+        out = []
+        for request in requests:
+            context, kwargs = request.args
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            new = int(kwargs.get("max_gen_toks", 256))
+            temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample", False) else 0.0
+            ids = (self.encode(context) or [self.eos])[-(self.context - 1):]
+            new = max(1, min(new, self.context - len(ids)))
+            tokens = self.decoder.generate([ids], new, Sampling(temperature=temperature)).tokens[0]
+            text = self.tokenizer.decode(tokens)
+            cut = min((text.find(s) for s in until if s and s in text), default=len(text))
+            out.append(text[:cut])
+        return out
+
+
+if register_model is not None:
+    register_model("boost_jax")(BoostLM)

@@ -1,0 +1,181 @@
+"""`python -m boost_jax.convert import`: an export comes back bit for bit, a Hugging Face LLaMA
+(sharded, fp16) computes what it computed, a dense model factors into the svd arch exactly at full
+rank and best at any rank (plain or whitened), the result is a run dir training continues, and bad
+input is refused by name with nothing written."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from boost_jax import api, compress
+from boost_jax.config import ConfigError, load_config
+from boost_jax.convert import main
+from boost_jax.errors import BoostJaxError
+from boost_jax.export import export_model
+from boost_jax.train import train
+from conftest import train_tiny
+
+TOKENS = np.random.default_rng(0).integers(0, 512, (2, 24))
+
+
+@pytest.fixture(scope="module")
+def dense_run(tmp_path_factory, tiny_overrides):
+    """A dense llama-tiny run dir, 4 steps, checkpoint at 4."""
+    return train_tiny(tmp_path_factory.mktemp("dense") / "run", tiny_overrides, "model.arch=dense")
+
+
+def params_of(model):
+    return jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def logits(model):
+    return np.asarray(api.forward(model, TOKENS))
+
+
+def test_an_export_imports_back_bit_for_bit(tmp_path, tiny_overrides):
+    cfg = api.config("llama-tiny", "model.arch=cola", "model.init_std=0.2")
+    model = api.build_model(cfg)
+    export_model(cfg, model, tmp_path / "export")
+    (tmp_path / "export" / "tokenizer.json").write_text("{}")  # only copied, never read, by the import
+    main(["import", str(tmp_path / "export"), str(tmp_path / "run")])
+    _, back, step = api.restore(tmp_path / "run")
+    assert step == 0
+    jax.tree.map(np.testing.assert_array_equal, params_of(back), params_of(model))
+
+
+def test_a_sharded_half_precision_llama_imports_and_computes_the_same(tmp_path, dense_run):
+    """The HF layout written by export, cast to fp16 and split into two shards with an index."""
+    cfg, model, _ = api.restore(dense_run)
+    export_model(cfg, model, tmp_path / "hf", dense_run / "tokenizer.json")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({n: tensors[n].astype(np.float16) for n in part}, str(tmp_path / "hf" / file), metadata={"format": "pt"})
+    weight_map = {n: f for f, part in shards.items() for n in part}
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    main(["import", str(tmp_path / "hf"), str(tmp_path / "run"), "train.seq_len=64"])
+    _, imported, _ = api.restore(tmp_path / "run")
+    half = jax.tree.map(lambda x: x.astype(np.float16).astype(np.float32), params_of(model))
+    jax.tree.map(np.testing.assert_array_equal, params_of(imported), half)  # fp16 -> fp32 is exact
+    assert np.abs(logits(imported) - logits(model)).max() < 0.05 * np.abs(logits(model)).max()
+
+
+def test_hugging_face_logits_equal_the_imported_models(tmp_path, dense_run):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                      rope_theta=500.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # several shards and an index
+    (tmp_path / "hf" / "tokenizer.json").write_bytes((dense_run / "tokenizer.json").read_bytes())
+    main(["import", str(tmp_path / "hf"), str(tmp_path / "run")])
+    _, model, _ = api.restore(tmp_path / "run")
+    with torch.no_grad():
+        want = hf(torch.tensor(TOKENS)).logits.numpy()
+    assert np.abs(logits(model) - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_factoring_is_exact_at_full_rank_and_whitening_fits_the_outputs():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(48, 40))
+    a, b = compress.factor(w, 40)
+    np.testing.assert_allclose(a @ b, w, atol=1e-10)
+    x = rng.normal(size=(500, 48)) @ rng.normal(size=(48, 48)) * np.linspace(0.01, 3, 48)  # correlated, uneven inputs
+    cov = x.T @ x / len(x)
+    plain, white = compress.factor(w, 8), compress.factor(w, 8, cov)
+    e_plain, e_white = compress.errors(w, *plain, cov), compress.errors(w, *white, cov)
+    assert e_plain["weight"] < e_white["weight"]  # plain SVD: the best weight
+    assert e_white["output"] < e_plain["output"]  # whitened: the best output on these inputs
+    out = lambda ab: np.linalg.norm(x @ (w - ab[0] @ ab[1])) / np.linalg.norm(x @ w)
+    assert e_white["output"] == pytest.approx(out(white)) and e_plain["output"] == pytest.approx(out(plain))
+    assert compress.errors(w, *compress.factor(w, 16), None)["weight"] < e_plain["weight"]
+
+
+def test_a_dense_model_at_full_rank_is_its_svd_model():
+    """The svd arch's layer is (x A) B: at full rank (64: every projection of an MHA llama-tiny) each
+    projection, the gate SiLU included, is the dense one, so the logits are too."""
+    from boost_jax.model import Model
+
+    cfg = api.config("llama-tiny", "model.arch=dense", "model.n_kv_heads=8", "model.init_std=0.2")
+    model = api.build_model(cfg)
+    svd_cfg, params, report = compress.compress(cfg.model, params_of(model), 64)
+    assert max(e["weight"] for layer in report for e in layer.values()) < 1e-5
+    assert (svd_cfg.arch, svd_cfg.attn_rank, svd_cfg.mlp_rank, svd_cfg.mlp_gate_silu) == ("svd", 64, 64, True)
+    svd = Model(svd_cfg, rngs=nnx.Rngs(0))
+    nnx.update(svd, jax.tree.map(lambda x: x.astype(np.float32), params))
+    np.testing.assert_allclose(logits(svd), logits(model), rtol=1e-4, atol=1e-4)
+
+
+def test_compression_reports_and_the_run_trains_on(dense_run, tmp_path, tiny_overrides, capsys):
+    from boost_jax.data.build import build_data
+
+    data = build_data(load_config(dense_run / "config.yaml").data, vocab_size=512, seq_len=64, seed=0).directory
+    main(["import", str(dense_run), str(tmp_path / "svd"), "--to", "svd", "--rank", "8", "--method", "whiten",
+          "--calibration", str(data), "--samples", "16", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    c = r["compression"]
+    assert r["arch"] == "svd" and len(c["layers"]) == 2 and set(c["layers"][0]) == {"q", "k", "v", "o", "gate", "up", "down"}
+    assert all(0 < e["output"] < e["weight"] < 1 for layer in c["layers"] for e in layer.values())
+    assert np.isfinite(c["val_loss_after"]) and np.isfinite(c["val_loss_before"])
+    cfg = load_config(tmp_path / "svd" / "config.yaml", ["train.steps=2", "log.progress=false"])
+    assert cfg.model.arch == "svd" and cfg.model.attn_rank == 8
+    summary = train(cfg, jax.devices()[:1])  # continues from the imported step 0 with a fresh optimizer
+    assert summary["start_step"] == 0 and len(summary["losses"]) == 2
+
+
+@pytest.mark.parametrize("make, args, needle", [
+    (lambda d: d.mkdir(), [], "holds no export: no boost_config.json or config.json"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text('{"model_type": "gpt2"}')), [], "model_type 'gpt2' is not a LLaMA"),
+    (None, ["--to", "svd", "--rank", "100"], "--rank 100 is larger than the matrices"),
+])
+def test_bad_input_is_refused_by_name_and_nothing_is_written(dense_run, tmp_path, make, args, needle):
+    src = dense_run
+    if make is not None:
+        src = tmp_path / "src"
+        make(src)
+    with pytest.raises(BoostJaxError, match=needle):
+        main_raising(["import", str(src), str(tmp_path / "out"), *args])
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.import.*"))
+
+
+def main_raising(argv):
+    from boost_jax.convert import convert, parse
+
+    return convert(parse(argv))
+
+
+def test_unexpressible_llama_fields_are_named(tmp_path, dense_run):
+    cfg, model, _ = api.restore(dense_run)
+    export_model(cfg, model, tmp_path / "hf", dense_run / "tokenizer.json")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "rope_scaling": {"type": "linear", "factor": 2.0}}))
+    with pytest.raises(BoostJaxError, match="fields boost_jax cannot express: {'rope_scaling'"):
+        main_raising(["import", str(tmp_path / "hf"), str(tmp_path / "out")])
+    config_ok = {**config}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config_ok))
+    index = {"weight_map": {"model.embed_tokens.weight": "model-00009.safetensors"}}
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(BoostJaxError, match=r"names shards that are not in .*: \['model-00009.safetensors'\]"):
+        main_raising(["import", str(tmp_path / "hf"), str(tmp_path / "out")])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not an empty folder"):
+        main_raising(["import", str(dense_run), str(tmp_path / "out")])
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.slow  # a process
+def test_cli_errors_are_one_message(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.convert", "import", str(tmp_path / "nope"), str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "is not a folder" in proc.stderr

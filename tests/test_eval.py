@@ -1,0 +1,130 @@
+"""`python -m boost_jax.eval` and the lm-evaluation-harness adapter: the eval command's loss is the
+training loop's at the same step, bits per byte count the evaluated text, another tokenizer is
+refused by name, and the harness's three requests are answered from the model's own forward."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from boost_jax import api
+from boost_jax import eval as boost_eval
+from boost_jax.data.synthetic import write_synthetic
+from boost_jax.errors import DataError
+from boost_jax.lm_eval import BoostLM
+from conftest import train_tiny
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_overrides):
+    """A cola run dir: 4 steps, evaluated and checkpointed at step 4."""
+    return train_tiny(tmp_path_factory.mktemp("eval") / "run", tiny_overrides, "train.eval_every=4")
+
+
+def test_eval_is_the_training_loops_eval_at_that_step(run_dir):
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    got = boost_eval.evaluate(run_dir)
+    assert got["step"] == 4 and got["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
+    assert got["bits_per_byte"] == pytest.approx(logged["eval_bpb"], rel=1e-6)
+    # Bits per byte: the summed loss in bits over the bytes of the evaluated targets' text.
+    assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / (got["bytes"] * math.log(2)))
+    assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
+
+
+def test_eval_under_a_tensor_parallel_layout_equals_one_device(run_dir):
+    one = boost_eval.evaluate(run_dir, max_tokens=3000)
+    tp = boost_eval.evaluate(run_dir, ["parallel.tp=2", "parallel.dp=1"], max_tokens=3000)
+    assert tp["tokens"] == one["tokens"] == 6 * 8 * 64 and tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
+
+
+def test_eval_refuses_a_dataset_of_another_tokenizer(run_dir, tmp_path):
+    write_synthetic(tmp_path / "other", [20000], 512)
+    with pytest.raises(DataError, match=r"tokenizer does not match the run's \(.*run/tokenizer\.json\)"):
+        boost_eval.evaluate(run_dir, ["data.source=prepared", f"data.path={tmp_path / 'other'}"], split="train")
+
+
+def test_eval_cli_prints_json(run_dir, capsys):
+    boost_eval.main([str(run_dir), "--split", "train", "--max-tokens", "600", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["split"] == "train" and r["tokens"] == 2 * 8 * 64 and r["bits_per_byte"] > 0  # whole batches
+
+
+# ----------------------------------------------------------------------------- lm-evaluation-harness
+
+
+@pytest.fixture(scope="module")
+def harness(run_dir):
+    return BoostLM(run_dir, batch_size=2)
+
+
+def request(*args):
+    return SimpleNamespace(args=args)
+
+
+def forward_log_probs(lm, ids):
+    logits = np.asarray(api.forward(lm.model, np.asarray([ids], np.int32)))[0]
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+def test_loglikelihood_is_the_forwards_sum_of_log_probs(harness):
+    pairs = [("def main(", " return 1"), ("", "import os"), ("x = ", "[1, 2, 3]")]
+    got = harness.loglikelihood([request(*p) for p in pairs])
+    for (context, continuation), (score, greedy) in zip(pairs, got):
+        prefix = harness.encode(context) if context else [harness.eos]
+        whole = harness.encode(context + continuation) if context else prefix + harness.encode(continuation)
+        lp = np.asarray(forward_log_probs(harness, whole[:-1]))
+        n = len(whole) - len(prefix)
+        rows = lp[len(whole) - 1 - n:]
+        assert score == pytest.approx(float(rows[np.arange(n), whole[-n:]].sum()), rel=1e-5, abs=1e-4)
+        assert greedy == bool((rows.argmax(-1) == np.asarray(whole[-n:])).all())
+    # A continuation of the model's own greedy choices is greedy.
+    ids = harness.encode("def main(")
+    greedy_next = harness.tokenizer.decode([int(np.argmax(forward_log_probs(harness, ids)[-1]))])
+    (_, is_greedy), = harness.loglikelihood([request("def main(", greedy_next)])
+    assert is_greedy or harness.encode("def main(" + greedy_next)[:len(ids)] != ids  # unless the seam re-merges
+
+
+def test_rolling_loglikelihood_scores_every_token_once_in_windows(harness):
+    text = "import os\nprint(os.path.join('a', 'b'))\n" * 12
+    ids = [harness.eos, *harness.encode(text)]
+    assert len(ids) > 2 * harness.context  # several windows of 64
+    (got,) = harness.loglikelihood_rolling([request(text)])
+    want, c = 0.0, harness.context
+    for s in range(1, len(ids), c):
+        e = min(s + c, len(ids))
+        window = ids[max(0, e - c - 1):e]
+        lp = np.asarray(forward_log_probs(harness, window[:-1]))
+        want += float(lp[np.arange(len(window) - 1 - (e - s), len(window) - 1), window[-(e - s):]].sum())
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_generate_until_stops_at_the_first_stop_string(harness):
+    (free,) = harness.generate_until([request("def main(", {"until": [], "max_gen_toks": 12})])
+    stop = free[3:5] if len(free) >= 5 else free
+    (cut,) = harness.generate_until([request("def main(", {"until": [stop], "max_gen_toks": 12})])
+    assert cut == free[:free.find(stop)]
+
+
+def test_the_harness_knows_the_model_by_name():
+    registry = pytest.importorskip("lm_eval.api.registry")
+    assert registry.get_model("boost_jax") is BoostLM
+
+
+@pytest.mark.slow  # eight tiny training runs and their evals: ~40 s
+def test_bench_quality_trains_evaluates_and_reports(tmp_path, cache_dir):
+    from boost_jax.bench import quality, report
+
+    q = quality.measure(["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
+                         f"data.cache_dir={cache_dir}"], 5000, 4, tmp_path / "work", 1000, log=lambda s: None)
+    assert [(r["arch"], r["budget"]) for r in q["runs"]] == [
+        ("dense", "tokens"), ("svd", "tokens"), ("cola", "tokens"), ("lax", "tokens"), ("svd", "flops"), ("cola", "flops")]
+    dense, cola_flops = q["runs"][0], q["runs"][-1]
+    assert cola_flops["train_flops"] == pytest.approx(dense["train_flops"], rel=0.05) and cola_flops["steps"] > dense["steps"]
+    assert all(r["curve"] and math.isfinite(r["final"]["perplexity"]) for r in q["runs"])
+    assert [c["method"] for c in q["recovery"]] == ["svd", "whiten"]
+    assert all(c["compressed"]["step"] == 0 and c["recovered"]["step"] == 4 for c in q["recovery"])
+    lines = report.quality_section(q)
+    assert lines[0] == "## 6. Low-rank quality, measured" and any("cola at dense's FLOPs" in line for line in lines)
