@@ -168,6 +168,11 @@ class ParallelConfig:
     pp_repeats: int = 1  # circular schedule: each stage runs this many chunks of layers per step
     dp: int = -1  # -1 = all devices left over
     fsdp: int = 1
+    # Context parallel: the sequence of every activation split over this many devices, load-balanced
+    # (parallel/context.py); attention gathers k and v (gather), passes them round a ring of ppermutes
+    # with an online softmax (ring), or gathers the rank-r latents of k and v and rebuilds them (latent).
+    cp: int = 1
+    cp_attention: Literal["gather", "ring", "latent"] = "gather"
     tp: int = 1
     # megatron (dense only) | vanilla | btp (low-rank archs); auto = megatron for dense, else btp
     scheme: SchemeName = "auto"
@@ -400,6 +405,14 @@ def _validate(c: Config) -> None:
     _require(p.pp_repeats > 0, "parallel.pp_repeats", "must be > 0")
     _require(p.dp == -1 or p.dp > 0, "parallel.dp", "must be > 0 or -1 (fill)")
     _require(p.fsdp > 0, "parallel.fsdp", "must be > 0")
+    _require(p.cp > 0, "parallel.cp", "must be > 0")
+    _require(p.cp == 1 or t.seq_len % (2 * p.cp) == 0, "parallel.cp",
+             f"train.seq_len={t.seq_len} must divide by 2 x parallel.cp = {2 * p.cp} (each device holds two of the "
+             "sequence's 2 x cp chunks, one early and one late, so causal attention's work is even)")
+    _require(t.loss_chunk % p.cp == 0, "train.loss_chunk",
+             f"{t.loss_chunk} must divide by parallel.cp={p.cp} (each device takes loss_chunk / cp positions of a chunk)")
+    _require(p.cp_attention != "latent" or ARCHS[c.model.arch].low_rank, "parallel.cp_attention",
+             f"'latent' gathers the rank-r latents of k and v: arch {c.model.arch} has none (use gather or ring)")
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
     _require(p.num_processes >= 0, "parallel.num_processes", "must be >= 0")

@@ -109,9 +109,9 @@ class Decoder:
     def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None):
         if cache not in CACHES:
             raise ConfigError(f"cache {cache!r}: choose one of {list(CACHES)}")
-        if plan.pipeline is not None:
-            raise ConfigError("decoding runs without pipeline stages: pass parallel.pp=1 (a checkpoint restores "
-                              "onto any layout)")
+        if plan.pipeline is not None or plan.size("seq") > 1:
+            raise ConfigError("decoding runs without pipeline stages or context parallelism: pass parallel.pp=1 "
+                              "parallel.cp=1 (a checkpoint restores onto any layout)")
         self.cfg, self.plan, self.cache_name, self.eos_id = model.cfg, plan, cache, eos_id
         try:
             CACHES[cache].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here

@@ -109,8 +109,9 @@ class Model(nnx.Module):
         written into it -> (fp32 logits [B, S, V], or [B, V] at each row's index `logits_at` [B] of
         the S tokens; the updated cache). The layers run one by one: `layers`, each layer's state as
         `unstack_layers` gives it (its weights its own buffers), or slices of the stacked layers."""
-        if plan.pipeline is not None:
-            raise ValueError("decoding runs without pipeline stages: use a plan with parallel.pp=1")
+        if plan.pipeline is not None or plan.size("seq") > 1:
+            raise ValueError("decoding runs without pipeline stages or context parallelism: use a plan with "
+                             "parallel.pp=1 and parallel.cp=1")
         cfg = self.cfg
         x = plan.constrain(embed_lookup(plan, self.embed[...].astype(cfg.dtype), tokens), RESIDUAL_AXES)
         carry, where = (x, self._initial_latents(tokens.shape)), Positions(positions)
@@ -174,8 +175,17 @@ def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: s
         return xent_sum(x, targets) / targets.size
     # Chunks along the sequence keep the batch axis (and its data-parallel split) whole. Checkpointing
     # each chunk makes the backward recompute its logits rather than keep them: at most one chunk's
-    # fp32 [B, loss_chunk, V] logits (and their gradient) are alive at a time.
-    chunks = lambda a: jnp.moveaxis(a.reshape(b, s // loss_chunk, loss_chunk, *a.shape[2:]), 1, 0)
+    # fp32 [B, loss_chunk, V] logits (and their gradient) are alive at a time. Under context
+    # parallelism a chunk takes loss_chunk / cp positions from each device's own part of the
+    # sequence, so no token moves.
+    cp = plan.size("seq")
+    n, k = s // loss_chunk, loss_chunk // cp
+
+    def chunks(a):  # [B, S, ...] -> [S / loss_chunk, B, loss_chunk, ...]
+        devices = (cp,) if cp > 1 else ()  # no size-1 axis: cp = 1 compiles to the program without cp
+        a = jnp.moveaxis(a.reshape(b, *devices, n, k, *a.shape[2:]), 1 + len(devices), 0)
+        return a.reshape(n, b, cp * k, *a.shape[3 + len(devices):])
+
     total, _ = jax.lax.scan(lambda acc, xt: (acc + jax.checkpoint(xent_sum)(*xt), None), jnp.float32(0),
                             (chunks(x), chunks(targets)))
     return total / targets.size

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
 
 # Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
-# parallel (ZeRO-3), tensor parallel (innermost, so a TP group sits on neighbouring devices: one
-# NVLink island on a GPU node). Each is the `parallel.<name>` config key of its size.
-PP, DP, FSDP, TP = "pp", "dp", "fsdp", "tp"
-MESH_AXES = (PP, DP, FSDP, TP)
+# parallel (ZeRO-3), context parallel (the sequence split: parallel/context.py), tensor parallel
+# (innermost, so a TP group sits on neighbouring devices: one NVLink island on a GPU node, with CP
+# next to it). Each is the `parallel.<name>` config key of its size.
+PP, DP, FSDP, CP, TP = "pp", "dp", "fsdp", "cp", "tp"
+MESH_AXES = (PP, DP, FSDP, CP, TP)
 
 MeshAxes = str | tuple[str, ...] | None
 Rules = Mapping[str, MeshAxes]
@@ -75,10 +76,10 @@ class Scheme:
         return MappingProxyType({k: (None if k in ("kv_heads", "act_kv_heads") else v) for k, v in self.rules.items()})
 
 
-# Every scheme splits the batch over dp and fsdp, the stacked layers over pipeline stages, shards each
-# weight over fsdp on a dimension tp leaves alone (FSDP/ZeRO-3), and runs the embedding and LM head
-# vocab-parallel over tp.
-_COMMON = {"batch": (DP, FSDP), "layers": PP, "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
+# Every scheme splits the batch over dp and fsdp, the sequence of every activation over cp, the stacked
+# layers over pipeline stages, shards each weight over fsdp on a dimension tp leaves alone
+# (FSDP/ZeRO-3), and runs the embedding and LM head vocab-parallel over tp.
+_COMMON = {"batch": (DP, FSDP), "seq": CP, "layers": PP, "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
 _COMMON_REQUIRES = (
     Requirement("train.batch_size", (DP, FSDP)),
     Requirement("model.vocab_size", (TP,), "vocab-parallel embedding and head"),

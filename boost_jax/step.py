@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, ModelConfig, TrainConfig
 from boost_jax.model import Model, loss_fn
+from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
 
@@ -223,9 +224,13 @@ def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_sha
 
 
 def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, train: TrainConfig) -> Callable:
-    """loss(params, batch) of the model run under `plan`, with the train config's remat and loss chunking."""
+    """loss(params, batch) of the model run under `plan`, with the train config's remat and loss
+    chunking; under context parallelism the batch is put in the load-balanced order first."""
+    cp = plan.size("seq")
 
     def loss_of(params, batch):
+        if cp > 1:
+            batch = balance(batch, cp)
         return loss_fn(nnx.merge(graphdef, params), batch, plan, train.remat, train.loss_chunk)
 
     return loss_of

@@ -33,6 +33,8 @@ def grouped_matmul(z, b, *, impl: str = "pallas", interpret: bool | None = None)
     check_impl(impl)
     if b.ndim != 3 or z.ndim < 2 or z.shape[0] != b.shape[0] or z.shape[-1] != b.shape[1]:
         raise ValueError(f"shapes z{z.shape} b{b.shape}: need [c, ..., r] and [c, r, m]")
+    if impl == "xla":  # one batched dot over every leading dim: a sequence split over devices stays split
+        return _grouped(z, b, impl, None)
     c, lead = z.shape[0], z.shape[1:-1]
     y = _grouped(z.reshape(c, -1, z.shape[-1]), b, impl, resolve_interpret(interpret))
     return y.reshape(c, *lead, b.shape[2])
@@ -51,11 +53,17 @@ def _fwd(z, b, impl, interpret):
 
 def _bwd(impl, interpret, res, dy):
     z, b = res
+    t = _rows(z)
     # dz in z's dtype straight from the dot: under column-parallel B it is a partial sum that the
     # SPMD partitioner all-reduces right at the dot, so an fp32 result would double that traffic.
-    dz = jnp.einsum("ctm,crm->ctr", dy, b.astype(dy.dtype), preferred_element_type=z.dtype)
-    db = jnp.einsum("ctr,ctm->crm", z, dy, preferred_element_type=F32)
+    dz = jnp.einsum(f"c{t}m,crm->c{t}r", dy, b.astype(dy.dtype), preferred_element_type=z.dtype)
+    db = jnp.einsum(f"c{t}r,c{t}m->crm", z, dy, preferred_element_type=F32)
     return dz.astype(z.dtype), db.astype(b.dtype)
+
+
+def _rows(z) -> str:
+    """Einsum letters for z's dims between the group and the contraction: "t" for [c, T, r]."""
+    return "tuvw"[:z.ndim - 2]
 
 
 _grouped.defvjp(_fwd, _bwd)
@@ -63,7 +71,8 @@ _grouped.defvjp(_fwd, _bwd)
 
 def _reference(z, b):
     """The jnp twin: one batched XLA dot, fp32 accumulation."""
-    return jnp.einsum("ctr,crm->ctm", z, b, preferred_element_type=F32).astype(z.dtype)
+    t = _rows(z)
+    return jnp.einsum(f"c{t}r,crm->c{t}m", z, b, preferred_element_type=F32).astype(z.dtype)
 
 
 def _pallas(z, b, interpret):

@@ -175,8 +175,11 @@ def test_refusals_name_the_problem():
         Decoder(model, plan, cache="latent")
     piped = load_config(None, ["model.preset=llama-tiny", "model.arch=dense", "parallel.pp=2", "parallel.dp=1",
                                "train.microbatches=2", "train.batch_size=4"])
-    with pytest.raises(ConfigError, match="decoding runs without pipeline stages: pass parallel.pp=1"):
-        Decoder(model, make_plan(piped, jax.devices()[:2]))
+    split = load_config(None, ["model.preset=llama-tiny", "model.arch=dense", "parallel.cp=2", "parallel.dp=1"])
+    for cfg in (piped, split):
+        with pytest.raises(ConfigError, match="without pipeline stages or context parallelism: pass parallel.pp=1 "
+                                              "parallel.cp=1"):
+            Decoder(model, make_plan(cfg, jax.devices()[:2]))
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -25,7 +25,7 @@ def btp_plan():
 def test_misspelt_logical_axis_raises(btp_plan):
     with pytest.raises(ValueError, match="unknown logical axis 'act_embd'"):
         btp_plan.spec(("batch", "seq", "act_embd"))
-    assert btp_plan.spec(("batch", "seq", "act_embed")) == jax.sharding.PartitionSpec(("dp", "fsdp"), None, "tp")
+    assert btp_plan.spec(("batch", "seq", "act_embed")) == jax.sharding.PartitionSpec(("dp", "fsdp"), "cp", "tp")
 
 
 def test_two_dimensions_on_one_mesh_axis_raise(btp_plan):

@@ -46,14 +46,15 @@ def test_recipe_trains_two_steps(planned, tiny_overrides, tmp_path):
                                f"run_dir={tmp_path / 'run'}"])
     assert Layout(**result["candidates"][0]["layout"]).overrides() == Layout(
         cfg.parallel.scheme, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.pp_repeats, cfg.parallel.dp,
-        cfg.parallel.fsdp, cfg.train.microbatches, cfg.train.remat).overrides()
+        cfg.parallel.fsdp, cfg.parallel.cp, cfg.train.microbatches, cfg.train.remat).overrides()
     summary = train(cfg, jax.devices()[:4])
     assert len(summary["losses"]) == 2
 
 
 @pytest.mark.parametrize("layout", [
-    Layout("btp", 2, 1, 1, 2, 1, 1, "none"),
-    Layout("btp", 1, 2, 1, 1, 2, 2, "full"),  # a pipeline's bubbles and full remat's recompute
+    Layout("btp", 2, 1, 1, 2, 1, 1, 1, "none"),
+    Layout("btp", 1, 2, 1, 1, 2, 1, 2, "full"),  # a pipeline's bubbles and full remat's recompute
+    Layout("btp", 2, 1, 1, 1, 1, 2, 1, "lowrank"),  # context parallelism: tokens split over cp
 ])
 def test_lower_bound_never_exceeds_the_price(layout):
     """The branch and bound prunes a layout only if it cannot win: its lower bound (no compile) stays

@@ -13,18 +13,36 @@ from __future__ import annotations
 
 import jax
 
-from boost_jax.analysis.hlo import Collective, audit, summarize
+import numpy as np
+
+from boost_jax.analysis.hlo import Collective, audit, canonical_groups, summarize
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import Program
 from boost_jax.archs import ARCHS
+from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
+from boost_jax.schemes import CP
 
 
 P2P = "collective-permute"
 
 
-def in_layers(cols: list[Collective]) -> list[Collective]:
-    """The collectives of the layer scan: those inside loops, less a pipeline's stage-to-stage permutes."""
-    return [c for c in cols if c.loop_depth and c.kind != P2P]
+def in_layers(cols: list[Collective], pipelined: bool = False) -> list[Collective]:
+    """The collectives of the layer scan: those inside loops, less a pipeline's stage-to-stage permutes
+    (a program without a pipeline permutes only inside its layers: context parallelism's ring)."""
+    return [c for c in cols if c.loop_depth and not (pipelined and c.kind == P2P)]
+
+
+def over_axis(c: Collective, mesh_shape: dict, axis: str) -> bool:
+    """Whether a collective's groups (or a permute's pairs) run along one mesh axis: the devices that
+    differ in that axis' coordinate alone (the program's partition ids are the mesh's positions)."""
+    names = list(mesh_shape)
+    ids = np.arange(int(np.prod(list(mesh_shape.values())))).reshape(list(mesh_shape.values()))
+    rows = np.moveaxis(ids, names.index(axis), -1).reshape(-1, mesh_shape[axis])
+    group_of = {int(d): i for i, row in enumerate(rows) for d in row}
+    groups = [[int(d) for d in g.split(",") if d] for g in canonical_groups(c.replica_groups).strip("{}").split("},{")]
+    if c.kind == "collective-permute":  # pairs: each within one group of the axis
+        return all(group_of[a] == group_of[b] for a, b in groups)
+    return sorted(map(sorted, groups)) == sorted(map(sorted, rows.tolist()))
 
 
 def forward(cols: list[Collective]) -> list[Collective]:
@@ -32,24 +50,28 @@ def forward(cols: list[Collective]) -> list[Collective]:
     return [c for c in cols if not c.backward]
 
 
-def layer_split(both: list[Collective]) -> tuple[dict, dict]:
+def layer_split(both: list[Collective], pipelined: bool = False) -> tuple[dict, dict]:
     """Per-layer (forward, backward) summaries of a gradient program's collectives."""
-    return (summarize(in_layers(forward(both)), in_loop=True),
-            summarize(in_layers([c for c in both if c.backward]), in_loop=True))
+    return (summarize(in_layers(forward(both), pipelined), in_loop=True),
+            summarize(in_layers([c for c in both if c.backward], pipelined), in_loop=True))
 
 
 def measure(prog: Program) -> dict:
     program_issues = issued(prog.loss, prog.params, prog.batch)
     both = audit(jax.value_and_grad(prog.loss), prog.params, prog.batch)  # as the train step computes it
-    fwd = forward(both)
-    layer_fwd, layer_bwd = layer_split(both)
-    m, cfg, pipe = prog.cfg.model, prog.cfg, prog.plan.pipeline
-    # Tokens one layer sees per run, per device's replica: one micro-batch under a pipeline.
-    tokens = cfg.train.batch_size // prog.plan.size("batch") * cfg.train.seq_len // (pipe.microbatches if pipe else 1)
+    fwd, bwd = forward(both), [c for c in both if c.backward]
+    m, cfg, pipe, shape = prog.cfg.model, prog.cfg, prog.plan.pipeline, dict(prog.plan.mesh.shape)
+    # The layers' collectives; those along cp alone are context parallelism's, reported apart.
+    on_cp = lambda c: shape[CP] > 1 and over_axis(c, shape, CP)
+    layers = lambda cols: [c for c in in_layers(cols, pipe is not None) if not on_cp(c)]
+    layer_fwd, layer_bwd = summarize(layers(fwd), in_loop=True), summarize(layers(bwd), in_loop=True)
+    # Tokens one layer sees per run, per device: its rows' share of the sequence (cp), one micro-batch under a pipeline.
+    tokens = (cfg.train.batch_size // prog.plan.size("batch") * cfg.train.seq_len // prog.plan.size("seq")
+              // (pipe.microbatches if pipe else 1))
     itemsize = 2 if m.dtype == "bfloat16" else 4
     analytic = prog.plan.scheme.layer_forward_elements(m, tokens) * itemsize
-    upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in in_layers(cols) if c.upcast_from)
-    fwd_ops = [_describe(c) for c in in_layers(fwd)]
+    upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in layers(cols) if c.upcast_from)
+    fwd_ops = [_describe(c) for c in layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
     return {
         "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "tp": prog.plan.mesh.shape["tp"],
@@ -65,9 +87,23 @@ def measure(prog: Program) -> dict:
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
         "layer_forward_ops": fwd_ops,
-        "layer_backward_ops": [_describe(c) for c in in_layers(both) if c.backward],
+        "layer_backward_ops": [_describe(c) for c in layers(bwd)],
         **({"pipeline": pipeline_comm(prog, fwd, tokens, itemsize)} if pipe else {}),
+        **({"context": context_comm(prog, *([c for c in in_layers(cols, pipe is not None) if on_cp(c)]
+                                            for cols in (fwd, bwd)))} if shape[CP] > 1 else {}),
     }
+
+
+def context_comm(prog: Program, fwd: list[Collective], bwd: list[Collective]) -> dict:
+    """A decoder layer's collectives along cp (parallel/context.py), forward and backward, beside the
+    forward bytes `cp_attention` implies. The backward's also sum the weights' gradients over cp, as
+    data parallelism's do."""
+    plan, cfg = prog.plan, prog.cfg
+    rows = cfg.train.batch_size // plan.size("batch") // (plan.pipeline.microbatches if plan.pipeline else 1)
+    return {"cp": plan.mesh.shape[CP], "attention": plan.cp_attention,
+            "forward": summarize(fwd, in_loop=True), "backward": summarize(bwd, in_loop=True),
+            "analytic_forward_bytes": cp_layer_forward_bytes(plan, cfg.model, rows, cfg.train.seq_len),
+            "forward_ops": [_describe(c) for c in fwd], "backward_ops": [_describe(c) for c in bwd]}
 
 
 def pipeline_comm(prog: Program, fwd: list[Collective], tokens: int, itemsize: int) -> dict:

@@ -19,8 +19,9 @@ wrapped by a generic `async-start` is found in its wrapped computation.
 
 bf16 upcasts: XLA's CPU backend runs AllReducePromotion, which rewrites a bf16 all-reduce or
 reduce-scatter into convert->f32, an f32 collective, convert->bf16, and renames its reduction
-computation `<name>_promoted`; a bf16 collective-permute it moves as f32 behind a plain convert. The program (and a GPU) moves bf16, so such collectives are reported
-with `dtype="bf16"`, `bytes` at 2 bytes/element, `upcast_from="f32"` (the dtype the backend
+computation `<name>_promoted`; a bf16 collective-permute or all-gather it moves as f32 behind a
+widening convert (alone, or ending the fusion that made the value). The program (and a GPU) moves
+bf16, so such collectives are reported with `dtype="bf16"`, `bytes` at 2 bytes/element, `upcast_from="f32"` (the dtype the backend
 actually moved) and `bytes_as_compiled` at f32. The input-side convert is often fused away (into a
 producer that computes in f32), so the signals used are the `_promoted` name plus, per part of a
 combined op, the convert back to the narrow type that follows the result.
@@ -250,19 +251,23 @@ def _narrowed_to(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, index: int) 
     return None
 
 
+_LAYOUT_ONLY = ("bitcast", "copy", "transpose", "reshape")
+
+
 def _widened_from(comps: dict[str, _Comp], comp: _Comp, ins: _Instr) -> str | None:
-    """Dtype the operand of `ins` had before a plain convert (alone, or as a fusion of nothing else)
-    widened it: how XLA:CPU moves a bf16 collective-permute as f32."""
+    """Dtype the operand of `ins` had before a widening convert, followed by nothing but layout ops
+    (bitcast, copy, transpose, reshape), made it: how XLA:CPU moves a bf16 all-gather or
+    collective-permute as f32 (the convert alone, or ending a fusion that computes in f32 and rounds
+    to bf16 first)."""
     src = comp.instrs.get(ins.operands[0]) if ins.operands else None
-    if src is None:
+    fused = comps.get(attr(src.attrs, "calls") or "") if src is not None and src.op == "fusion" else None
+    where = fused if fused is not None else comp
+    node = list(fused.instrs.values())[-1] if fused is not None else src  # the ROOT prints last
+    while node is not None and node.op in _LAYOUT_ONLY and node.operands:
+        node = where.instrs.get(node.operands[0])
+    if node is None or node.op != "convert" or not node.operands or node.operands[0] not in where.instrs:
         return None
-    if src.op == "convert" and src.operands and src.operands[0] in comp.instrs:
-        return arrays(comp.instrs[src.operands[0]].shape)[0][0]
-    fused = comps.get(attr(src.attrs, "calls") or "") if src.op == "fusion" else None
-    if fused is None or {i.op for i in fused.instrs.values()} != {"parameter", "convert"}:
-        return None
-    params = [i for i in fused.instrs.values() if i.op == "parameter"]
-    return arrays(params[0].shape)[0][0] if len(params) == 1 else None
+    return arrays(where.instrs[node.operands[0]].shape)[0][0]
 
 
 def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_dev: int) -> Collective | None:
@@ -281,7 +286,8 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
         # parts, so each part must be converted back to the narrow type after the collective.
         if orig and ins.shape.startswith("(") and _narrowed_to(comps, comp, ins, i) != orig:
             orig = None
-        if kind == "collective-permute" and dt in _PROMOTED_FROM and _widened_from(comps, comp, ins) == _PROMOTED_FROM[dt]:
+        if kind in ("collective-permute", "all-gather") and dt in _PROMOTED_FROM and \
+                _widened_from(comps, comp, ins) == _PROMOTED_FROM[dt]:
             orig = _PROMOTED_FROM[dt]
         parts.append((orig or dt, dims))
     scale = size if kind == "reduce-scatter" else 1

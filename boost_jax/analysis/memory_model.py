@@ -12,7 +12,8 @@ Parts (docs/design.md, "Memory model"):
                     weights for the whole step (measured on the compiled program)
   adamw             two fp32 moments per parameter, sharded like it
   activations       what one decoder layer saves for the backward pass under train.remat (read off
-                    one compiled layer: the residuals of its vjp, per device, split into those
+                    one compiled layer on its tp x cp devices, so context parallelism's 1/cp of
+                    the positions and its attention's gathered keys are in it: the residuals of its vjp, per device, split into those
                     computed from its input, from its weights alone, and the weights themselves:
                     `LayerBytes`) x the layers of a stage x the micro-batches whose residuals are
                     live at once (1 with accumulation; all M * R + S - 1 iterations of the
@@ -20,9 +21,9 @@ Parts (docs/design.md, "Memory model"):
                     stage's weight-only residuals once; with R > 1 each iteration keeps its chunk's
                     weights (picked by a traced index) and what is computed from them.
   pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop (input, inbox and
-                    outbox, merged output, cotangents) as 5 x M full-width [rows, seq, d] values:
+                    outbox, merged output, cotangents) as 5 x M full-width [rows, seq / cp, d] values:
                     the one fitted constant of the model
-  loss              the fp32 logits [rows, seq (or train.loss_chunk), V / tp] and their cotangent (rows:
+  loss              the fp32 logits [rows, seq (or train.loss_chunk) / cp, V / tp] and their cotangent (rows:
                     one micro-batch's, or under a pipeline all M, which the head sees merged)
   transient         the largest working set on top: one layer's backward (its recomputed forward
                     and cotangents), or the loss's
@@ -60,8 +61,8 @@ def _shard_bytes(a: jax.ShapeDtypeStruct) -> int:
 
 
 def one_layer_config(cfg: Config) -> Config:
-    """What one device runs of one decoder layer: cfg's TP split and one micro-batch of the rows a
-    device holds, on no other axis (dp/fsdp/pp change how many rows and layers, not the layer)."""
+    """What one device runs of one decoder layer: cfg's TP and CP splits and one micro-batch of the
+    rows a device holds, on no other axis (dp/fsdp/pp change how many rows and layers, not the layer)."""
     p, t = cfg.parallel, cfg.train
     rows = t.batch_size // t.microbatches // (p.dp * p.fsdp)
     return dataclasses.replace(
@@ -81,7 +82,7 @@ class LayerBytes(NamedTuple):
 
 def layer_bytes(layer_cfg: Config) -> LayerBytes:
     """One decoder layer of a `one_layer_config`, measured from two compiles of the layer alone on
-    its tp devices: its forward returning the vjp's residuals, and its backward taking them."""
+    its tp x cp devices: its forward returning the vjp's residuals, and its backward taking them."""
     cfg, m = layer_cfg, layer_cfg.model
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
     graphdef, abstract = abstract_model(cfg)
@@ -146,6 +147,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
     pbytes = elems * jnp.dtype(m.param_dtype).itemsize
     shards = mesh["dp"] * mesh["fsdp"]
     rows = t.batch_size // t.microbatches // shards  # of one micro-batch, on one device
+    cp = mesh["cp"]  # each device holds 1/cp of every row's positions
     one = layer(one_layer_config(cfg))
     pipe = plan.pipeline
     layers_per_stage = m.n_layers // mesh["pp"]
@@ -163,19 +165,19 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
         # The M micro-batches' hidden states around the loop (embedded input, inbox and outbox, the
         # merged output the final norm reads, their cotangents): 5 x M full-width [rows, seq, d]
         # values, a one-constant fit (bench/memory.py VALIDATION says where it was fitted).
-        buffers = 5 * t.microbatches * rows * t.seq_len * m.d_model * jnp.dtype(m.dtype).itemsize
+        buffers = 5 * t.microbatches * rows * t.seq_len // cp * m.d_model * jnp.dtype(m.dtype).itemsize
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
     # The head and loss run once per micro-batch under accumulation, but once on all M merged
     # micro-batches after a pipeline (model.py); train.loss_chunk: one chunk's logits (and
-    # cotangent) at a time.
+    # cotangent) at a time; under context parallelism, the device's 1/cp of those positions.
     loss_rows = rows * (t.microbatches if pipe is not None else 1)
-    logits = loss_rows * (t.loss_chunk or t.seq_len) * m.vocab_size // plan.size("act_vocab") * FP32
+    logits = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab") * FP32
     parts = {
         "params": pbytes, "grads": pbytes + accum, "adamw": 2 * FP32 * elems,
         # Under FSDP, XLA gathers the stacked weights for the step: the rest of each tp shard (measured).
         "fsdp_gathered": pbytes * (mesh["fsdp"] - 1),
-        "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32
+        "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32 (whole rows under cp)
         "activations": activations, "pipeline_buffers": buffers,
         "loss": 2 * logits,  # the logits and their cotangent (the softmax fuses into the loss)
         "transient": one.transient,

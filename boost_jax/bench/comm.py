@@ -35,6 +35,14 @@ def print_table(r: dict) -> None:
               f"{pipe['analytic_p2p_bytes_per_iteration'] / 2**20:.4f} MiB analytic")
         for op in pipe["p2p_ops_per_iteration"]:
             print(f"      {op}")
+    if ctx := r.get("context"):
+        print(f"  context parallel: cp={ctx['cp']}, attention by {ctx['attention']}; per layer over cp, per device:")
+        for phase in ("forward", "backward"):
+            print(f"    {phase:8s} {ctx[phase]['count']:3d} collectives {ctx[phase]['bytes'] / 2**20:10.4f} MiB")
+        print(f"    analytic forward          {ctx['analytic_forward_bytes'] / 2**20:10.4f} MiB")
+        for phase, short in (("forward", "fwd"), ("backward", "bwd")):
+            for op in ctx[f"{phase}_ops"]:
+                print(f"      {short}: {op}")
     up = r["backend_upcast_extra_bytes"]["forward"]
     if up:
         print(f"  note: this backend upcast bf16 all-reduces to f32 (+{up / GIB:.4f} GiB per layer forward as compiled);"

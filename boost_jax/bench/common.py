@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from collections.abc import Sequence
 
 import jax
 
 from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
-from boost_jax.config import Config, from_args
+from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.schemes import MESH_AXES
 
 
@@ -26,6 +27,24 @@ def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.Ar
 def parse(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     refuse_retired_flags(argv, keep=p.get_default("retired_kept"))
     return p.parse_intermixed_args(argv)
+
+
+def add_vary(p: argparse.ArgumentParser) -> None:
+    """`--vary section.key=V1,V2,...`: one variant per value, measured side by side (several: every
+    combination)."""
+    p.add_argument("--vary", action="append", default=[], metavar="SECTION.KEY=V1,V2,...",
+                   help="one variant per value of a config key, side by side (repeat: every combination)")
+
+
+def variants(args: Sequence[str], vary: Sequence[str]) -> list[tuple[str, Config]]:
+    """(label, config) of every combination of the `--vary` values (one, unlabelled, without any)."""
+    axes = []
+    for v in vary:
+        key, sep, values = v.partition("=")
+        if not sep or "." not in key or not values:
+            raise ConfigError(f"--vary {v!r}: expected section.key=V1,V2,...")
+        axes.append([f"{key}={x}" for x in values.split(",")])
+    return [(" ".join(combo), config_of(args, *combo)) for combo in itertools.product(*axes)]
 
 
 def config_of(args: Sequence[str], *more: str) -> Config:

@@ -11,6 +11,11 @@ millisecond of recomputation, against remat=none (docs/design.md section 6).
 gradient accumulation keeps one micro-batch's activations (flat); with `parallel.pp`, what the
 pipeline keeps per micro-batch in flight (its iterations' saved activations and the stage buffers).
 
+`--vary section.key=V1,V2,...` compiles the step of each value side by side (`--vary parallel.cp=1,2,4`:
+what context parallelism saves), each against `--budget-gib` of memory per device (the compiled
+fwd+bwd peak plus the AdamW moments); with `--time` the variants within the budget also train a few
+steps here, and those over it are not started.
+
 `--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
 each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
 """
@@ -26,7 +31,7 @@ import jax
 
 from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.program import build, config_for, peak_bytes
-from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
 from boost_jax.step import accumulated_grad
@@ -47,6 +52,7 @@ class Case:
     pp: int = 1
     pp_repeats: int = 1
     fsdp: int = 1
+    cp: int = 1
     microbatches: int = 1
     batch: int = 4
     seq: int = 64
@@ -56,13 +62,14 @@ class Case:
 
     @property
     def label(self) -> str:
-        layout = f"tp{self.tp} pp{self.pp}x{self.pp_repeats} fsdp{self.fsdp} M{self.microbatches} b{self.batch}"
+        layout = f"tp{self.tp} pp{self.pp}x{self.pp_repeats} fsdp{self.fsdp} cp{self.cp} M{self.microbatches} b{self.batch}"
         return " ".join((self.model, f"{self.arch}/{self.scheme}", self.remat, layout, *self.overrides))
 
     def config(self):
         return config_for(self.model, self.arch, self.scheme, tp=self.tp, pp=self.pp, pp_repeats=self.pp_repeats,
                           microbatches=self.microbatches, batch_size=self.batch, seq=self.seq, dtype="float32",
-                          overrides=[f"parallel.fsdp={self.fsdp}", f"train.remat={self.remat}", *self.overrides])
+                          overrides=[f"parallel.fsdp={self.fsdp}", f"parallel.cp={self.cp}", f"train.remat={self.remat}",
+                                     *self.overrides])
 
 
 # The pipeline term's one constant was fitted on 36 pp=2 programs (btp and vanilla, 2 and 4 layers,
@@ -92,6 +99,12 @@ VALIDATION = (
     Case("cola", "vanilla", "lowrank", tp=2, pp=2, microbatches=4),
     *(Case("cola", "btp", remat, tp=2, batch=2, seq=128, model="llama-60m", overrides=("model.n_layers=2",))
       for remat in MODES),
+    # Context parallelism: each attention variant, with tp, with a pipeline, at a longer sequence.
+    Case("cola", "btp", "lowrank", tp=2, cp=2, seq=128, tested=True),
+    Case("cola", "btp", "none", cp=4, seq=256, overrides=("parallel.cp_attention=ring",)),
+    Case("cola", "btp", "full", tp=2, cp=2, seq=128, overrides=("parallel.cp_attention=latent",)),
+    Case("dense", "megatron", "none", tp=2, cp=2, seq=128),
+    Case("cola", "btp", "lowrank", tp=2, pp=2, cp=2, microbatches=2, seq=128),
 )
 
 
@@ -153,6 +166,37 @@ def sweep_microbatches(args: Sequence[str], counts: list[int], as_json: bool) ->
               f"{r['fwd_bwd_peak_bytes'] / MIB:10.2f} {grow:>11s}")
 
 
+def sweep_variants(args: Sequence[str], vary: Sequence[str], budget_gib: float, timed: bool, reps: int, steps: int,
+                   as_json: bool) -> None:
+    """Each `--vary` variant's compiled peak (and the memory model's total) against the budget; with
+    `timed`, the ones within it train `reps` x `steps` steps here."""
+    rows = []
+    for label, cfg in variants(args, vary):
+        peak = compiled_peak(cfg)
+        total = peak["fwd_bwd_peak_bytes"] + peak["optimizer_state_bytes"]
+        rows.append({"variant": label, "config": cfg, **peak, "total_bytes": total,
+                     "memory_model_total_bytes": breakdown(cfg)["total"],
+                     "fits": not budget_gib or total <= budget_gib * 2**30})
+    if timed:
+        fitting = [r for r in rows if r["fits"]]
+        for r, result in zip(fitting, measure_steps([r["config"] for r in fitting], reps, steps)):
+            r.update(step_s=result["median_step_s"], last_loss=result["last_loss"])
+    for r in rows:
+        del r["config"]
+    if as_json:
+        print(json.dumps({"budget_gib": budget_gib or None, "rows": rows}, indent=1))
+        return
+    budget = f" against {budget_gib:g} GiB per device" if budget_gib else ""
+    print(f"per-device memory of the train step (compiled memory analysis){budget}")
+    print(f"{'variant':32s} {'fwd+bwd MiB':>12s} {'total MiB':>11s} {'model MiB':>10s} {'fits':>5s} {'step ms':>9s} "
+          f"{'loss':>7s}")
+    for r in rows:
+        step = f"{1e3 * r['step_s']:9.1f}" if "step_s" in r else f"{'-':>9s}"
+        loss = f"{r['last_loss']:7.3f}" if "last_loss" in r else f"{'-':>7s}"
+        print(f"{r['variant'] or '(config)':32s} {r['fwd_bwd_peak_bytes'] / MIB:12.1f} {r['total_bytes'] / MIB:11.1f} "
+              f"{r['memory_model_total_bytes'] / MIB:10.1f} {'yes' if r['fits'] else 'NO':>5s} {step} {loss}")
+
+
 def describe(cfg: Config) -> dict:
     m, t, p = cfg.model, cfg.train, cfg.parallel
     return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": p.tp, "pp": p.pp, "pp_repeats": p.pp_repeats,
@@ -176,11 +220,16 @@ def main(argv: list[str]) -> None:
                    help="peak at each micro-batch count, train.batch_size rows per micro-batch (with parallel.pp: the pipeline)")
     p.add_argument("--validate", action="store_true",
                    help="the memory model against the compile on its validation grid (the config is not used)")
+    add_vary(p)
+    p.add_argument("--budget-gib", type=float, default=0.0, help="with --vary: the memory each device has (0: no limit)")
     a = parse(p, argv)
-    if a.reps < 1 or a.steps < 1:
-        raise ConfigError(f"--reps and --steps must be at least 1, got {a.reps} and {a.steps}")
+    if a.reps < 1 or a.steps < 1 or a.budget_gib < 0:
+        raise ConfigError(f"--reps and --steps must be at least 1 and --budget-gib >= 0, got {a.reps}, {a.steps}, "
+                          f"{a.budget_gib}")
     if a.validate:
         return validate_all(VALIDATION, a.json)
+    if a.vary:
+        return sweep_variants(a.config, a.vary, a.budget_gib, a.time, a.reps, a.steps, a.json)
     if a.microbatch_sweep:
         try:
             counts = [int(m) for m in a.microbatch_sweep.split(",")]

@@ -93,7 +93,7 @@ def measure(cfg: Config, variant: str) -> tuple[dict, Work, list]:
     tokens = batch * microbatches * seq  # per iteration
     work = Work(gemms, traffic, both, itemsize, params)
     c = count(m, seq)
-    layer_fwd, layer_bwd = layer_split(both)
+    layer_fwd, layer_bwd = layer_split(both, pp > 1)
     flops = lambda attention: sum(g.flops * g.trip_count for g in gemms if g.attention == attention)
     cost = step.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

@@ -41,8 +41,8 @@ def paper_hardware() -> Hardware:
 
 def is_paper_layout(layout, model: str) -> bool:
     tp, pp = PAPER[model]["tp"], PAPER[model]["pp"]
-    return (layout.scheme, layout.tp, layout.pp, layout.pp_repeats, layout.dp, layout.fsdp, layout.microbatches) \
-        == (SCHEME, tp, pp, 1, 1, 1, pp)
+    return (layout.scheme, layout.tp, layout.pp, layout.pp_repeats, layout.dp, layout.fsdp, layout.cp,
+            layout.microbatches) == (SCHEME, tp, pp, 1, 1, 1, 1, pp)
 
 
 def row_overrides(model: str, overrides: tuple[str, ...]) -> list[str]:

@@ -3,7 +3,9 @@ per-device peak memory on this machine, for the config as `train` would run it (
 as is: `bench step recipe.yaml`).
 
 `--compare` builds dense/megatron, <arch>/vanilla and <arch>/btp of the same config and times them
-in interleaved repetitions (so machine noise hits all three alike), then prints the ratios.
+in interleaved repetitions (so machine noise hits all three alike), then prints the ratios;
+`--vary section.key=V1,V2,...` does the same for any config key's values, each variant's time also
+as a ratio to the first's (`--vary parallel.cp=1,2,4`: the cost of context parallelism here).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax
 import numpy as np
 
 from boost_jax.analysis.program import peak_bytes
-from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
 from boost_jax.flops import count, datasheet_peak_flops, measure_matmul_peak
 from boost_jax.parallel import make_plan
@@ -46,8 +48,8 @@ class Runner:
     def steps(self, n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
-            self.state, metrics = self.compiled(self.state, self.batch)
-        jax.block_until_ready(metrics)
+            self.state, self.metrics = self.compiled(self.state, self.batch)
+        jax.block_until_ready(self.metrics)
         return (time.perf_counter() - t0) / n
 
     def result(self) -> dict:
@@ -55,11 +57,11 @@ class Runner:
         m, p, mesh = self.cfg.model, self.cfg.parallel, self.mesh_shape
         flops = count(m, self.cfg.train.seq_len).train_flops_per_token * self.tokens
         return {"model": m.preset, "arch": m.arch, "scheme": p.scheme, "tp": mesh["tp"], "dp": mesh["dp"],
-                "fsdp": mesh["fsdp"], "pp": mesh["pp"],
+                "fsdp": mesh["fsdp"], "pp": mesh["pp"], "cp": mesh["cp"],
                 "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
                 "model_flops_per_s": flops / med,  # analytic training FLOPs (flops.py), all devices together
-                "peak_bytes_per_device": self.peak}
+                "peak_bytes_per_device": self.peak, "last_loss": float(self.metrics["loss"])}
 
 
 def time_runners(runners: list[Runner], reps: int, steps: int) -> list[dict]:
@@ -106,11 +108,18 @@ def main(argv: list[str]) -> None:
     p.add_argument("--compare", action="store_true", help="dense/megatron vs <arch>/vanilla vs <arch>/btp")
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (the median is reported)")
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
+    add_vary(p)
     a = parse(p, argv)
     if a.reps < 1 or a.steps < 1:
         raise ConfigError(f"--reps and --steps must be at least 1, got {a.reps} and {a.steps}")
-    cfgs = compare_configs(a.config) if a.compare else [config_of(a.config)]
+    if a.compare and a.vary:
+        raise ConfigError("--compare and --vary each make the variants: give one")
+    labelled = variants(a.config, a.vary) if not a.compare else [("", c) for c in compare_configs(a.config)]
+    cfgs = [c for _, c in labelled]
     results, peak = measure_with_peak([Runner(c) for c in cfgs], a.reps, a.steps)
+    for r, (label, _) in zip(results, labelled):
+        r["variant"] = label
+        r["time_vs_first"] = r["median_step_s"] / results[0]["median_step_s"]
     sheet = datasheet_peak_flops(jax.devices()[0], cfgs[0].model.dtype)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results)
@@ -121,13 +130,15 @@ def main(argv: list[str]) -> None:
                           **({"ratios": ratios} if a.compare else {})}, indent=1))
         return
     mfu_head = f" {'MFU':>6s}" if sheet else ""
-    print(f"{'variant':24s} {'median ms':>10s} {'tokens/s':>10s} {'of peak':>8s}{mfu_head} {'peak MiB/dev':>13s}   "
+    width = max(24, *(len(r["variant"]) + 2 for r in results))
+    print(f"{'variant':{width}s} {'median ms':>10s} {'x first':>8s} {'tokens/s':>10s} {'of peak':>8s}{mfu_head} "
+          f"{'peak MiB/dev':>13s}   "
           f"({a.reps} reps x {a.steps} steps, {jax.devices()[0].device_kind}, matmul peak {peak / 1e9:,.1f} GFLOP/s"
           + (f", datasheet {sheet / 1e12:,.0f} TFLOP/s)" if sheet else ")"))
     for r in results:
-        name = f"{r['arch']}/{r['scheme']} tp={r['tp']}"
+        name = r["variant"] or f"{r['arch']}/{r['scheme']} tp={r['tp']}"
         mfu = f" {100 * r['mfu']:5.1f}%" if sheet else ""
-        print(f"{name:24s} {1e3 * r['median_step_s']:10.1f} {r['tokens_per_s']:10,.0f} "
+        print(f"{name:{width}s} {1e3 * r['median_step_s']:10.1f} {r['time_vs_first']:7.2f}x {r['tokens_per_s']:10,.0f} "
               f"{100 * r['fraction_of_peak']:7.1f}%{mfu} {r['peak_bytes_per_device'] / 2**20:13.1f}")
     if a.compare:
         print("  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))

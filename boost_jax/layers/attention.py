@@ -20,14 +20,16 @@ from flax import nnx
 from boost_jax.config import ModelConfig
 from boost_jax.layers.kv_cache import KVCache, LatentCache, ValueLatentCache
 from boost_jax.layers.lowrank import Linear
-from boost_jax.parallel.projections import Projections
+from boost_jax.parallel.context import KEYS, QUERIES, gather, local_kv_heads, over_cp, ring_attention
+from boost_jax.parallel.projections import LATENT_AXES, Projections
 
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Positions:
     """Where a forward's tokens sit. `positions` int32 [B, S] (None: 0 .. S-1 in every row, as in
-    training on packed windows); `segments` int32 [B, S], each token's document (None: one per row)."""
+    training on packed windows); `segments` int32 [B, S], each token's document (None: one per row).
+    Under context parallelism each device holds its chunk of them, in the load-balanced order."""
 
     positions: jax.Array | None = None
     segments: jax.Array | None = None
@@ -129,6 +131,8 @@ class Attention(nnx.Module):
         """The attention heads' output [B, S, H * d_h] before o (what o reads), and the cache."""
         if isinstance(cache, (LatentCache, ValueLatentCache)):
             return self._over_latents(x, norm, proj, where, cache)
+        if proj.plan.size("seq") > 1 and proj.plan.cp_attention == "latent":
+            return self._gathering_latents(x, norm, proj, where), cache
         b, s, _ = x.shape
         kv = ("kv_heads", "act_kv_heads")
         qkv = proj.normed(x, norm, {"q": self.q, "k": self.k, "v": self.v},
@@ -142,6 +146,8 @@ class Attention(nnx.Module):
         k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
         q_positions, k_positions = where.positions, where.positions
+        if proj.plan.size("seq") > 1:  # context parallel (parallel/context.py)
+            return self._across_devices(q, k, v, where, proj), cache
         if cache is not None:
             if where.segments is not None:
                 raise ValueError("attention: a KV cache holds one document per row; segment ids do not apply")
@@ -151,6 +157,63 @@ class Attention(nnx.Module):
                                q_positions=q_positions, k_positions=k_positions,
                                q_segments=where.segments, k_segments=where.segments)
         return constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads")), cache
+
+    def _across_devices(self, q, k, v, where: Positions, proj: Projections) -> jax.Array:
+        """Attention of the local queries over the whole sequence under context parallelism: k and v
+        gathered over cp (gather) or passed round the ring (ring); parallel/context.py."""
+        b, s = q.shape[:2]
+        plan = proj.plan
+        if plan.cp_attention == "ring":
+            positions = where.of(b, s)
+            out = ring_attention(plan, q, k, v, positions, positions, where.segments, where.segments, self.n_heads)
+        else:
+            tokens = self._tokens(where, b, s)
+            out = over_cp(plan, partial(self._attend_gathered, plan), (q, k, v, *tokens),
+                          (QUERIES, KEYS, KEYS, *(("batch", "seq"),) * len(tokens)), QUERIES)
+        return plan.constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
+
+    def _tokens(self, where: Positions, b: int, s: int) -> tuple:
+        """The positions (and segments) arrays the queries and keys are masked by, for over_cp."""
+        return (where.of(b, s),) if where.segments is None else (where.of(b, s), where.segments)
+
+    def _attend_gathered(self, plan, q, k, v, positions, segments=None):
+        """Inside over_cp: the local queries against every device's keys and values."""
+        k, v = (local_kv_heads(plan, gather(x), self.n_heads, q.shape[2]) for x in (k, v))
+        return causal_attention(q, k, v, impl="xla", query_block=self.query_block, q_positions=positions,
+                                k_positions=gather(positions), q_segments=segments,
+                                k_segments=None if segments is None else gather(segments))
+
+    def _gathering_latents(self, x, norm, proj: Projections, where: Positions) -> jax.Array:
+        """Context parallelism by the latents (low-rank archs): the rank-r latents of k and v are
+        gathered over cp, and every device rebuilds the whole sequence's keys and values from them
+        with its own columns of B (summed over the devices that split r, where the scheme does)."""
+        b, s, _ = x.shape
+        plan = proj.plan
+        hs = proj.latents(x, norm, {"q": self.q, "k": self.k, "v": self.v})
+        q = proj.up({"q": hs["q"]}, {"q": self.q}, {"q": ("heads", "act_heads")})["q"].reshape(b, s, self.n_heads,
+                                                                                              self.head_dim)
+        q = plan.constrain(rope(q, where.of(b, s), self.rope_theta), QUERIES)
+        rank_axis = plan.axis(LATENT_AXES[-1])
+
+        def up(h, w):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', d_h]
+            y = gather(h) @ w.astype(h.dtype)
+            y = y if rank_axis is None else jax.lax.psum(y, rank_axis)
+            return y.reshape(*y.shape[:2], -1, self.head_dim)
+
+        def attend(q, h_k, h_v, b_k, b_v, positions, segments=None):
+            k_positions = gather(positions)
+            k = rope(up(h_k, b_k), k_positions, self.rope_theta)
+            k, v = (local_kv_heads(plan, x, self.n_heads, q.shape[2]) for x in (k, up(h_v, b_v)))
+            return causal_attention(q, k, v, impl="xla", query_block=self.query_block, q_positions=positions,
+                                    k_positions=k_positions, q_segments=segments,
+                                    k_segments=None if segments is None else gather(segments))
+
+        tokens = self._tokens(where, b, s)
+        weights = (LATENT_AXES[-1], "kv_heads")  # B's rows as the latents are split, its columns as the heads
+        out = over_cp(plan, attend, (q, hs["k"], hs["v"], self.k.b[...], self.v.b[...], *tokens),
+                      (QUERIES, LATENT_AXES, LATENT_AXES, weights, weights, *(("batch", "seq"),) * len(tokens)),
+                      QUERIES)
+        return plan.constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
 
     def _over_latents(self, x, norm, proj: Projections, where: Positions, cache: LatentCache | ValueLatentCache):
         """Attention over a cache of latents (layers/kv_cache.py): v stays a rank-r latent, and its

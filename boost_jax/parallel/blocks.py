@@ -135,16 +135,20 @@ def btp_down(
 def grouped_up(plan: Plan, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,
                y_axis: str, kernels: str = "xla") -> list[jax.Array]:
     """Column-parallel up-projections of same-width outputs as one batched GEMM:
-    z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul)."""
+    z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul). T is the batch and
+    sequence flattened, except where the sequence is split over devices (context parallelism), which
+    flattening would gather: there z stays [c, B, S, r]."""
     c, bsz, s, r = len(latents), *latents[0].shape
-    z = jnp.stack(latents).reshape(c, bsz * s, r)
+    split_seq = plan.size("seq") > 1
+    z = jnp.stack(latents) if split_seq else jnp.stack(latents).reshape(c, bsz * s, r)
     b = jnp.stack([w.astype(z.dtype) for w in weights])
     if kernels == "xla":  # XLA partitions the batched GEMM from the layouts alone
         y = grouped_matmul(z, b, impl=kernels)
     else:
+        rows = ("batch", "seq") if split_seq else ("batch",)
         y = jax.shard_map(
             lambda z, b: grouped_matmul(z, b, impl=kernels), mesh=plan.mesh,
-            in_specs=(plan.spec((None, "batch", None)), plan.spec((None, None, w_axis))),
-            out_specs=plan.spec((None, "batch", y_axis)), check_vma=False,
+            in_specs=(plan.spec((None, *rows, None)), plan.spec((None, None, w_axis))),
+            out_specs=plan.spec((None, *rows, y_axis)), check_vma=False,
         )(z, b)
     return list(y.reshape(c, bsz, s, -1))

@@ -12,12 +12,12 @@ import jax
 from jax.sharding import AxisType, Mesh
 
 from boost_jax.errors import ConfigError
-from boost_jax.schemes import DP, FSDP, MESH_AXES, PP, TP
+from boost_jax.schemes import CP, DP, FSDP, MESH_AXES, PP, TP
 
 if TYPE_CHECKING:
     from boost_jax.config import ParallelConfig
 
-__all__ = ["DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape",
+__all__ = ["CP", "DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape",
            "simulate_cpu_devices"]
 
 

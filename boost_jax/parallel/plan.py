@@ -42,6 +42,7 @@ class Plan:
     rules: Rules  # logical axis -> mesh axes, for this model (kv-head replication applied)
     pipeline: Schedule | None = None  # pipeline stages over the pp axis; None: one stage
     attention: str = "xla"  # xla | cudnn (layers/attention.py)
+    cp_attention: str = "gather"  # how attention reaches other devices' tokens under cp (parallel/context.py)
 
     def __post_init__(self):
         if self.scheme.name not in STRATEGIES:
@@ -155,7 +156,7 @@ def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Pla
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {shape})")
     return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP]), _schedule(cfg, shape[PP]),
-                resolve_attention(cfg.model.attention, platform))
+                resolve_attention(cfg.model.attention, platform), cfg.parallel.cp_attention)
 
 
 def _schedule(cfg: Config, stages: int) -> Schedule | None:

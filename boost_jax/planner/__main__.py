@@ -3,8 +3,9 @@
 The parallel layout to run, before a GPU is rented. The config (the train command's keys and
 meanings: model, train.batch_size as the global batch of an iteration, train.seq_len,
 model.dtype, ...) is fixed; the planner chooses the layout keys (parallel.scheme, tp, pp,
-pp_repeats, dp, fsdp, train.microbatches, train.remat) over every layout of --gpus devices that
-divides the model and the batch (--schemes/--tp/--pp/--pp-repeats/--remat narrow the search),
+pp_repeats, dp, fsdp, cp, train.microbatches, train.remat) over every layout of --gpus devices that
+divides the model and the batch (--schemes/--tp/--pp/--pp-repeats/--cp/--remat narrow the search;
+context parallelism is sized only where the same devices as data parallelism do not fit),
 sized per device by the memory model (analysis/memory_model.py; fp32 master weights and AdamW
 moments, activations at model.dtype) against the GPU's memory less --headroom, priced by the
 performance model (analysis/perf_model.py) on an abstract compile of each per-device program
@@ -25,7 +26,7 @@ from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flag
 from boost_jax.config import ConfigError, from_args, raw_args
 
 GIB = 2**30
-SPACE_FLAGS = ("--tp", "--pp", "--pp-repeats")  # narrow the search (a list), unlike the config keys
+SPACE_FLAGS = ("--tp", "--pp", "--pp-repeats", "--cp")  # narrow the search (a list), unlike the config keys
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,6 +45,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tp", type=int_list, default="", help="comma-separated sizes; default: divisors of --gpus within a node")
     p.add_argument("--pp", type=int_list, default="", help="comma-separated sizes; default: every divisor")
     p.add_argument("--pp-repeats", type=int_list, default="1,2")
+    p.add_argument("--cp", type=int_list, default="",
+                   help="comma-separated sizes; default: every divisor that splits train.seq_len")
     p.add_argument("--remat", default="none,lowrank,full")
     p.add_argument("--top", type=int, default=5, help="candidates printed")
     p.add_argument("--out", default="", help="write the best layout as a config YAML")
@@ -87,13 +90,14 @@ def _main(argv: list[str]) -> None:
     from boost_jax.planner.layouts import Space, enumerate_layouts
 
     space = Space(schemes=tuple(s for s in a.schemes.split(",") if s), tp=a.tp, pp=a.pp,
-                  pp_repeats=a.pp_repeats, remat=tuple(a.remat.split(",")))
+                  pp_repeats=a.pp_repeats, cp=a.cp, remat=tuple(a.remat.split(",")))
     hw = one_machine(a.hardware_file, a.hardware)
-    # Compiles run on tp x pp simulated devices (dp = fsdp = 1): request the most any layout needs
-    # before JAX's backend starts.
+    # Compiles run on tp x pp x cp simulated devices (dp = fsdp = 1): request the most any layout
+    # needs before JAX's backend starts.
     if jax.config.jax_platforms in (None, "", "cpu"):
-        most = max((l.tp * l.pp for l in enumerate_layouts(cfg.model.arch, a.gpus, cfg.train.batch_size,
-                                                           hw.gpus_per_node, space)), default=1)
+        most = max((l.tp * l.pp * l.cp for l in enumerate_layouts(cfg.model.arch, a.gpus, cfg.train.batch_size,
+                                                                  cfg.train.seq_len, hw.gpus_per_node, space)),
+                   default=1)
         jax.config.update("jax_num_cpu_devices", most)
     from boost_jax.cache import cache_root
     from boost_jax.planner.price import DiskCache
@@ -126,11 +130,11 @@ def print_plan(a: argparse.Namespace, cfg, hw, cands) -> None:
           f"per GPU ({100 * a.headroom:.0f}% headroom)")
     print(f"{len(cands)} layouts: {sum(c.cfg is None for c in cands)} do not divide, "
           f"{sum(c.memory is not None and not c.fits for c in cands)} do not fit, {len(priced)} priced\n")
-    print(f"{'#':>2s} {'scheme':8s} {'tp':>3s} {'pp':>3s} {'R':>2s} {'dp':>3s} {'fsdp':>4s} {'M':>4s} {'remat':8s} "
+    print(f"{'#':>2s} {'scheme':8s} {'tp':>3s} {'pp':>3s} {'R':>2s} {'dp':>3s} {'fsdp':>4s} {'cp':>3s} {'M':>4s} {'remat':8s} "
           f"{'s/iter':>8s} {'tok/s/GPU':>10s} {'MFU':>6s} {'GiB/GPU':>8s}  why not first")
     for i, c in enumerate(priced[:a.top]):
         r, l = c.row(hw, a.gpus), c.layout
-        print(f"{i + 1:2d} {l.scheme:8s} {l.tp:3d} {l.pp:3d} {l.pp_repeats:2d} {l.dp:3d} {l.fsdp:4d} {l.microbatches:4d} "
+        print(f"{i + 1:2d} {l.scheme:8s} {l.tp:3d} {l.pp:3d} {l.pp_repeats:2d} {l.dp:3d} {l.fsdp:4d} {l.cp:3d} {l.microbatches:4d} "
               f"{l.remat:8s} {r['step_s']:8.3g} {r['tokens_per_s_per_gpu']:10.0f} {100 * r['mfu']:5.1f}% "
               f"{r['memory_bytes_per_gpu'] / GIB:8.3g}  {c.why or '-'}")
     losers = [c for c in cands if not c.step]

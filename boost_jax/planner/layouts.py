@@ -1,4 +1,4 @@
-"""The layouts a planner considers: every (scheme, tp, pp, pp_repeats, dp, fsdp, micro-batches,
+"""The layouts a planner considers: every (scheme, tp, pp, pp_repeats, dp, fsdp, cp, micro-batches,
 remat) whose mesh is the GPU count, each checked the way a run checks it (config validation and
 the plan's divisibility rules) before anything is compiled."""
 
@@ -14,7 +14,7 @@ from boost_jax.schemes import SCHEMES
 
 # The config keys a layout sets (the planner's to choose, never the user's config).
 LAYOUT_KEYS = ("parallel.scheme", "parallel.tp", "parallel.pp", "parallel.pp_repeats", "parallel.dp", "parallel.fsdp",
-               "train.microbatches", "train.remat")
+               "parallel.cp", "train.microbatches", "train.remat")
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,14 @@ class Layout:
     pp_repeats: int
     dp: int
     fsdp: int
+    cp: int
     microbatches: int
     remat: str
 
     def overrides(self) -> list[str]:
         """The config keys this layout sets (LAYOUT_KEYS)."""
-        values = (self.scheme, self.tp, self.pp, self.pp_repeats, self.dp, self.fsdp, self.microbatches, self.remat)
+        values = (self.scheme, self.tp, self.pp, self.pp_repeats, self.dp, self.fsdp, self.cp, self.microbatches,
+                  self.remat)
         return [f"{k}={v}" for k, v in zip(LAYOUT_KEYS, values)]
 
     def as_dict(self) -> dict:
@@ -45,6 +47,7 @@ class Space:
     tp: tuple[int, ...] = ()
     pp: tuple[int, ...] = ()
     pp_repeats: tuple[int, ...] = (1, 2)
+    cp: tuple[int, ...] = ()
     remat: tuple[str, ...] = tuple(REMAT_POLICIES)
 
 
@@ -52,9 +55,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(arch: str, gpus: int, global_batch: int, gpus_per_node: int, space: Space) -> Iterator[Layout]:
+def enumerate_layouts(arch: str, gpus: int, global_batch: int, seq_len: int, gpus_per_node: int,
+                      space: Space) -> Iterator[Layout]:
     """Every layout of `gpus` devices. TP stays inside a node (its all-reduces are per layer; over
-    the network they would dominate), so tp <= gpus_per_node unless `space.tp` asks otherwise."""
+    the network they would dominate), so tp <= gpus_per_node unless `space.tp` asks otherwise. CP may
+    span nodes (a long sequence's attention has work to hide its collectives behind); it splits the
+    sequence into 2 cp chunks, so it divides seq_len / 2."""
     schemes = space.schemes or tuple(name for name, s in SCHEMES.items() if arch in s.archs)
     for name in schemes:
         if name not in SCHEMES:
@@ -68,13 +74,17 @@ def enumerate_layouts(arch: str, gpus: int, global_batch: int, gpus_per_node: in
                 if gpus % (tp * pp):
                     continue
                 for repeats in space.pp_repeats if pp > 1 else (1,):
-                    data = gpus // (tp * pp)
-                    for fsdp in _divisors(data):
-                        for m in _divisors(global_batch):
-                            if m < pp or (global_batch // m) % data:
-                                continue
-                            for remat in space.remat:
-                                yield Layout(scheme, tp, pp, repeats, data // fsdp, fsdp, m, remat)
+                    cps = space.cp or [c for c in _divisors(gpus // (tp * pp)) if c == 1 or seq_len % (2 * c) == 0]
+                    for cp in cps:
+                        if gpus % (tp * pp * cp):
+                            continue
+                        data = gpus // (tp * pp * cp)  # the batch's devices: dp x fsdp
+                        for fsdp in _divisors(data):
+                            for m in _divisors(global_batch):
+                                if m < pp or (global_batch // m) % data:
+                                    continue
+                                for remat in space.remat:
+                                    yield Layout(scheme, tp, pp, repeats, data // fsdp, fsdp, cp, m, remat)
 
 
 def layout_config(args: Sequence[str], layout: Layout) -> Config:

@@ -1,9 +1,9 @@
 """Pricing a layout: seconds per iteration from the performance model, on one abstract compile of
 the per-device program, cached in memory and on disk (a re-run of a plan compiles nothing).
 
-What is compiled is what determines one device's program: scheme, tp, pp, pp_repeats, remat,
-the rows of a micro-batch on a device and (under a pipeline) the micro-batch count, at dp = fsdp = 1
-on tp x pp simulated devices with every layer of the model. Two things are then added analytically
+What is compiled is what determines one device's program: scheme, tp, pp, pp_repeats, cp (and its
+attention), remat, the rows of a micro-batch on a device and (under a pipeline) the micro-batch
+count, at dp = fsdp = 1 on tp x pp x cp simulated devices with every layer of the model. Two things are then added analytically
 and said so in the output: data-parallel gradient all-reduces (over dp) and FSDP's weight
 all-gathers and gradient reduce-scatters (over fsdp), whose group sizes a dp = fsdp = 1 compile
 cannot show; and without a pipeline, M micro-batches cost M times one (gradient accumulation
@@ -67,8 +67,8 @@ class DiskCache:
 
 
 def device_program(cfg: Config) -> Config:
-    """cfg at dp = fsdp = 1 with one device's rows: the same per-device program on tp x pp devices
-    (without a pipeline, one micro-batch of it)."""
+    """cfg at dp = fsdp = 1 with one device's rows: the same per-device program on tp x pp x cp
+    devices (without a pipeline, one micro-batch of it)."""
     p, t = cfg.parallel, cfg.train
     rows = t.batch_size // t.microbatches // (p.dp * p.fsdp)
     micro = t.microbatches if p.pp > 1 else 1
@@ -118,13 +118,15 @@ def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
     p, t = cfg.parallel, cfg.train
     optimizer = param_elems * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
     grad_bytes = param_elems * jnp.dtype(cfg.model.param_dtype).itemsize
-    # Mesh order pp, dp, fsdp, tp (tp innermost): a group over fsdp spans fsdp x tp neighbouring
-    # devices, one over dp spans dp x fsdp x tp.
-    dp_s = ring_seconds("all-reduce", p.dp, grad_bytes, p.dp * p.fsdp * p.tp > hw.gpus_per_node, hw) if p.dp > 1 else 0.0
+    # Mesh order pp, dp, fsdp, cp, tp (tp innermost): a group over fsdp spans fsdp x cp x tp
+    # neighbouring devices, one over dp spans dp x fsdp x cp x tp. (Context parallelism's own
+    # gradient all-reduce is in the compiled program, which keeps cp.)
+    inner = p.cp * p.tp
+    dp_s = ring_seconds("all-reduce", p.dp, grad_bytes, p.dp * p.fsdp * inner > hw.gpus_per_node, hw) if p.dp > 1 else 0.0
     fsdp_s = 0.0
     if p.fsdp > 1:  # each micro-batch gathers the weights forward and backward; gradients scatter once
         gathered = param_elems * p.fsdp * jnp.dtype(cfg.model.dtype).itemsize
-        crosses = p.fsdp * p.tp > hw.gpus_per_node
+        crosses = p.fsdp * inner > hw.gpus_per_node
         fsdp_s = (2 * t.microbatches * ring_seconds("all-gather", p.fsdp, gathered, crosses, hw)
                   + ring_seconds("reduce-scatter", p.fsdp, grad_bytes * p.fsdp, crosses, hw))
     return {"optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
@@ -136,12 +138,12 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
     GEMM efficiency with no wave loss, the causal attention FLOPs at the attention efficiency, the
     layers' share stretched by the pipeline's bubble iterations and grown by full remat's forward
     recompute (lowrank's recompute is not counted), the forward TP all-reduces' bandwidth time (the
-    backward's and every latency left out), plus the analytic parts exactly. Every term is at
+    backward's, context parallelism's collectives and every latency left out), plus the analytic parts exactly. Every term is at
     most what the performance model charges the compiled program for it, so a layout whose bound
     exceeds a priced layout's seconds cannot be faster."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     c = count(m, t.seq_len)
-    tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.tp * p.pp)
+    tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.cp * p.tp * p.pp)
     head = m.d_model * m.vocab_size
     layer_flops = 6.0 * (c.matmul_params - head) * (4 / 3 if t.remat == "full" else 1)
     stretch = 1.0
@@ -153,7 +155,7 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
                         + attention * stretch / (hw.peak_flops * hw.attention_efficiency))
     if p.tp > 1:  # the layers' forward TP all-reduces (the scheme's analytic bytes = the HLO's), no latency
         rows = t.batch_size // (p.dp * p.fsdp * t.microbatches)
-        nbytes = SCHEMES[p.scheme].layer_forward_elements(m.resolved(), rows * t.seq_len) * jnp.dtype(m.dtype).itemsize
+        nbytes = SCHEMES[p.scheme].layer_forward_elements(m.resolved(), rows * t.seq_len // p.cp) * jnp.dtype(m.dtype).itemsize
         runs = t.microbatches * m.n_layers // p.pp * stretch
         crosses = p.tp > hw.gpus_per_node
         program += runs * (ring_seconds("all-reduce", p.tp, nbytes, crosses, hw) - hw.collective_latency_s)
@@ -163,6 +165,7 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
 def layer_cache(cache: DiskCache) -> Callable[[Config], LayerBytes]:
     """memory_model.layer_bytes, cached."""
     return lambda layer_cfg: LayerBytes(*cache.get(("layer", layer_cfg.model, layer_cfg.parallel.scheme,
-                                                    layer_cfg.parallel.tp, layer_cfg.train.batch_size,
+                                                    layer_cfg.parallel.tp, layer_cfg.parallel.cp,
+                                                    layer_cfg.parallel.cp_attention, layer_cfg.train.batch_size,
                                                     layer_cfg.train.seq_len, layer_cfg.train.remat),
                                                    lambda: list(layer_bytes(layer_cfg))))

@@ -4,6 +4,7 @@ ranked; each loser keeps the reason it lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,25 +47,29 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
     (None: all that can win) are priced besides the `must_price` ones, in order of their lower bound."""
     first = from_args(args)
     out = [Candidate(layout) for layout in enumerate_layouts(first.model.arch, gpus, first.train.batch_size,
-                                                             hw.gpus_per_node, space)]
+                                                             first.train.seq_len, hw.gpus_per_node, space)]
     budget = hw.hbm_bytes * (1 - headroom)
     layer = layer_cache(cache)
     fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
-    for c in sorted(out, key=lambda c: c.layout.microbatches):
+    fitting: set = set()  # the layouts without context parallelism that fit (`_fold`)
+    for c in sorted(out, key=lambda c: (c.layout.microbatches, c.layout.cp)):
         try:
             c.cfg = layout_config(args, c.layout)
         except ConfigError as e:
             c.why = f"does not divide: {e}"
             continue
-        c.why = _not_worth_sizing(c.layout, fewest)
+        c.why = _not_worth_sizing(c.layout, fewest, fitting)
         if c.why:
             continue
         c.memory = breakdown(c.cfg, layer)
         c.fits = c.memory["total"] <= budget
         if not c.fits:
             c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
-        elif c.layout.pp == 1:
+            continue
+        if c.layout.pp == 1:
             fewest[_without_m(c.layout)] = c.layout.microbatches
+        if c.layout.cp == 1:
+            fitting.add(_fold(c.layout))
     # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound), and
     # stop where the next bound exceeds the fastest priced so far; `must_price` layouts are priced
     # regardless (e.g. one to compare with).
@@ -92,13 +97,25 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
 
 
 def _without_m(l: Layout) -> tuple:
-    return (l.scheme, l.tp, l.pp, l.pp_repeats, l.dp, l.fsdp, l.remat)
+    return (l.scheme, l.tp, l.pp, l.pp_repeats, l.dp, l.fsdp, l.cp, l.remat)
 
 
-def _not_worth_sizing(l: Layout, fewest: dict[tuple, int]) -> str:
+def _fold(l: Layout) -> tuple:
+    """A layout with its cp folded into dp; without a pipeline, M aside (layouts come fewest M
+    first, so one found here fits with at most as many micro-batches)."""
+    folded = dataclasses.replace(l, dp=l.dp * l.cp, cp=1)
+    return _without_m(folded) if l.pp == 1 else folded
+
+
+def _not_worth_sizing(l: Layout, fewest: dict[tuple, int], fitting: set) -> str:
     """Why a layout is not worth sizing or compiling ("" if it is). Without a pipeline, micro-batches
     only trade memory for smaller GEMMs: the fewest that fit win (layouts come fewest first). Under
-    one, more micro-batches shrink the bubble and grow the buffers: pp x 1, 2, 4, 8 of them."""
+    one, more micro-batches shrink the bubble and grow the buffers: pp x 1, 2, 4, 8 of them. Context
+    parallelism trades memory for attention's collectives: the same devices as data parallelism
+    (cp folded into dp) do the same work per device without them, so cp > 1 is sized only where that
+    layout does not fit (layouts come cp = 1 first)."""
+    if l.cp > 1 and _fold(l) in fitting:
+        return f"not priced: dp={l.dp * l.cp} without context parallelism fits"
     if l.pp == 1 and _without_m(l) in fewest:
         return f"not priced: M={fewest[_without_m(l)]} fits with fewer, larger micro-batches"
     if l.pp > 1 and l.microbatches not in [l.pp * k for k in PIPELINE_MICROBATCHES]:
