@@ -106,20 +106,25 @@ def context_of(attention: str) -> dict:
     return measure(build(cfg))
 
 
-@pytest.mark.parametrize("attention, kind, shape", [
-    ("gather", "all-gather", "[4, 64, 1, 8]"),  # k and v of the whole sequence, this device's kv head
-    ("ring", "collective-permute", "[4, 32, 1, 8]"),  # the other device's block of k and v
-    ("latent", "all-gather", "[4, 64, 16]"),  # the rank-16 latents of k and v, replicated over tp
+@pytest.mark.parametrize("attention, kind, shape, backward", [
+    # k and v of the whole sequence (this device's kv head); backward, a reduce-scatter of each gradient
+    ("gather", "all-gather", "[4, 64, 1, 8]", ["reduce-scatter bf16[4, 32, 1, 8]"] * 2),
+    # the other device's block of k and v; backward, k and v again, then dk and dv out and home
+    ("ring", "collective-permute", "[4, 32, 1, 8]", ["collective-permute bf16[4, 32, 1, 8]"] * 6),
+    # the rank-16 latents of k and v (replicated over tp); backward, their gradients reduce-scattered
+    ("latent", "all-gather", "[4, 64, 16]", ["reduce-scatter bf16[4, 32, 16]"] * 2),
 ])
-def test_cp_collectives_on_the_hlo_are_the_analytic_ones(attention, kind, shape):
+def test_cp_collectives_on_the_hlo_are_the_analytic_ones(attention, kind, shape, backward):
     """Per layer: two collectives along cp forward (k and v, or their latents) whose bytes are the
-    analytic figure, their transposes backward, and the TP side exactly what it is without cp."""
+    analytic figure, their transposes backward (and the weight gradients' all-reduce over cp), and
+    the TP side exactly what it is without cp."""
     r = context_of(attention)
     ctx = r["context"]
     assert ctx["forward_ops"] == [f"{kind} bf16{shape} over 2 ({ctx['analytic_forward_bytes'] / 2 / 2**20:.2f} MiB)"] * 2
     assert ctx["forward"]["count"] == 2 and ctx["forward"]["bytes"] == ctx["analytic_forward_bytes"]
-    back = {"all-gather": "reduce-scatter", "collective-permute": "collective-permute"}[kind]
-    assert sorted(op.split(" ")[0] for op in ctx["backward_ops"]) == sorted([back, back, "all-reduce"])
+    ops = [op.split(" over ")[0] for op in ctx["backward_ops"]]
+    assert sorted(op for op in ops if not op.startswith("all-reduce")) == backward
+    assert [op for op in ops if op.startswith("all-reduce f32")] and len(ops) == len(backward) + 1
     # The attention heads stay split over tp: the TP side is the scheme's analytic volume, for half the tokens.
     assert r["layer_forward_collectives"] == 4 and r["by_kind"]["forward"].keys() == {"all-reduce"}
     assert r["forward_over_analytic"] == pytest.approx(1.0, abs=0.02)

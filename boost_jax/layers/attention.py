@@ -165,7 +165,8 @@ class Attention(nnx.Module):
         plan = proj.plan
         if plan.cp_attention == "ring":
             positions = where.of(b, s)
-            out = ring_attention(plan, q, k, v, positions, positions, where.segments, where.segments, self.n_heads)
+            out = ring_attention(plan, q, k, v, positions, positions, where.segments, where.segments,
+                                 n_heads=self.n_heads, rows=query_rows(s // plan.size("seq"), self.query_block))
         else:
             tokens = self._tokens(where, b, s)
             out = over_cp(plan, partial(self._attend_gathered, plan), (q, k, v, *tokens),
