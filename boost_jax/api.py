@@ -67,7 +67,7 @@ def restore_state(run_dir: str | Path, cfg: Config, plan: Plan, step: int | None
     """(the jitted steps' Setup, the train state of checkpoint `step` (default: the newest) laid out
     for `plan`, the step) of a run dir whose config is `cfg` (`run_config`)."""
     from boost_jax.checkpoint import Checkpointer, model_identity
-    from boost_jax.step import setup
+    from boost_jax.step import OPTIONAL_STATE, setup
 
     run_dir = Path(run_dir)
     if not (run_dir / "checkpoints").is_dir():
@@ -82,7 +82,7 @@ def restore_state(run_dir: str | Path, cfg: Config, plan: Plan, step: int | None
             raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
         run, like = setup(cfg, plan)
         # Only the model decides what the parameters mean (data and batch keys matter to resuming).
-        state, meta = ckpt.restore(step, like, model_identity(cfg.to_dict()))
+        state, meta = ckpt.restore(step, like, model_identity(cfg.to_dict()), optional=OPTIONAL_STATE)
         state = run.adopt(state, meta)
     finally:
         ckpt.close()

@@ -17,8 +17,10 @@ import orbax.checkpoint as ocp
 from boost_jax.errors import CheckpointError
 
 
-# Keys that must not change when a run dir is resumed: they change what the checkpoint means.
+# Keys that must not change when a run dir is resumed: they change what the checkpoint means. A
+# mixture's datasets and weights may (the run records each change: data/mixture.py).
 FROZEN_ON_RESUME = ("model", "data", "train.batch_size", "train.seq_len", "train.seed")
+MAY_CHANGE_ON_RESUME = ("data.mixture",)
 
 
 # Model keys that change how a model computes, not what its parameters mean: a saved model is served
@@ -34,8 +36,8 @@ def model_identity(config: dict) -> dict[str, Any]:
 
 def identity(config: dict, keys: tuple[str, ...] = FROZEN_ON_RESUME) -> dict[str, Any]:
     """The frozen keys (or those under `keys`) of a config dict (`Config.to_dict()`), as flat dotted names."""
-    frozen = lambda key: any(key == f or key.startswith(f + ".") for f in keys)
-    return {k: v for k, v in _flatten(config).items() if frozen(k)}
+    under = lambda key, prefixes: any(key == f or key.startswith(f + ".") for f in prefixes)
+    return {k: v for k, v in _flatten(config).items() if under(k, keys) and not under(k, MAY_CHANGE_ON_RESUME)}
 
 
 def changed_keys(saved: dict, now: dict) -> list[str]:
@@ -72,11 +74,12 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False):
+    def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False, async_save: bool = True):
         self.directory = Path(directory).absolute()
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
+                                                 enable_async_checkpointing=async_save),
             handler_registry=_handlers(),
         )
 
@@ -91,9 +94,11 @@ class Checkpointer:
             step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
         )
 
-    def restore(self, step: int, like: Any, run_identity: dict) -> tuple[Any, dict]:
-        """Restore `step` into arrays shaped and sharded like the `like` pytree, after checking the
-        checkpoint's identity agrees on every key of `run_identity`."""
+    def restore(self, step: int, like: Any, run_identity: dict, optional: tuple[str, ...] = ()) -> tuple[Any, dict]:
+        """Restore `step` into arrays shaped and sharded like the `like` pytree (a dict), after
+        checking the checkpoint's identity agrees on every key of `run_identity`. Top-level keys in
+        `optional` may be missing from the checkpoint (they keep `like`'s values) or from `like`
+        (they are not read)."""
         meta = dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
         if "identity" not in meta:
             raise CheckpointError(f"checkpoint step {step} in {self.directory} records no run identity "
@@ -103,9 +108,26 @@ class Checkpointer:
                                for k in changed[:4]) + ("; ..." if len(changed) > 4 else "")
             raise CheckpointError(f"checkpoint step {step} in {self.directory} belongs to a run with a different "
                                   f"{', '.join(changed)} ({values}); use a new run_dir (nothing was changed)")
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        saved = set(self._saved_keys(step))
+        fresh, unread = set(like) - saved, saved - set(like)
+        if bad := sorted((fresh | unread) - set(optional)):
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} holds state parts {sorted(saved)}, this "
+                                  f"run has {sorted(like)} ({bad} differ); nothing was changed")
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                              {k: v for k, v in like.items() if k in saved})
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        return self._restore(step, state=ocp.args.PyTreeRestore(target, restore_args=restore_args)).state, meta
+        state = self._restore(step, state=ocp.args.PyTreeRestore(target, restore_args=restore_args,
+                                                                 partial_restore=bool(unread))).state
+        return {**{k: like[k] for k in fresh}, **state}, {**meta, "fresh_state": sorted(fresh)}
+
+    def _saved_keys(self, step: int) -> list[str]:
+        """The top-level keys of a checkpoint's state."""
+        try:
+            return list(self.manager.item_metadata(step)["state"].tree)
+        except Exception as e:  # Orbax raises many types for a damaged directory
+            raise CheckpointError(f"cannot read checkpoint step {step} in {self.directory}: {type(e).__name__}: "
+                                  f"{_first_line(e)}. Fix or move that step directory aside to resume from an "
+                                  "older one; nothing was changed.") from e
 
     def _restore(self, step: int, **items: Any) -> Any:
         try:

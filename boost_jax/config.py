@@ -9,6 +9,7 @@ module imports no JAX: it validates against the tables of `archs.py`, `schemes.p
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import types
 import typing
@@ -130,20 +131,39 @@ class TrainConfig:
     # A non-finite loss or gradient norm: stop the run (no checkpoint after it), or skip = drop
     # that step's update inside the jitted step (counted as `skipped` in metrics.jsonl).
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    # Weight of the z-loss, mean log^2 Z of the softmax normaliser, added to the training loss
+    # (PaLM: 1e-4); it keeps the logits from drifting. 0 = off. Eval losses never include it.
+    z_loss: float = 0.0
+    # Skip an update whose loss exceeds the mean of the last spike_window updates' losses by this
+    # many of their standard deviations (counted as `spike_skipped`); 0 = off.
+    spike_skip: float = 0.0
+    spike_window: int = 100
+
+
+@dataclass(frozen=True)
+class MixtureEntry:
+    """One prepared dataset of a mixture and its share of the sequences."""
+
+    path: str
+    weight: float
+    name: str = ""  # in the per-dataset eval metrics; "" = the directory's name
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """`data.*`: where the tokens come from and how they are cut."""
 
-    # stdlib and files are prepared into the cache on first use; prepared reads `path`
-    source: Literal["stdlib", "files", "prepared"] = "stdlib"
+    # stdlib and files are prepared into the cache on first use; prepared reads `path`; mixture
+    # draws each batch's sequences from the prepared datasets of `mixture` by their weights
+    source: Literal["stdlib", "files", "prepared", "mixture"] = "stdlib"
     path: str = ""  # a dataset made by `python -m boost_jax.data prepare` (source=prepared)
+    # source=mixture: [{path: DIR, weight: W, name: N}, ...], one tokenizer; weights may change at a resume
+    mixture: tuple[MixtureEntry, ...] = ()
     paths: tuple[str, ...] = ()  # text, .jsonl(.gz/.zst), .parquet files, dirs, globs (source=files)
     text_key: str = "text"  # field of .jsonl lines / column of Parquet files holding the text
     max_bytes: int = 8_000_000  # cap on corpus bytes read; 0 = no cap
     val_fraction: float = 0.02  # chance that a document is held out, by a stable hash of its text
-    tokenizer: Literal["bpe", "byte_bpe"] = "bpe"
+    tokenizer: Literal["bpe", "byte_bpe", "sentencepiece"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
     cache_dir: str = ""  # "" = $BOOST_JAX_CACHE or ~/.cache/boost_jax
     # Packed documents attend only within themselves: segment ids from the end-of-document tokens
@@ -158,6 +178,10 @@ class CheckpointConfig:
 
     every: int = 50  # steps between saves; 0 disables checkpointing
     keep: int = 3  # newest checkpoints kept
+    every_minutes: float = 0.0  # also save once this many minutes have passed since the last save; 0 = off
+    # Orbax writes a save in the background while training goes on (the state is copied off the
+    # devices first); false: the loop waits for each save to be on disk.
+    async_save: bool = True
 
 
 @dataclass(frozen=True)
@@ -195,6 +219,11 @@ class LogConfig:
     # > 0: a JAX profiler trace of steps profile_start .. profile_start + profile_steps - 1 in <run_dir>/profile
     profile_start: int = 0
     profile_steps: int = 3
+    # Norms of each layer group's gradients, parameters and updates at every log line (computed in
+    # the step, only on those steps).
+    health: bool = True
+    wandb: bool = False  # also log to Weights & Biases (pip install boost_jax[wandb]; WANDB_MODE=offline works offline)
+    wandb_project: str = "boost_jax"
 
 
 @dataclass(frozen=True)
@@ -298,6 +327,9 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; valid keys: {names}")
     kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{prefix}{f.name}: missing (required)")
     for name in names:
         if name not in raw:
             continue
@@ -320,12 +352,15 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
         if value not in args:
             raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
         return value
+    if dataclasses.is_dataclass(typ):
+        return _build(typ, value, f"{key}.")
     if origin is tuple:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return tuple(_coerce(v, args[0], key) for v in value)
+        many = dataclasses.is_dataclass(args[0])  # entries named by index: data.mixture[1].weight
+        return tuple(_coerce(v, args[0], f"{key}[{i}]" if many else key) for i, v in enumerate(value))
     if typ is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true/false, got {value!r}")
@@ -393,11 +428,29 @@ def _validate(c: Config) -> None:
     _require(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables)")
     _require(0 <= t.b1 < 1 and 0 <= t.b2 < 1, "train.b1/b2", "must be in [0, 1)")
     _require(t.eval_every >= 0, "train.eval_every", "must be >= 0")
+    _require(t.z_loss >= 0, "train.z_loss", f"must be >= 0 (0 = off), got {t.z_loss}")
+    _require(t.spike_skip >= 0, "train.spike_skip", f"must be > 0 standard deviations, or 0 = off; got {t.spike_skip}")
+    _require(t.spike_window >= 2, "train.spike_window", f"must be >= 2 losses (a standard deviation needs two), "
+             f"got {t.spike_window}")
+    _require(c.checkpoint.every_minutes >= 0, "checkpoint.every_minutes",
+             f"must be >= 0 (0 = off), got {c.checkpoint.every_minutes}")
     d = c.data
     _require(0 <= d.val_fraction < 1, "data.val_fraction", "must be in [0, 1)")
     _require(d.max_bytes >= 0, "data.max_bytes", "must be >= 0")
     _require(d.source != "files" or bool(d.paths), "data.paths", "source=files needs data.paths")
     _require(d.source != "prepared" or bool(d.path), "data.path", "source=prepared needs data.path")
+    _require((d.source == "mixture") == bool(d.mixture), "data.mixture",
+             "source=mixture needs data.mixture, a list of {path, weight}" if d.source == "mixture"
+             else f"is read only with data.source=mixture (now {d.source})")
+    for i, e in enumerate(d.mixture):
+        _require(bool(e.path), f"data.mixture[{i}].path", "must name a prepared dataset")
+        _require(math.isfinite(e.weight) and e.weight >= 0, f"data.mixture[{i}].weight",
+                 f"must be a finite number >= 0, got {e.weight}")
+    if d.mixture:
+        _require(sum(e.weight for e in d.mixture) > 0, "data.mixture", "the weights sum to 0: no dataset to draw from")
+        names = [mixture_name(e) for e in d.mixture]
+        _require(len(set(names)) == len(names), "data.mixture",
+                 f"two datasets share a name ({names}): give each a distinct `name`")
     _require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 disables)")
     _require(c.checkpoint.keep > 0, "checkpoint.keep", "must be > 0")
     p = c.parallel
@@ -439,3 +492,8 @@ def _plain(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
     return x
+
+
+def mixture_name(entry: MixtureEntry) -> str:
+    """A mixture dataset's name in metrics: its `name`, or its directory's."""
+    return entry.name or Path(entry.path).expanduser().name

@@ -50,8 +50,9 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
     run_dir = Path(run_dir)
     cfg = api.run_config(run_dir, overrides)
     t = cfg.train
-    data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed)
-    if split == "val" and data.val is None:
+    data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed,
+                      batch_size=t.batch_size)
+    if not data.eval_sets(split):
         raise ConfigError(f"{data.directory} has no validation split (data.val_fraction=0?); pass --split train")
     check_run_tokenizer(data.tokenizer, run_dir / "tokenizer.json")
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
@@ -59,9 +60,12 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
     batches = math.ceil(max_tokens / (t.batch_size * t.seq_len)) if max_tokens else t.eval_batches
     evaluator = Evaluator(cfg, run, data, (jax.process_index(), jax.process_count()), split, batches)
     out = evaluator(state)
+    per_dataset = {name: {"loss": out[f"eval_loss/{name}"], "bits_per_byte": out[f"eval_bpb/{name}"]}
+                   for name in evaluator.sets if name}
     return {"run_dir": str(run_dir), "step": step, "dataset": str(data.directory), "split": split,
             "loss": out["eval_loss"], "perplexity": out["eval_ppl"], "bits_per_byte": out["eval_bpb"],
-            "tokens": out["eval_tokens"], "bytes": evaluator.bytes()}
+            "tokens": out["eval_tokens"], "bytes": sum(evaluator.bytes(name) for name in evaluator.sets),
+            **({"datasets": per_dataset} if per_dataset else {})}
 
 
 def _main(argv: list[str]) -> None:

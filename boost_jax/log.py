@@ -1,4 +1,5 @@
-"""Run outputs: a progress bar, log lines, `metrics.jsonl` (one JSON object per step) and TensorBoard events."""
+"""Run outputs: a progress bar, log lines, `metrics.jsonl` (one JSON object per step), TensorBoard
+events and (log.wandb) the same scalars in Weights & Biases."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from boost_jax.config import LogConfig
 class RunLog:
     """Writes only on the primary process (process 0 of a multi-process run)."""
 
-    def __init__(self, run_dir: Path, cfg: LogConfig, *, total_steps: int, start_step: int, primary: bool = True):
+    def __init__(self, run_dir: Path, cfg: LogConfig, *, total_steps: int, start_step: int, primary: bool = True,
+                 run_config: dict | None = None):
+        """`run_config`: the run's whole config, which a Weights & Biases run records."""
         self.path = run_dir / "metrics.jsonl"
         self.primary = primary
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
@@ -29,6 +32,7 @@ class RunLog:
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
+        self.wandb = _wandb_run(run_dir, cfg, run_config or {}) if cfg.wandb and primary else None
 
     def _truncate_after(self, step: int) -> None:
         """Keep the rows of steps <= `step`. A line that is no row (a write cut short by a crash or
@@ -46,10 +50,12 @@ class RunLog:
 
     def record(self, row: dict) -> None:
         self.file.write(json.dumps(row) + "\n")
+        scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
         if self.tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, row["step"])
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
 
     def line(self, text: str) -> None:
         if not self.primary:
@@ -74,6 +80,20 @@ class RunLog:
         self.file.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _wandb_run(run_dir: Path, cfg: LogConfig, run_config: dict):
+    """A Weights & Biases run for this run dir: one id per run dir (a resumed run continues it), its
+    files under <run_dir>/wandb; WANDB_MODE=offline logs with no network (`wandb sync` uploads later)."""
+    import hashlib
+
+    import wandb
+
+    run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return wandb.init(project=cfg.wandb_project, id=run_id, name=run_dir.name, dir=str(run_dir), config=run_config,
+                      resume="allow")
 
 
 def _step_of(line: str) -> int | None:

@@ -162,14 +162,22 @@ def decoder_layer(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str):
 
 
 def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none",
-            loss_chunk: int = 0) -> jax.Array:
+            loss_chunk: int = 0, z_loss: float = 0.0) -> jax.Array:
     """Mean next-token cross-entropy over all tokens of a packed batch (its `segment_ids`, when the
     batch has them, keep attention within each document); with `loss_chunk`, the LM head and
-    cross-entropy run that many positions at a time (`train.loss_chunk`)."""
+    cross-entropy run that many positions at a time (`train.loss_chunk`); with `z_loss`, plus that
+    weight times the mean log^2 Z of the softmax normaliser (PaLM's z-loss: it keeps log Z near 0)."""
     where = Positions(batch.get("positions"), batch.get("segment_ids"))
     x = model.hidden(batch["inputs"], plan=plan, where=where, remat_mode=remat_mode)
     targets = batch["targets"]
-    xent_sum = lambda x, t: optax.softmax_cross_entropy_with_integer_labels(model.logits(x, plan), t).sum()
+
+    def xent_sum(x, t):
+        logits = model.logits(x, plan)
+        total = optax.softmax_cross_entropy_with_integer_labels(logits, t).sum()
+        if z_loss:
+            total = total + z_loss * jnp.square(jax.nn.logsumexp(logits, axis=-1)).sum()
+        return total
+
     b, s, d = x.shape
     if not loss_chunk or loss_chunk == s:
         return xent_sum(x, targets) / targets.size

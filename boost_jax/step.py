@@ -7,6 +7,7 @@ never changes the initial values (`place_params`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +21,16 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, ModelConfig, TrainConfig
+from boost_jax.health import health_norms
 from boost_jax.model import Model, loss_fn
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
 
 TrainState = dict[str, Any]
+# Parts of the state that exist under some settings only: a checkpoint without one resumes with it
+# fresh, and one with it resumes without (train.spike_skip's window of recent losses).
+OPTIONAL_STATE = ("spike",)
 
 
 def batch_keys(cfg: Config) -> tuple[str, ...]:
@@ -167,11 +172,15 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
         "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
         "rng": jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), replicated),
     }
+    t = cfg.train
+    if t.spike_skip:  # the losses of the last spike_window applied updates (a ring) and how many were seen
+        state["spike"] = jax.device_put({"losses": jnp.zeros((t.spike_window,), jnp.float32),
+                                         "seen": jnp.zeros((), jnp.int32)}, replicated)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_sharding = plan.sharding(("batch", None))
-    loss_of = sharded_loss(graphdef, plan, cfg.train)
-
-    grad_of = accumulated_grad(loss_of, plan, cfg.train.microbatches, plan.named(pspecs))
+    loss_of = sharded_loss(graphdef, plan, t)
+    grad_of = accumulated_grad(loss_of, plan, t.microbatches, plan.named(pspecs))
+    order = plan.layer_order(cfg.model.n_layers)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss, grads = grad_of(state["params"], batch)
@@ -180,14 +189,24 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
         rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state["rng"]))[0])
         params = optax.apply_updates(state["params"], updates)
         grad_norm = optax.tree.norm(grads)
-        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(cfg.train)(state["step"])}
-        if cfg.train.on_nonfinite == "skip":  # drop a non-finite update; the step and data still advance
-            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-            keep = lambda new, old: jnp.where(finite, new, old)
-            params = jax.tree.map(keep, params, state["params"])
-            opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(t)(state["step"])}
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        apply = None  # whether this update is applied (None: always); the step and data advance regardless
+        if t.on_nonfinite == "skip":
+            apply = finite
             metrics["skipped"] = (~finite).astype(jnp.float32)
         new = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": rng}
+        if t.spike_skip:
+            spike, new["spike"] = spike_window(state["spike"], loss, finite, t.spike_skip)
+            metrics["spike_skipped"] = spike.astype(jnp.float32)
+            apply = ~spike if apply is None else apply & ~spike
+        if apply is not None:
+            for key in ("params", "opt_state"):
+                new[key] = jax.tree.map(lambda n, o: jnp.where(apply, n, o), new[key], state[key])
+        if cfg.log.health:  # on the steps that log only: a cond, not a mask
+            due = (new["step"] % cfg.log.every == 0) | (new["step"] == t.steps)
+            norms = lambda: health_norms(grads, new["params"], updates, order)
+            metrics["health"] = jax.lax.cond(due, norms, lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(norms)))
         return new, metrics
 
     batch_shardings = dict.fromkeys(batch_keys(cfg), batch_sharding)
@@ -195,9 +214,21 @@ def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
         train_step, in_shardings=(state_shardings, batch_shardings),
         out_shardings=(state_shardings, replicated), donate_argnums=0,
     )
-    jitted_eval = jax.jit(loss_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
-    order = plan.layer_order(cfg.model.n_layers)
+    # The eval loss is the cross-entropy alone: no z-loss term.
+    eval_of = sharded_loss(graphdef, plan, dataclasses.replace(t, z_loss=0.0))
+    jitted_eval = jax.jit(eval_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval, order), state
+
+
+def spike_window(window: dict, loss: jax.Array, finite: jax.Array, threshold: float) -> tuple[jax.Array, dict]:
+    """(whether `loss` is a spike: above the mean of the window's losses by `threshold` of their
+    standard deviations, once the window is full; the window with `loss` added unless it is a spike
+    or not finite)."""
+    losses, seen = window["losses"], window["seen"]
+    spike = (seen >= losses.shape[0]) & (loss > losses.mean() + threshold * losses.std())
+    added = finite & ~spike
+    losses = jnp.where(added, losses.at[seen % losses.shape[0]].set(loss), losses)
+    return spike, {"losses": losses, "seen": seen + added.astype(jnp.int32)}
 
 
 def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_shardings) -> Callable:
@@ -231,7 +262,7 @@ def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, train: TrainConfig) -> Call
     def loss_of(params, batch):
         if cp > 1:
             batch = balance(batch, cp)
-        return loss_fn(nnx.merge(graphdef, params), batch, plan, train.remat, train.loss_chunk)
+        return loss_fn(nnx.merge(graphdef, params), batch, plan, train.remat, train.loss_chunk, train.z_loss)
 
     return loss_of
 

@@ -44,6 +44,10 @@ def check_packages(cfg: Config) -> None:
     need = {"grain": "the data loader (boost_jax/data/loader.py)"}
     if cfg.log.tensorboard:
         need["tensorboardX"] = "log.tensorboard=true (or set log.tensorboard=false)"
+    if cfg.data.tokenizer == "sentencepiece" and cfg.data.source in ("stdlib", "files") and not cfg.data.tokenizer_path:
+        need["sentencepiece"] = "data.tokenizer=sentencepiece (pip install 'boost_jax[sentencepiece]')"
+    if cfg.log.wandb:
+        need["wandb"] = "log.wandb=true (pip install 'boost_jax[wandb]', or set log.wandb=false)"
     missing = []
     for package, why in need.items():
         try:
@@ -63,13 +67,14 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     from boost_jax.log import RunLog
     from boost_jax.parallel import make_plan
     from boost_jax.step import device_batch, setup
-    from boost_jax.training import Checkpoints, Evaluator, Meter, NonFiniteGuard, Profiler, RunDir, finite
+    from boost_jax.training import (Checkpoints, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir,
+                                    any_process, finite)
 
     t, m = cfg.train, cfg.model
     run_dir = RunDir(cfg)
     check_writable_dir(cache_root(cfg.data.cache_dir), "data.cache_dir")
     plan = make_plan(cfg, devices)
-    data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed)
+    data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)
     run, state = setup(cfg, plan)
     run_dir.path.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as closing:  # on any exit: close the log, wait for saves in flight
@@ -77,8 +82,11 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         closing.callback(ckpt.close)
         state, start, resumed_loss = ckpt.resume(state)
         check_run_tokenizer(data.tokenizer, run_dir.path / "tokenizer.json")
+        mixture_note = data.train.resume(ckpt.meta.get("mixture"), start) if data.parts else None
+        record = lambda: {"mixture": data.train.record()} if data.parts else {}  # what a checkpoint adds
         process = (jax.process_index(), jax.process_count())
-        log = RunLog(run_dir.path, cfg.log, total_steps=t.steps, start_step=start, primary=process[0] == 0)
+        log = RunLog(run_dir.path, cfg.log, total_steps=t.steps, start_step=start, primary=process[0] == 0,
+                     run_config=cfg.to_dict())
         closing.callback(log.close)
         counts = count(m, t.seq_len)
         peak, peak_source = device_peak_flops(m.dtype, cache_root(cfg.data.cache_dir))
@@ -97,6 +105,10 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         if ckpt.restored:
             log.line(f"resumed from step {start} ({ckpt.directory}"
                      + (f", loss {resumed_loss:.4f})" if resumed_loss is not None else ")"))
+            if fresh := ckpt.meta.get("fresh_state"):
+                log.line(f"the checkpoint holds no {', '.join(fresh)} state: it starts fresh")
+        if mixture_note:
+            log.line(mixture_note)
 
         batches = data.train.batches(start, t.batch_size, *process)  # read ahead while the device computes
         t0 = time.perf_counter()
@@ -105,7 +117,10 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         log.line(f"compiled train step in {time.perf_counter() - t0:.1f}s")
         evaluate, guard, profiler = Evaluator(cfg, run, data, process), NonFiniteGuard(cfg), Profiler(cfg, run_dir.path)
         closing.callback(profiler.close)
-        losses, pending, evals, summary = [], [], {}, {}
+        preempt = Preemption()
+        closing.callback(preempt.close)
+        losses, pending, evals, summary, stopped = [], [], {}, {}, None
+        loop_start = time.perf_counter()
         for step in range(start, t.steps):
             profiler.before(step + 1)
             state, metrics = step_fn(state, device_batch(next(batches), run.batch_sharding))
@@ -122,37 +137,53 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                 e = evals[done]
                 log.line(f"eval step {done} | loss {e['eval_loss']:.4f} | ppl {e['eval_ppl']:.2f} | bpb {e['eval_bpb']:.4f}")
             save, log_due = ckpt.due(done), done % cfg.log.every == 0 or done == t.steps
-            if not (save or log_due):  # one host sync per log interval and before every checkpoint
+            # A signal or the clock asks for a save: decided by all processes alike, at a log line
+            # (every step with one process).
+            if process[1] == 1 or save or log_due:
+                signalled = any_process(preempt.received is not None)
+                stopped = (preempt.received or "a signal to another process") if signalled else None
+                save = save or any_process(ckpt.overdue()) or (stopped is not None and ckpt.enabled)
+            if not (save or log_due or stopped):  # one host sync per log interval and before every checkpoint
                 continue
             speed = meter.read(done)
             rows, bad = [], None
             for at, r in enumerate(jax.device_get(pending), start=done - len(pending) + 1):
-                rows.append({"step": at, **{k: float(v) for k, v in r.items()}, **speed, **evals.pop(at, {})})
+                health = r.pop("health", {})
+                logs = at % cfg.log.every == 0 or at == t.steps
+                rows.append({"step": at, **{k: float(v) for k, v in r.items()}, **speed, **evals.pop(at, {}),
+                             **({k: float(v) for k, v in health.items()} if logs else {})})
                 log.record(rows[-1])
                 if guard.first_bad(rows[-1]):
                     bad = rows[-1]
                     break
             losses += [r["loss"] for r in rows]
             summary, pending = rows[-1], []
-            if log_due or bad:
-                log.line(step_line(summary, t.steps, guard.skipped))
+            if log_due or bad or stopped:
+                log.line(step_line(summary, t.steps, guard))
             log.flush()  # rows up to `done` are on disk before its checkpoint can commit
             if bad:
                 raise guard.stop(bad, ckpt.saved_step)
             log.advance(len(rows), loss=f"{summary['loss']:.3f}")
             if save:
                 paused = meter.pause(state)
-                ckpt.save(done, state, summary["loss"] if finite(summary) else None)
+                ckpt.save(done, state, summary["loss"] if finite(summary) else None, record())
                 meter.resume(paused)
-        return {"start_step": start, "losses": losses, **summary}
+            if stopped:
+                saved = f"saved step {done} in {ckpt.directory}" if ckpt.enabled else "checkpointing is off: not saved"
+                log.line(f"stopped by {stopped} after step {done}: {saved}; rerun the same command to resume")
+                break
+        return {"start_step": start, "losses": losses, "loop_s": time.perf_counter() - loop_start,
+                **({"stopped_by": stopped} if stopped else {}), **summary}
 
 
-def step_line(row: dict, steps: int, skipped: int) -> str:
-    """The log line of a step's metrics row."""
+def step_line(row: dict, steps: int, guard) -> str:
+    """The log line of a step's metrics row, with the updates dropped so far (`NonFiniteGuard`)."""
+    dropped = [f"{n} {what}" for n, what in ((guard.skipped, "non-finite updates skipped"),
+                                            (guard.spikes, "loss spikes skipped")) if n]
     return (f"step {row['step']}/{steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | gnorm {row['grad_norm']:.3f} "
             f"| {row['tokens_per_s']:,.0f} tok/s | {row['step_time_s'] * 1e3:.0f} ms/step "
             f"| {row['tflops_per_s']:.3f} TFLOP/s | MFU {100 * row['mfu']:.1f}%"
-            + (f" | {skipped} updates skipped" if skipped else ""))
+            + "".join(f" | {d}" for d in dropped))
 
 
 if __name__ == "__main__":

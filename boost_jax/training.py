@@ -2,9 +2,12 @@
 
     RunDir          checks the run dir before any work (resume compatibility, writable folders) and
                     claims it once a step has run (config.yaml, tokenizer.json)
-    Checkpoints     Orbax saves every `checkpoint.every` steps and the resume from the newest one
+    Checkpoints     Orbax saves (in the background) every `checkpoint.every` steps and
+                    `checkpoint.every_minutes`, and the resume from the newest one
+    Preemption      SIGTERM or SIGINT: save the current step and stop; a second signal exits at once
     Meter           throughput and MFU of the steps since the last log line, eval and saves excluded
-    Evaluator       the mean loss over the same `train.eval_batches` validation batches
+    Evaluator       the mean loss over the same `train.eval_batches` validation batches (per
+                    dataset of a mixture)
     NonFiniteGuard  a NaN or inf loss or gradient norm stops the run before its next checkpoint
     Profiler        a JAX profiler trace of `log.profile_steps` steps from `log.profile_start`
 """
@@ -13,6 +16,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,35 +97,52 @@ class Checkpoints:
 
     def __init__(self, cfg: Config, run, run_dir: Path):
         self.cfg, self.run = cfg, run
-        self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep) if cfg.checkpoint.every else None
+        c = cfg.checkpoint
+        self.ckpt = Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save) if c.every else None
         self.identity = identity(cfg.to_dict())
-        self.saved_step, self.restored = 0, False
+        self.saved_step, self.restored, self.meta = 0, False, {}
+        self.last_save = time.monotonic()
 
     def resume(self, state):
         """(state, step, the checkpoint's recorded loss) from the newest checkpoint (step 0: an
-        import's, `python -m boost_jax.convert`), or the fresh state at step 0."""
+        import's, `python -m boost_jax.convert`), or the fresh state at step 0. The checkpoint's
+        record stays in `meta`; parts of the state it lacks (`OPTIONAL_STATE`, e.g. the spike window
+        of a run that turned train.spike_skip on) start fresh."""
+        from boost_jax.step import OPTIONAL_STATE
+
         start = self.ckpt.latest_step() if self.ckpt else None
         if start is None:
             return state, 0, None
-        state, meta = self.ckpt.restore(start, state, self.identity)
+        state, meta = self.ckpt.restore(start, state, self.identity, optional=OPTIONAL_STATE)
         state = self.run.adopt(state, meta)
         expected = start * self.cfg.train.batch_size
         if meta.get("data_position") != expected:
             raise CheckpointError(f"checkpoint step {start} in {self.ckpt.directory} records data position "
                                   f"{meta.get('data_position')}, expected {expected}")
-        self.saved_step, self.restored = start, True
+        self.saved_step, self.restored, self.meta = start, True, meta
         return state, start, meta.get("loss")
 
     def due(self, done: int) -> bool:
-        """A save after step `done`: every `checkpoint.every` steps and at the end."""
+        """A save after step `done` by the step count: every `checkpoint.every` steps and at the end."""
         return self.ckpt is not None and (done % self.cfg.checkpoint.every == 0 or done == self.cfg.train.steps)
 
-    def save(self, done: int, state, loss: float | None) -> None:
-        """Save the state after step `done` with its record (data position, layer order, loss, identity)."""
+    def overdue(self) -> bool:
+        """`checkpoint.every_minutes` have passed since the last save (or the start)."""
+        minutes = self.cfg.checkpoint.every_minutes
+        return self.ckpt is not None and minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+
+    def save(self, done: int, state, loss: float | None, record: dict | None = None) -> None:
+        """Save the state after step `done` with its record (data position, layer order, loss,
+        identity, and `record`: e.g. a mixture's weights history). Orbax copies the state off the
+        devices, then writes it in the background (checkpoint.async_save)."""
         meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
-                "loss": loss, "identity": self.identity}
+                "loss": loss, "identity": self.identity, **(record or {})}
         self.ckpt.save(done, state, meta)
-        self.saved_step = done
+        self.saved_step, self.last_save = done, time.monotonic()
+
+    @property
+    def enabled(self) -> bool:
+        return self.ckpt is not None
 
     @property
     def directory(self) -> Path | None:
@@ -130,6 +153,44 @@ class Checkpoints:
         """Wait for saves in flight and release Orbax."""
         if self.ckpt:
             self.ckpt.close()
+
+
+class Preemption:
+    """SIGTERM (a preemption notice) or SIGINT (Ctrl-C): the loop saves the step it is at and stops,
+    exit status 0. A second signal exits at once, with status 128 + its number: Orbax commits a
+    checkpoint by renaming its finished directory, so what is on disk stays usable. Handlers exist
+    only on the main thread (a run started from another thread keeps the default behaviour)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: str | None = None
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received:
+            print(f"{name} again: exiting now; the newest committed checkpoint is kept", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.received = name
+        print(f"{name}: saving the current step and stopping (send it again to exit at once)", file=sys.stderr,
+              flush=True)
+
+    def close(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` holds on any process (a collective in a multi-process run: every process calls
+    it at the same step, so all decide alike)."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
 class Meter:
@@ -167,38 +228,52 @@ class Meter:
 class Evaluator:
     """Loss, perplexity and bits per byte over the first `batches` (default `train.eval_batches`)
     batches of a split (always the same ones). Bits per byte: the summed loss in bits over the UTF-8
-    bytes of the evaluated tokens' decoded text, comparable across tokenizers."""
+    bytes of the evaluated tokens' decoded text, comparable across tokenizers. A mixture's datasets
+    are each evaluated (`eval_loss/<name>`, `eval_bpb/<name>`), and `eval_loss` and `eval_bpb` are
+    their means weighted by the mixture's current weights."""
 
     def __init__(self, cfg: Config, run, data, process: tuple[int, int], split: str = "val",
                  batches: int | None = None):
         self.cfg, self.run, self.data, self.process = cfg, run, data, process
-        self.source = data.val if split == "val" else data.train
+        self.sets = data.eval_sets(split)
+        self.weights = data.train.history[-1].weights if data.parts else {"": 1.0}
         self.batches = batches or cfg.train.eval_batches
-        self._bytes: int | None = None
+        self._bytes: dict[str, int] = {}
 
     def due(self, done: int) -> bool:
         """An eval after step `done`: every `train.eval_every` steps and at the end (if there is val data)."""
         t = self.cfg.train
-        return self.data.val is not None and t.eval_every > 0 and (done % t.eval_every == 0 or done == t.steps)
+        return bool(self.sets) and t.eval_every > 0 and (done % t.eval_every == 0 or done == t.steps)
 
     def __call__(self, state) -> dict:
         from boost_jax.step import device_batch
 
         t = self.cfg.train
-        losses = [self.run.eval_step(state["params"], device_batch(b, self.run.batch_sharding))
-                  for b in self.source.eval_batches(self.batches, t.batch_size, *self.process)]
-        loss = float(np.mean(jax.device_get(losses)))
         tokens = self.batches * t.batch_size * t.seq_len
-        return {"eval_loss": loss, "eval_ppl": perplexity(loss),
-                "eval_bpb": loss * tokens / (self.bytes() * math.log(2)), "eval_tokens": tokens}
+        out, losses, bpbs = {}, {}, {}
+        for name, split in self.sets.items():
+            step_losses = [self.run.eval_step(state["params"], device_batch(b, self.run.batch_sharding))
+                           for b in split.eval_batches(self.batches, t.batch_size, *self.process)]
+            losses[name] = float(np.mean(jax.device_get(step_losses)))
+            bpbs[name] = losses[name] * tokens / (self.bytes(name) * math.log(2))
+            if name:
+                out.update({f"eval_loss/{name}": losses[name], f"eval_bpb/{name}": bpbs[name]})
+        weights = {n: self.weights[n] for n in self.sets}
+        if not sum(weights.values()):  # only datasets the mixture no longer draws from have val data
+            weights = dict.fromkeys(self.sets, 1.0)
+        mean = lambda values: sum(weights[n] * values[n] for n in values) / sum(weights.values())
+        loss = mean(losses)
+        return {"eval_loss": loss, "eval_ppl": perplexity(loss), "eval_bpb": mean(bpbs),
+                "eval_tokens": tokens * len(self.sets), **out}
 
-    def bytes(self) -> int:
-        """UTF-8 bytes of the evaluated targets' text, every process's rows (counted once)."""
-        if self._bytes is None:
+    def bytes(self, name: str = "") -> int:
+        """UTF-8 bytes of the evaluated targets' text of one dataset, every process's rows (counted once)."""
+        if name not in self._bytes:
             t, tok = self.cfg.train, self.data.tokenizer
-            rows = [row for b in self.source.eval_batches(self.batches, t.batch_size) for row in b["targets"].tolist()]
-            self._bytes = max(1, sum(len(text.encode()) for text in tok.decode_batch(rows)))
-        return self._bytes
+            rows = [row for b in self.sets[name].eval_batches(self.batches, t.batch_size)
+                    for row in b["targets"].tolist()]
+            self._bytes[name] = max(1, sum(len(text.encode()) for text in tok.decode_batch(rows)))
+        return self._bytes[name]
 
 
 def perplexity(loss: float) -> float:
@@ -211,14 +286,16 @@ def perplexity(loss: float) -> float:
 
 class NonFiniteGuard:
     """`train.on_nonfinite=stop`: the first row with a NaN or inf loss or gradient norm stops the run,
-    before any checkpoint after it (`skip` drops such updates inside the step and counts them)."""
+    before any checkpoint after it (`skip` drops such updates inside the step and counts them, as
+    train.spike_skip counts the loss spikes it drops)."""
 
     def __init__(self, cfg: Config):
-        self.cfg, self.skipped = cfg, 0
+        self.cfg, self.skipped, self.spikes = cfg, 0, 0
 
     def first_bad(self, row: dict) -> bool:
         """Count a skipped update; True if this row must stop the run."""
         self.skipped += int(row.get("skipped", 0))
+        self.spikes += int(row.get("spike_skipped", 0))
         return self.cfg.train.on_nonfinite == "stop" and not finite(row)
 
     def stop(self, row: dict, saved_step: int) -> DivergenceError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -36,6 +37,9 @@ TRICKY = (
     "def f(x):\n\treturn  x  +   1\r\n\n    # héllo wörld ünïcödé 日本語 🤖🎉\n"
     "\t\t  mixed \t indent\n\x00\x7f <eos> <0x41> <pad>   trailing   \n\n\n"
 )
+HAS_SP = importlib.util.find_spec("sentencepiece") is not None
+SP = pytest.param("sentencepiece", marks=pytest.mark.skipif(not HAS_SP, reason="pip install 'boost_jax[sentencepiece]'"))
+KINDS = ("bpe", "byte_bpe", *(("sentencepiece",) if HAS_SP else ()))  # those trainable here
 WORDS = "the quick brown fox jumps over a lazy dog while tokens shards and loaders keep up".split()
 
 
@@ -55,13 +59,13 @@ def stdlib_texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def trained(stdlib_texts):
-    return {kind: train_tokenizer(kind, VOCAB, stdlib_texts) for kind in ("bpe", "byte_bpe")}
+    return {kind: train_tokenizer(kind, VOCAB, stdlib_texts) for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
 def given_tokenizer(tmp_path_factory) -> str:
-    """Trained once: BPE training itself is not reproducible on count ties (hash-map order in
-    tokenizers, huggingface/tokenizers#1794), so byte-for-byte checks take the tokenizer as input."""
+    """Trained once, for the checks of encoding and resuming (training's own reproducibility is
+    tests/test_tokenizer_reproducible.py's)."""
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     train_tokenizer("bpe", 300, _docs(600)).save(str(path))
     return str(path)
@@ -146,7 +150,7 @@ def test_corpus_errors_name_the_problem(tmp_path):
 # ----------------------------------------------------------------------------- tokenizers
 
 
-@pytest.mark.parametrize("kind", ["bpe", "byte_bpe"])
+@pytest.mark.parametrize("kind", ["bpe", "byte_bpe", SP])
 def test_tokenizer_contract(trained, stdlib_texts, kind):
     tok = trained[kind]
     assert tok.get_vocab_size() == VOCAB  # 300 kB of code has plenty of merges to fill it
@@ -166,8 +170,9 @@ def test_tokenizer_contract(trained, stdlib_texts, kind):
         assert tok.decode(enc.ids) == text
 
 
-def test_bpe_byte_fallback_and_metaspace(trained):
-    tok = trained["bpe"]
+@pytest.mark.parametrize("kind", ["bpe", SP])
+def test_bpe_byte_fallback_and_metaspace(trained, kind):
+    tok = trained[kind]
     assert [tok.id_to_token(i) for i in (3, 4, 258)] == ["<0x00>", "<0x01>", "<0xFF>"]
     ids = tok.encode("🤖").ids  # unseen in training: spelled in UTF-8 bytes
     assert [tok.id_to_token(i) for i in ids] == ["<0xF0>", "<0x9F>", "<0xA4>", "<0x96>"]
@@ -178,12 +183,17 @@ def test_bpe_byte_fallback_and_metaspace(trained):
 
 
 def test_vocab_size_bounds_and_small_corpus_warning(stdlib_texts):
-    for kind in ("bpe", "byte_bpe"):
+    for kind in KINDS:
         tok = train_tokenizer(kind, 300, stdlib_texts[:20])
         assert tok.get_vocab_size() <= 300 and tok.decode(tok.encode(TRICKY).ids) == TRICKY
-    with pytest.warns(VocabWarning, match=r"reached \d+ tokens, not the requested 4,096.*lower model.vocab_size"):
-        tok = train_tokenizer("bpe", 4096, ["ab ab ab"])
-    assert tok.get_vocab_size() < 4096 and tok.decode(tok.encode(TRICKY).ids) == TRICKY
+    for kind in KINDS:
+        with pytest.warns(VocabWarning, match=r"reached \d+ tokens, not the requested 4,096.*lower model.vocab_size"):
+            tok = train_tokenizer(kind, 4096, ["ab ab ab"])
+        assert tok.get_vocab_size() < 4096 and tok.decode(tok.encode(TRICKY).ids) == TRICKY
+    # A sample without spaces still keeps "▁" whole: spelled in bytes, later spaces decoded as "▁".
+    with pytest.warns(VocabWarning):
+        tok = train_tokenizer("bpe", 300, ["日本語" * 30])
+    assert tok.decode(tok.encode(TRICKY).ids) == TRICKY
     with pytest.raises(DataError, match="vocab_size=256 .* needs 260 <= vocab_size"):
         check_vocab_size(256, "bpe")
     # Past the bound, the Rust trainer aborts the whole process (exit 134): refused first, by name.

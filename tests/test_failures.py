@@ -106,7 +106,8 @@ def test_eval_perplexity_of_a_huge_loss_is_inf(tiny_overrides, tmp_path):
     run = SimpleNamespace(eval_step=lambda params, batch: np.float32(1e4), batch_sharding=sharding)
     batch = {"inputs": np.zeros((8, 64), np.int32), "targets": np.zeros((8, 64), np.int32)}
     tokenizer = SimpleNamespace(decode_batch=lambda rows: ["ab"] * len(rows))
-    data = SimpleNamespace(val=SimpleNamespace(eval_batches=lambda *_: [batch]), tokenizer=tokenizer)
+    val = SimpleNamespace(eval_batches=lambda *_: [batch])
+    data = SimpleNamespace(eval_sets=lambda split: {"": val}, parts={}, tokenizer=tokenizer)
     cfg = config(tmp_path, tiny_overrides, "train.eval_batches=1")
     out = Evaluator(cfg, run, data, (0, 1))({"params": None})
     assert out["eval_loss"] == 1e4 and out["eval_ppl"] == math.inf and math.isfinite(out["eval_bpb"])

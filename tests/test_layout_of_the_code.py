@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[1]
 FLOORS = [
     {"errors", "presets", "archs", "schemes", "cli", "cache", "configs", "pallas_kernels"},
     {"config"},
-    {"data", "remat", "parallel", "flops"},
+    {"data", "remat", "parallel", "flops", "health"},
     {"layers"},
     {"model"},
     {"step", "checkpoint", "log", "decode"},

@@ -92,8 +92,8 @@ def test_a_model_dimension_equal_to_the_sequence_is_not_taken_for_attention_scor
     scores = [i for i in square if work._ATTENTION_SCOPE.search(i.attrs)]
     others = [i for i in square if not work._ATTENTION_SCOPE.search(i.attrs)]
     assert scores and others
-    assert all(work._scaled_bytes(i, 4, 64, 64) is None for i in scores)
-    assert all(work._scaled_bytes(i, 4, 64, 64) > 0 for i in others)
+    assert all(work._scaled_bytes(i, 4, (64,), 64) is None for i in scores)
+    assert all(work._scaled_bytes(i, 4, (64,), 64) > 0 for i in others)
 
 
 def test_btp_moves_less_and_sends_a_residual_shard(measured):

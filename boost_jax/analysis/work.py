@@ -4,10 +4,11 @@ it runs, and the bytes moved by the memory-bound instructions around them. The p
 
 GEMMs: each `dot` (standalone or inside a fusion) as (batch, m, n, k), FLOPs = 2 * batch * m * n * k,
 run trip_count times (the scanned decoder stack is one while loop, attention's query blocks a loop
-inside it). A batched dot over a block of queries and the whole sequence (m, n, k include `rows`
-and the sequence length; `rows` is the sequence itself when attention runs in one block) is
-attention's score or value matmul (`attention=True`): a GPU runs those inside a flash-attention
-kernel, so the model prices them separately.
+inside it). A batched dot over a block of queries and the keys (m, n, k include `rows` and the
+sequence length, or under context parallelism's ring one device's 1/cp of it; `rows` is the
+device's queries when attention runs in one block) is attention's score or value matmul
+(`attention=True`): a GPU runs those inside a flash-attention kernel, so the model prices them
+separately.
 
 Memory-bound traffic: for each executed instruction that is not a GEMM, a collective or pure
 bookkeeping, the bytes it reads plus the bytes it writes. Floating-point values are counted at the
@@ -69,7 +70,8 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
     return tuple(int(v) for v in m.group(1).split(",") if v) if m else ()
 
 
-def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, seq: int, rows: int, trips: int, depth: int) -> Gemm:
+def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, keys: tuple[int, ...], rows: int, trips: int,
+          depth: int) -> Gemm:
     lb, lc, rb, rc = (_dims(attrs, k) for k in ("lhs_batch_dims", "lhs_contracting_dims",
                                                     "rhs_batch_dims", "rhs_contracting_dims"))
     batch = math.prod(lhs[i] for i in lb)
@@ -78,33 +80,33 @@ def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, seq: int, rows
     n = math.prod(s for i, s in enumerate(rhs) if i not in rb + rc)
     # Attention's matmuls (QK^T, PV and their gradients) pair a block of queries with every key:
     # m, n, k hold the block's rows and the sequence length (the sequence twice without blocks).
-    attention = seq > 1 and batch > 1 and Counter((m, n, k)) >= Counter((rows, seq))
+    attention = batch > 1 and any(kl > 1 and Counter((m, n, k)) >= Counter((rows, kl)) for kl in keys)
     return Gemm(batch, m, n, k, trips, depth > 0, attention)
 
 
-def _scaled_bytes(ins, itemsize: int, seq: int, rows: int) -> int | None:
+def _scaled_bytes(ins, itemsize: int, keys: tuple[int, ...], rows: int) -> int | None:
     """Bytes of an instruction's value with floats at `itemsize`; None for attention's scores: a
-    [.., rows, seq] value made under the `attention` name scope (a model dimension can equal the
+    [.., rows, keys] value made under the `attention` name scope (a model dimension can equal the
     sequence length or the block, so the shape alone does not tell)."""
     scores = _ATTENTION_SCOPE.search(ins.attrs) is not None
     total = 0
     for dt, dims in arrays(ins.shape):
-        if scores and seq > 1 and len(dims) >= 2 and sorted(dims[-2:]) == sorted((rows, seq)):
+        if scores and len(dims) >= 2 and any(kl > 1 and sorted(dims[-2:]) == sorted((rows, kl)) for kl in keys):
             return None
         total += math.prod(dims) * itemsize if dt in ("f32", "bf16", "f16", "f64") else nbytes(dt, dims)
     return total
 
 
-def _read_bytes(comp, ins, body, index: int, itemsize: int, seq: int, rows: int) -> int | None:
+def _read_bytes(comp, ins, body, index: int, itemsize: int, keys: tuple[int, ...], rows: int) -> int | None:
     """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
     (e.g. the stacked weights of every layer) is used through slices alone."""
-    full = _scaled_bytes(comp.instrs[ins.operands[index]], itemsize, seq, rows)
+    full = _scaled_bytes(comp.instrs[ins.operands[index]], itemsize, keys, rows)
     if body is None:
         return full
     params = {p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)}
     readers = [u for p in params for u in users(body, p)]
     if readers and all(u.op in _SLICES and u.operands[0] in params for u in readers):
-        return sum(_scaled_bytes(u, itemsize, seq, rows) or 0 for u in readers)
+        return sum(_scaled_bytes(u, itemsize, keys, rows) or 0 for u in readers)
     return full
 
 
@@ -121,10 +123,12 @@ def _attention_loops(comps) -> set[str]:
     return inside
 
 
-def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int) -> tuple[list[Gemm], list[Traffic]]:
+def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int = 1) -> tuple[list[Gemm], list[Traffic]]:
     """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`);
-    `query_block`: the program's `model.attention_query_block`."""
-    rows = query_rows(seq, query_block)  # queries per attention block, as layers/attention.py runs them
+    `query_block`: the program's `model.attention_query_block`; `cp`: its context parallelism
+    (a device's queries are 1/cp of the sequence, its keys all of it or, round a ring, 1/cp)."""
+    rows = query_rows(seq // cp, query_block)  # queries per attention block, as layers/attention.py runs them
+    keys = tuple(sorted({seq, seq // cp}))
     comps, entry, _ = parse_module(hlo_text)
     ctx = loop_contexts(comps, entry)
     fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
@@ -136,7 +140,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int) -> tupl
         for ins in comp.instrs.values():
             if ins.op == "dot":
                 lhs, rhs = (arrays(comp.instrs[o].shape)[0][1] for o in ins.operands[:2])
-                gemms.append(_gemm(lhs, rhs, ins.attrs, seq, rows, trips, depth))
+                gemms.append(_gemm(lhs, rhs, ins.attrs, keys, rows, trips, depth))
                 has_dot.add(comp.name)
     on_chip = _attention_loops(comps)
     for comp in comps.values():
@@ -156,13 +160,13 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int) -> tupl
                 ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
-            out = _scaled_bytes(ins, itemsize, seq, rows)
-            reads = [_read_bytes(comp, ins, body, i, itemsize, seq, rows)
+            out = _scaled_bytes(ins, itemsize, keys, rows)
+            reads = [_read_bytes(comp, ins, body, i, itemsize, keys, rows)
                      for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
             if dus is not None:  # in place into a scan stack: reads and writes the update only
-                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, seq, rows) or 0)
+                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, keys, rows) or 0)
             elif ins.op in _SLICES:
                 moved = 2 * out
             else:

@@ -29,7 +29,9 @@ def _main(argv: list[str]) -> None:
     q.add_argument("--out", required=True, type=Path, help="the dataset dir (rerun to finish an interrupted one)")
     q.add_argument("--vocab-size", type=int, default=32000, help="tokens of the trained tokenizer")
     q.add_argument("--tokenizer", default="", metavar="PATH", help="an existing tokenizer.json instead of training one")
-    q.add_argument("--tokenizer-kind", default="bpe", choices=["bpe", "byte_bpe"], help="what to train")
+    q.add_argument("--tokenizer-kind", default="bpe", choices=["bpe", "byte_bpe", "sentencepiece"],
+                   help="what to train (sentencepiece: bpe with merges learned by SentencePiece's trainer; "
+                        "pip install 'boost_jax[sentencepiece]')")
     q.add_argument("--text-key", default="text", help="field of .jsonl lines / column of Parquet files")
     q.add_argument("--val-fraction", type=float, default=0.01, help="share of documents held out (by text hash)")
     q.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encode processes (1 = in process)")

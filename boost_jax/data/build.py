@@ -2,6 +2,8 @@
 
 data.source=prepared opens data.path. stdlib and files are prepared into the cache (keyed by the
 corpus fingerprint and the recipe) on first use, so every run reads the same format through one loader.
+data.source=mixture opens each prepared dataset of data.mixture (one tokenizer) and draws batches
+from them by their weights (data/mixture.py).
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from boost_jax.config import DataConfig
+from boost_jax.config import DataConfig, mixture_name
 from boost_jax.cache import cache_root, digest
 from boost_jax.data.corpus import files_corpus, stdlib_corpus
 from boost_jax.data.loader import Split, TokenWindows
+from boost_jax.data.mixture import Mixture, dataset_seed
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.shards import INDEX, TOKENIZER, Index, read_index, verify_ids
 from boost_jax.data.tokenizer import load_tokenizer, tokenizer_hash
@@ -28,17 +31,27 @@ from boost_jax.errors import DataError
 
 @dataclass(frozen=True)
 class Data:
-    directory: Path  # the prepared dataset
+    directory: Path  # the prepared dataset (a mixture's first)
     tokenizer: Tokenizer
-    train: Split
-    val: Split | None  # None when the dataset has no val documents
+    train: Split | Mixture
+    val: Split | None  # None when the dataset has no val documents, or for a mixture (`parts`)
     eos_id: int
     stats: dict[str, float]  # sizes and seconds spent, for the caller to log
+    parts: dict[str, tuple[Split, Split | None]] = field(default_factory=dict)  # a mixture's (train, val) by name
+
+    def eval_sets(self, split: str) -> dict[str, Split]:
+        """What an eval of `split` reads, by dataset name: a mixture's datasets, or "" for the one."""
+        pick = lambda train, val: val if split == "val" else train
+        sets = {name: pick(*p) for name, p in self.parts.items()} if self.parts else {"": pick(self.train, self.val)}
+        return {name: s for name, s in sets.items() if s is not None}
 
 
-def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int) -> Data:
-    """Open (preparing first for stdlib / files) and check the dataset. Prints nothing."""
+def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, batch_size: int = 0) -> Data:
+    """Open (preparing first for stdlib / files) and check the dataset. Prints nothing. `batch_size`:
+    the global batch a mixture draws (data.source=mixture only)."""
     t0 = time.perf_counter()
+    if cfg.source == "mixture":
+        return _mixture(cfg, vocab_size=vocab_size, seq_len=seq_len, seed=seed, batch_size=batch_size)
     if cfg.source == "prepared":
         directory = Path(cfg.path).expanduser()
         index, tok = _open(directory)
@@ -56,6 +69,42 @@ def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int) -> 
         "skipped_lines": index.stats["skipped_lines"], "prepare_seconds": t1 - t0,
     }
     return Data(directory, tok, split("train"), split("val") if index.tokens("val") else None, index.eos_id, stats)
+
+
+def _mixture(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, batch_size: int) -> Data:
+    """The prepared datasets of data.mixture, checked to share one tokenizer, mixed by their weights."""
+    t0 = time.perf_counter()
+    opened = {}
+    for i, entry in enumerate(cfg.mixture):
+        directory = Path(entry.path).expanduser()
+        try:
+            index, tok = _open(directory)
+        except DataError as e:
+            raise DataError(f"data.mixture[{i}].path: {e}") from None
+        _check_run(directory, index, cfg, vocab_size)
+        opened[mixture_name(entry)] = (directory, index, tok)
+    (first, (directory, index, tok)), *others = opened.items()
+    for name, (other_dir, other, _) in others:
+        if other.tokenizer_sha256 != index.tokenizer_sha256:
+            raise DataError(f"data.mixture: {name} ({other_dir}) was prepared with another tokenizer than {first} "
+                            f"({directory}): their token ids mean other things; prepare every dataset of a mixture "
+                            "with one tokenizer (python -m boost_jax.data prepare --tokenizer PATH)")
+    eos = index.eos_id if cfg.document_mask else None
+    parts = {}
+    for name, (d, ix, _) in opened.items():
+        split = lambda which: Split(TokenWindows(d, ix.splits[which], ix.dtype, seq_len, ix.vocab_size),
+                                    seed=dataset_seed(seed, name), name=f"{name} {which}", eos_id=eos)
+        parts[name] = (split("train"), split("val") if ix.tokens("val") else None)
+    weights = {mixture_name(e): e.weight for e in cfg.mixture}
+    train = Mixture({name: p[0] for name, p in parts.items()}, weights, batch_size)
+    total = lambda of: sum(of(ix) for _, ix, _ in opened.values())
+    stats: dict[str, float] = {
+        "documents": total(lambda ix: ix.documents("train") + ix.documents("val")),
+        "train_documents": total(lambda ix: ix.documents("train")), "val_documents": total(lambda ix: ix.documents("val")),
+        "vocab_size": index.vocab_size, "train_tokens": total(lambda ix: ix.tokens("train")),
+        "val_tokens": total(lambda ix: ix.tokens("val")), "prepare_seconds": time.perf_counter() - t0,
+    }
+    return Data(directory, tok, train, None, index.eos_id, stats, parts)
 
 
 def check_run_tokenizer(tok: Tokenizer, saved: Path) -> None:
@@ -107,7 +156,7 @@ def _cached(cfg: DataConfig, vocab_size: int) -> tuple[Path, Index, Tokenizer]:
 
 
 def _check_run(directory: Path, index: Index, cfg: DataConfig, vocab_size: int) -> None:
-    if cfg.source == "prepared" and cfg.tokenizer_path:
+    if cfg.source in ("prepared", "mixture") and cfg.tokenizer_path:
         given = load_tokenizer(Path(cfg.tokenizer_path).expanduser())
         if tokenizer_hash(given) != index.tokenizer_sha256:
             raise DataError(f"data.tokenizer_path={cfg.tokenizer_path} is not the tokenizer {directory} was "

@@ -107,8 +107,11 @@ class Split:
                 f"{self.name} data has {self.num_windows} windows of seq_len={self.windows.seq_len}, fewer "
                 f"than train.batch_size={batch_size}; add data (data.max_bytes) or shrink the batch or seq_len"
             )
-        ds = grain.MapDataset.source(self.windows).shuffle(seed=self.seed).repeat()
-        return _rows(ds, batch_size, process_index, process_count, self.eos_id)
+        return _rows(self.stream(), batch_size, process_index, process_count, self.eos_id)
+
+    def stream(self) -> grain.MapDataset:
+        """The windows in training order: a seeded permutation per epoch, epoch after epoch."""
+        return grain.MapDataset.source(self.windows).shuffle(seed=self.seed).repeat()
 
 
 def segment_ids(inputs: np.ndarray, eos_id: int) -> np.ndarray:
@@ -128,11 +131,12 @@ def _rows(ds: grain.MapDataset, batch_size: int, process_index: int, process_cou
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is not in [0, {process_count})")
     per = batch_size // process_count
+    return ds.batch(per)[process_index::process_count].map(lambda x: to_batch(x, eos_id))
 
-    def split(x: np.ndarray) -> Batch:
-        batch = {"inputs": x[:, :-1], "targets": x[:, 1:]}
-        if eos_id is not None:
-            batch["segment_ids"] = segment_ids(batch["inputs"], eos_id)
-        return batch
 
-    return ds.batch(per)[process_index::process_count].map(split)
+def to_batch(windows: np.ndarray, eos_id: int | None) -> Batch:
+    """Windows [rows, seq_len + 1] as inputs/targets (and segment ids when `eos_id` is given)."""
+    batch = {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+    if eos_id is not None:
+        batch["segment_ids"] = segment_ids(batch["inputs"], eos_id)
+    return batch

@@ -5,6 +5,8 @@ shards train-i.bin and val-i.bin. Cuts depend only on the input, so a rerun afte
 re-reads the stream but encodes only the chunks without a completion record in DIR/.parts/. A shard
 is written under a temporary name and renamed when whole; its record is written after that, so a
 half-written shard never looks complete. The index is written last: its presence means done.
+Every file written depends only on the inputs and the recipe, not on --workers, hash seeds or
+threads: two prepares of one corpus with one command are byte-identical, tokenizer included.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import tokenizers
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
@@ -31,7 +32,7 @@ from boost_jax.data import encode
 from boost_jax.cache import atomic_write
 from boost_jax.data.corpus import Corpus, Skipped
 from boost_jax.data.shards import INDEX, SPLITS, TOKENIZER, Index, Shard, read_index, shard_name, token_dtype, write_index
-from boost_jax.data.tokenizer import RECIPE, eos_id, load_tokenizer, tokenizer_hash, train_tokenizer
+from boost_jax.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash, train_tokenizer, trainer_id
 from boost_jax.errors import DataError
 
 _PARTS, _PLAN = ".parts", "plan.json"
@@ -41,7 +42,7 @@ _JOB_BYTES = 1 << 20  # text per encode job: big enough to amortise the hand-off
 @dataclass(frozen=True)
 class PrepareConfig:
     vocab_size: int = 32000
-    tokenizer: Literal["bpe", "byte_bpe"] = "bpe"
+    tokenizer: Literal["bpe", "byte_bpe", "sentencepiece"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
     val_fraction: float = 0.01  # chance that a document goes to val, by a stable hash of its text
     sample_bytes: int = 64 << 20  # text the tokenizer is trained on: the first train documents
@@ -53,7 +54,7 @@ class PrepareConfig:
         """What the shards depend on: a different recipe is a different dataset."""
         return {"vocab_size": self.vocab_size, "tokenizer": self.tokenizer, "given_tokenizer": tokenizer_sha256,
                 "val_fraction": self.val_fraction, "sample_bytes": self.sample_bytes,
-                "chunk_bytes": self.chunk_bytes, "trainer": f"{tokenizers.__version__}/{RECIPE}"}
+                "chunk_bytes": self.chunk_bytes, "trainer": trainer_id(self.tokenizer)}
 
 
 @dataclass
@@ -150,21 +151,29 @@ def _tokenizer(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Tokenizer:
     saved = out / _PARTS / TOKENIZER
     if saved.is_file():
         return load_tokenizer(saved)
-
-    def sample() -> Iterator[str]:
-        total = 0
-        for doc in corpus.documents(Skipped()):
-            if encode.is_val(doc.text, cfg.val_fraction):
-                continue
-            total += len(doc.text.encode())
-            if total > cfg.sample_bytes:
-                return
-            yield doc.text
-
-    tok = train_tokenizer(cfg.tokenizer, cfg.vocab_size, sample())
+    tok = train_tokenizer(cfg.tokenizer, cfg.vocab_size, _Sample(corpus, cfg.sample_bytes, cfg.val_fraction))
     spec = tok.to_str().encode()
     atomic_write(saved, lambda f: f.write(spec))
     return tok
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """The tokenizer's training text, read afresh on each pass (bpe training makes two)."""
+
+    corpus: Corpus
+    sample_bytes: int
+    val_fraction: float
+
+    def __iter__(self) -> Iterator[str]:
+        total = 0
+        for doc in self.corpus.documents(Skipped()):
+            if encode.is_val(doc.text, self.val_fraction):
+                continue
+            total += len(doc.text.encode())
+            if total > self.sample_bytes:
+                return
+            yield doc.text
 
 
 def _jobs(corpus: Corpus, skipped: Skipped, chunk_bytes: int) -> Iterator[tuple[int, list[str], int]]:

@@ -174,7 +174,8 @@ def _ring_fwd(cp, rows, with_segments, q, k, v, q_pos, k_pos, q_seg, k_seg):
             return m_new, l * rescale + p.sum(-1), o
 
         m, l, o = state
-        return jax.lax.map(one, (_blocks(qg, rows), _blocks(q_pos, rows), _blocks(q_seg, rows), m, l, o))
+        with jax.named_scope("attention"):  # the ops' name: analysis/work.py prices them as a flash kernel's
+            return jax.lax.map(one, (_blocks(qg, rows), _blocks(q_pos, rows), _blocks(q_seg, rows), m, l, o))
 
     n = sq // rows
     state = (jnp.full((n, b, kvh, h // kvh, rows), MASKED, jnp.float32),
@@ -219,7 +220,8 @@ def _ring_bwd(cp, rows, with_segments, res, d_out):
             return (dk_j, dv_j), dq_i
 
         xs = (q_b, do_b, _blocks(q_pos, rows), _blocks(q_seg, rows), lse, delta)
-        (dk_j, dv_j), dq_blocks = jax.lax.scan(one, (dk_j.astype(jnp.float32), dv_j.astype(jnp.float32)), xs)
+        with jax.named_scope("attention"):
+            (dk_j, dv_j), dq_blocks = jax.lax.scan(one, (dk_j.astype(jnp.float32), dv_j.astype(jnp.float32)), xs)
         return dq + dq_blocks, (k_j, v_j, kp_j, ks_j, dk_j.astype(k_j.dtype), dv_j.astype(v_j.dtype))
 
     dq = jnp.zeros(q_b.shape, jnp.float32)

@@ -82,7 +82,8 @@ def measure_work(cfg: Config) -> dict:
     prog = build(cfg)
     text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
     itemsize = jnp.dtype(cfg.model.dtype).itemsize
-    gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=cfg.model.attention_query_block)
+    gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=cfg.model.attention_query_block,
+                             cp=cfg.parallel.cp)
     return {"gemms": [dataclasses.asdict(g) for g in gemms], "traffic": [dataclasses.asdict(t) for t in traffic],
             "collectives": [dataclasses.asdict(c) for c in collectives(text)], "itemsize": itemsize,
             "params_per_device": prog.params_per_device}
