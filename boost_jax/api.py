@@ -1,4 +1,6 @@
-"""The Python API for notebooks and scripts.
+"""The Python API for notebooks and scripts. Every function checks its arguments and raises the
+project's errors (`boost_jax.errors`: ConfigError, CheckpointError, ...) with a message naming the
+argument, not a failure deep inside JAX.
 
     from boost_jax import api
     cfg = api.config("llama-tiny", "model.arch=cola")        # a preset name or a YAML path, plus overrides
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
+import numpy as np
 from flax import nnx
 
 from boost_jax.config import Config, ConfigError, from_dict, load_config, load_yaml
@@ -25,6 +28,10 @@ from boost_jax.presets import PRESETS
 
 def config(base: str | Path | None = None, *overrides: str) -> Config:
     """A config from a preset name (`"llama-7b"`) or a YAML file, then `key=value` overrides."""
+    if base is not None and not isinstance(base, (str, Path)):
+        raise ConfigError(f"api.config: base must be a preset name or a YAML path, got {type(base).__name__}")
+    if bad := [o for o in overrides if not isinstance(o, str)]:
+        raise ConfigError(f"api.config: each override is a 'section.key=value' string, got {bad[0]!r}")
     if base is not None and str(base) in PRESETS:
         return load_config(None, (f"model.preset={base}", *overrides))
     if base is not None and not Path(base).is_file():
@@ -34,11 +41,17 @@ def config(base: str | Path | None = None, *overrides: str) -> Config:
 
 def build_model(cfg: Config) -> Model:
     """The model of `cfg`, its parameters initialised from `train.seed`."""
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"api.build_model takes a Config (api.config(...)), got {type(cfg).__name__}")
     return Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
 
 
 def forward(model: Model, tokens: jax.Array, plan: Plan | None = None) -> jax.Array:
     """Logits of `model` run under `plan`; None runs it on one device (`single_device_plan`)."""
+    _check_model(model, "api.forward")
+    tokens = _check_tokens(tokens, model.cfg.vocab_size)
+    if plan is not None and not isinstance(plan, Plan):
+        raise ConfigError(f"api.forward: plan must be a Plan (parallel.make_plan) or None, got {type(plan).__name__}")
     plan = plan or single_device_plan(model.cfg)
     graphdef, params = nnx.split(model)
     return jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens, plan=plan))(params, tokens)
@@ -48,6 +61,10 @@ def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[st
     """(config, model with the checkpoint's parameters, step) from a run dir, on one device.
     `overrides` (`section.key=value`) may change anything but what the parameters mean (a
     `model.*` key outside checkpoint.COMPUTE_ONLY): e.g. model.dtype=bfloat16, parallel.tp=2."""
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ConfigError(f"api.restore: step must be a checkpoint's step (an int >= 0) or None, got {step!r}")
+    if isinstance(overrides, str):
+        raise ConfigError("api.restore: overrides is a list of 'section.key=value' strings, not one string")
     cfg = run_config(run_dir, overrides)
     run, state, step = restore_state(run_dir, cfg, single_device_plan(cfg.model, cfg.parallel.scheme), step)
     return cfg, nnx.merge(run.graphdef, state["params"]), step
@@ -109,6 +126,11 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     `boost_jax.decode.Decoder`."""
     from boost_jax.decode import Decoder, Sampling
 
+    _check_model(model, "api.generate")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or any(
+            isinstance(p, (str, bytes)) or not isinstance(p, Sequence) for p in prompts):
+        raise ConfigError("api.generate: prompts is a list of token-id lists ([[5, 9, 31], ...]); for text use "
+                          "api.generate_text")
     decoder = Decoder(model, plan or single_device_plan(model.cfg), cache=cache, eos_id=eos_id)
     return decoder.generate(prompts, max_new_tokens, Sampling(temperature, top_k, top_p, seed)).tokens
 
@@ -118,6 +140,35 @@ def generate_text(model: Model, tokenizer, prompts: Sequence[str], *, max_new_to
     continuation decoded; it stops at the tokenizer's end-of-document token."""
     from boost_jax.data.tokenizer import eos_id
 
+    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+        raise ConfigError("api.generate_text: prompts is a list of strings; for token ids use api.generate")
+    if not hasattr(tokenizer, "encode") or not hasattr(tokenizer, "decode"):
+        raise ConfigError("api.generate_text: tokenizer must be a tokenizers.Tokenizer (a run dir's tokenizer.json)")
     ids = [tokenizer.encode(p).ids for p in prompts]
     out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=eos_id(tokenizer), **kwargs)
     return [tokenizer.decode(o) for o in out]
+
+
+def _check_model(model, where: str) -> None:
+    if not isinstance(model, Model):
+        raise ConfigError(f"{where}: model must be a boost_jax Model (api.build_model or api.restore), "
+                          f"got {type(model).__name__}")
+
+
+def _check_tokens(tokens, vocab_size: int):
+    """tokens as an int array [batch, seq] of ids in [0, vocab_size), checked where they are concrete
+    (a traced array inside the caller's own jit is checked for its shape and type only)."""
+    if isinstance(tokens, jax.core.Tracer):
+        values = None
+    else:
+        values = np.asarray(tokens)
+        tokens = values
+    if tokens.ndim != 2:
+        raise ConfigError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)} (a single sequence: "
+                          "tokens[None])")
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise ConfigError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if values is not None and values.size and (values.min() < 0 or values.max() >= vocab_size):
+        bad = int(values.min() if values.min() < 0 else values.max())
+        raise ConfigError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size})")
+    return tokens

@@ -73,9 +73,20 @@ def run_dir_parser(prog: str, doc: str) -> argparse.ArgumentParser:
 
 def run_dir_args(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     a = p.parse_intermixed_args(argv)
+    if a.step is not None and a.step < 0:
+        raise ConfigError(f"--step must be a checkpoint's step (>= 0), got {a.step}")
     if bad := [c for c in a.config if "=" not in c]:
         raise ConfigError(f"{bad[0]!r}: after RUN_DIR only section.key=value overrides (the run's config.yaml is the config)")
     return a
+
+
+def at_least(a: argparse.Namespace, **bounds: float) -> None:
+    """Each named flag of `a` at least its bound (`at_least(a, workers=1, max_bytes=0)`), or one
+    ConfigError naming the flag (`--workers`) and its value."""
+    for name, bound in bounds.items():
+        value = getattr(a, name)
+        if value < bound:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -207,6 +207,9 @@ class ParallelConfig:
     coordinator: str = ""
     num_processes: int = 0
     process_id: int = -1
+    # How long a process waits for the coordinator and every other process to join before it stops
+    # with one message (JAX's own timeout aborts the process with a C++ stack).
+    coordinator_timeout_s: int = 300
 
 
 @dataclass(frozen=True)
@@ -294,8 +297,14 @@ def raw_config(path: str | Path | None = None, overrides: typing.Sequence[str] =
 
 
 def load_yaml(path: Path) -> Any:
-    """A YAML file's content; a syntax error names the file and the line."""
-    return _parse_yaml(path.read_text(), str(path))
+    """A YAML file's content; an unreadable or binary file, or a syntax error, names the file (and the line)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a YAML text file (byte {e.start} is not UTF-8)") from None
+    return _parse_yaml(text, str(path))
 
 
 def _parse_yaml(text: str, where: str) -> Any:
@@ -468,6 +477,7 @@ def _validate(c: Config) -> None:
              f"'latent' gathers the rank-r latents of k and v: arch {c.model.arch} has none (use gather or ring)")
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
+    _require(p.coordinator_timeout_s > 0, "parallel.coordinator_timeout_s", f"must be > 0, got {p.coordinator_timeout_s}")
     _require(p.num_processes >= 0, "parallel.num_processes", "must be >= 0")
     scheme = SCHEMES[p.scheme]
     _require(c.model.arch in scheme.archs, "parallel.scheme",

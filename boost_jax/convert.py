@@ -28,6 +28,7 @@ from pathlib import Path
 
 from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, run_main
 from boost_jax.errors import ConfigError
+from boost_jax.paths import check_writable_dir
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,6 +67,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise ConfigError(f"--samples must be at least 1, got {a.samples}")
     if a.run_dir.exists() and (not a.run_dir.is_dir() or any(a.run_dir.iterdir())):
         raise ConfigError(f"{a.run_dir} exists and is not an empty folder: an import starts a new run dir")
+    check_writable_dir(a.run_dir, "RUN_DIR")
     return a
 
 
@@ -168,20 +170,19 @@ def write_run(cfg, params: dict, tokenizer: Path, source: str) -> None:
     written in a temporary folder beside it and renamed into place when whole."""
     import jax
     import numpy as np
+    from flax import nnx
 
     from boost_jax.checkpoint import Checkpointer, identity
     from boost_jax.parallel import single_device_plan
-    from boost_jax.step import setup
+    from boost_jax.step import abstract_model, setup
 
     run_dir = Path(cfg.run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}.import."))
     try:
-        run, state = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme))
-        shardings = jax.tree.map(lambda x: x.sharding, state["params"])
-        params = jax.tree.map(lambda p, like: np.asarray(p, like.dtype), params, state["params"])
-        state["params"] = jax.device_put(params, shardings)
-        state["opt_state"] = jax.jit(run.tx.init)(state["params"])
+        like = abstract_model(cfg)[1]
+        params = jax.tree.map(lambda p, a: np.asarray(p, a.dtype), params, nnx.to_pure_dict(like))
+        run, state = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme), params)
         ckpt = Checkpointer(tmp / "checkpoints", cfg.checkpoint.keep)
         try:
             ckpt.save(0, state, {"step": 0, "data_position": 0, **run.checkpoint_meta(), "loss": None,

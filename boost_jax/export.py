@@ -28,6 +28,7 @@ from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ModelConfig, from_dict
 from boost_jax.errors import BoostJaxError
 from boost_jax.model import Model
+from boost_jax.paths import check_writable_dir
 
 FORMAT, FORMAT_VERSION = "boost_jax", 1
 WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
@@ -138,6 +139,7 @@ def _check_out_dir(out_dir: Path, force: bool) -> None:
         raise ExportError(f"output path {out_dir} exists and is not a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise ExportError(f"output folder {out_dir} is not empty; pass --force to overwrite the export in it")
+    check_writable_dir(out_dir, "out_dir")
 
 
 def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:

@@ -78,7 +78,8 @@ def _main(argv: list[str]) -> None:
     from boost_jax.parallel.mesh import mesh_devices
 
     tokenizer_path = a.run_dir / "tokenizer.json"
-    if a.run_dir.is_dir() and not tokenizer_path.is_file():
+    api.run_config(a.run_dir, a.config)  # the run dir and its config.yaml first: what a damaged one names
+    if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     cfg, model, step = api.restore(a.run_dir, a.step, a.config)
     tok = load_tokenizer(tokenizer_path)

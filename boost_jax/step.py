@@ -153,10 +153,14 @@ def relayout_layers(tree, src_order, dst_order):
         lambda path, x: jnp.take(x, index, axis=0) if under_layers(path) else x, tree)
 
 
-def setup(cfg: Config, plan: Plan) -> tuple[Setup, TrainState]:
-    """The seed's train state laid out for `plan`, and the jitted train and eval steps over it."""
+def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, TrainState]:
+    """The seed's train state laid out for `plan` (or one around `params`, host arrays in the model's
+    layer order and dtypes, with a fresh optimizer: an import), and the jitted train and eval steps."""
     graphdef, _ = abstract_model(cfg)
-    params = place_params(cfg, plan)
+    if params is None:
+        params = place_params(cfg, plan)
+    else:  # placed as they are: no seed's parameters beside them
+        params = jax.device_put(_in_plan_order(params, cfg, plan), _param_shardings(cfg, plan))
     pspecs = jax.tree.map(lambda p: p.sharding.spec, params)
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)

@@ -17,7 +17,7 @@ from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
 from boost_jax.errors import PackageError
-from boost_jax.training import check_writable_dir
+from boost_jax.paths import check_writable_dir
 
 USAGE = __doc__.strip().splitlines()[0]
 
@@ -71,13 +71,13 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                                     any_process, finite)
 
     t, m = cfg.train, cfg.model
-    run_dir = RunDir(cfg)
-    check_writable_dir(cache_root(cfg.data.cache_dir), "data.cache_dir")
-    plan = make_plan(cfg, devices)
-    data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)
-    run, state = setup(cfg, plan)
-    run_dir.path.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as closing:  # on any exit: close the log, wait for saves in flight
+    with contextlib.ExitStack() as closing:  # on any exit: release the run dir, close the log, wait for saves
+        run_dir = RunDir(cfg, primary=jax.process_index() == 0)
+        closing.callback(run_dir.release)
+        check_writable_dir(cache_root(cfg.data.cache_dir), "data.cache_dir")
+        plan = make_plan(cfg, devices)
+        data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)
+        run, state = setup(cfg, plan)
         ckpt = Checkpoints(cfg, run, run_dir.path)
         closing.callback(ckpt.close)
         state, start, resumed_loss = ckpt.resume(state)

@@ -1,7 +1,8 @@
 """The named parts of a training run, each with one job; `train.train` is the loop over them.
 
-    RunDir          checks the run dir before any work (resume compatibility, writable folders) and
-                    claims it once a step has run (config.yaml, tokenizer.json)
+    RunDir          checks the run dir before any work (resume compatibility, writable folders),
+                    holds it against a second run, and claims it once a step has run (config.yaml,
+                    tokenizer.json)
     Checkpoints     Orbax saves (in the background) every `checkpoint.every` steps and
                     `checkpoint.every_minutes`, and the resume from the newest one
     Preemption      SIGTERM or SIGINT: save the current step and stop; a second signal exits at once
@@ -28,18 +29,28 @@ import numpy as np
 from boost_jax.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
 from boost_jax.config import Config, ConfigError, load_yaml
 from boost_jax.errors import DivergenceError
+from boost_jax.paths import check_writable_dir, lock_dir
 
 
 class RunDir:
     """A run's folder: checked before any slow work, claimed once the first step has run."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, primary: bool = True):
+        """`primary`: the process that holds the run dir (process 0; the others write only through it
+        and Orbax)."""
         self.cfg, self.path = cfg, Path(cfg.run_dir)
         self.saved = check_resume_compatible(cfg, self.path)  # the saved config of a run being resumed
         check_writable_dir(self.path, "run_dir")
         if cfg.checkpoint.every:
             check_writable_dir(self.path / "checkpoints", "run_dir")
+        self.lock = lock_dir(self.path, "run_dir") if primary else None  # one writer: before anything is written
         self.claimed = False
+
+    def release(self) -> None:
+        """Let another run have the run dir."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
     def claim(self, tokenizer) -> None:
         """Write config.yaml and the tokenizer: only a run that got through one step claims the run dir,
@@ -79,17 +90,6 @@ def check_resume_compatible(cfg: Config, run_dir: Path) -> dict | None:
             "use a new run_dir (the existing run was left untouched)"
         )
     return saved
-
-
-def check_writable_dir(path: Path, key: str) -> None:
-    """`path` is a folder we can write in, or can be created as one: checked before any slow work."""
-    existing = path.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{key}: {path} cannot be a folder: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: cannot write in {existing} (read-only file system or no permission)")
 
 
 class Checkpoints:

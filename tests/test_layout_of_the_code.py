@@ -13,7 +13,7 @@ ROOT = Path(__file__).parents[1]
 
 # Lowest first. A name is a module or a package (its modules, and its __init__).
 FLOORS = [
-    {"errors", "presets", "archs", "schemes", "cli", "cache", "configs", "pallas_kernels"},
+    {"errors", "presets", "archs", "schemes", "cli", "cache", "paths", "configs", "pallas_kernels"},
     {"config"},
     {"data", "remat", "parallel", "flops", "health"},
     {"layers"},

@@ -30,12 +30,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 
 from boost_jax.analysis.hlo import Collective
 from boost_jax.analysis.work import Gemm, Traffic
 from boost_jax import configs
-from boost_jax.config import ConfigError
+from boost_jax.config import ConfigError, load_yaml
 
 HARDWARE_FILE = configs.HARDWARE
 ADAMW_BYTES_PER_PARAM = 28  # read param, grad, m, v and write param, m, v, all fp32
@@ -67,7 +66,9 @@ def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"hardware file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = load_yaml(path) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of machine names to constants")
     fields = {f.name for f in dataclasses.fields(Hardware)} - {"name"}
     out = {}
     for name, spec in raw.items():

@@ -21,7 +21,8 @@ def main() -> None:
 
 def _main(args: list[str]) -> None:
     if not args or args[0] not in COMMANDS:
-        sys.exit(f"usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")
+        unknown = f"unknown command {args[0]!r}; " if args and not args[0].startswith("-") else ""
+        sys.exit(f"{unknown}usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")
     cmd, argv = args[0], args[1:]
     import jax
 

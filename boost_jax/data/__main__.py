@@ -44,12 +44,20 @@ def _main(argv: list[str]) -> None:
 
 
 def _prepare(a: argparse.Namespace) -> None:
+    from boost_jax.cli import at_least
     from boost_jax.data.corpus import files_corpus
     from boost_jax.data.prepare import PrepareConfig, prepare
+    from boost_jax.data.tokenizer import MAX_VOCAB, MIN_VOCAB
     from boost_jax.errors import ConfigError
+    from boost_jax.paths import check_writable_dir
 
     if not 0 <= a.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
+    at_least(a, workers=1, shard_mb=1, sample_mb=1, max_bytes=0)
+    if not a.tokenizer and not MIN_VOCAB <= a.vocab_size <= MAX_VOCAB:
+        raise ConfigError(f"--vocab-size must be in {MIN_VOCAB}..{MAX_VOCAB:,} (3 special + 256 byte tokens + merges), "
+                          f"got {a.vocab_size}")
+    check_writable_dir(a.out, "--out")
     cfg = PrepareConfig(
         vocab_size=a.vocab_size, tokenizer=a.tokenizer_kind, tokenizer_path=a.tokenizer, val_fraction=a.val_fraction,
         sample_bytes=a.sample_mb << 20, chunk_bytes=a.shard_mb << 20, workers=a.workers, progress=not a.no_progress,

@@ -178,6 +178,15 @@ def _open(path: Path) -> IO[bytes]:
     return path.open("rb")
 
 
+def _stream_errors(path: Path) -> tuple[type[Exception], ...]:
+    """What reading a damaged file raises: OSError/EOFError (plain, .gz), zstandard's own (.zst)."""
+    if path.name.lower().endswith(".zst"):
+        import zstandard
+
+        return OSError, EOFError, zstandard.ZstdError
+    return OSError, EOFError
+
+
 def _jsonl(path: Path, key: str, skipped: Skipped | None) -> Iterator[Document]:
     """One document per line: obj[key]. A malformed line stops the read, naming file and line,
     unless `skipped` collects it."""
@@ -200,7 +209,7 @@ def _jsonl(path: Path, key: str, skipped: Skipped | None) -> Iterator[Document]:
                     raise DataError(f"{where} has no string field {key!r} (choose it with --text-key / "
                                     "data.text_key)")
                 yield Document(where, text)
-        except (OSError, EOFError) as e:  # a damaged .gz / .zst stream
+        except _stream_errors(path) as e:  # a damaged .gz / .zst stream
             raise DataError(f"{path} cannot be decompressed ({e})") from None
 
 

@@ -3,8 +3,12 @@ devices; multi-process init."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import socket
+import sys
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,21 +34,73 @@ def simulate_cpu_devices(n: int) -> None:
 
 def init_distributed(p: ParallelConfig) -> None:
     """Join a multi-process run (before any other JAX call). Each process loads only its rows of
-    every batch; the mesh spans all processes' devices."""
+    every batch; the mesh spans all processes' devices. The settings are checked first, and a
+    rendezvous that does not complete in parallel.coordinator_timeout_s ends the process with one
+    message (JAX's own timeout, kept longer, would abort it with a C++ stack)."""
     coordinator = p.coordinator or os.environ.get("BOOST_JAX_COORDINATOR", "")
     if not coordinator:
         return
     if jax.config.jax_platforms in (None, "", "cpu"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator == "auto":
-        jax.distributed.initialize()
+        with _watchdog(coordinator, p.coordinator_timeout_s):
+            jax.distributed.initialize(initialization_timeout=p.coordinator_timeout_s + 60)
         return
-    n = p.num_processes or int(os.environ.get("BOOST_JAX_NUM_PROCESSES", "0"))
-    pid = p.process_id if p.process_id >= 0 else int(os.environ.get("BOOST_JAX_PROCESS_ID", "-1"))
+    host, port = _address(coordinator)
+    n = p.num_processes or _env_int("BOOST_JAX_NUM_PROCESSES", 0)
+    pid = p.process_id if p.process_id >= 0 else _env_int("BOOST_JAX_PROCESS_ID", -1)
     if n < 1 or not 0 <= pid < n:
         raise ConfigError(f"parallel.coordinator={coordinator} needs parallel.num_processes >= 1 and "
                           f"0 <= parallel.process_id < num_processes (got {n}, {pid})")
-    jax.distributed.initialize(coordinator, num_processes=n, process_id=pid)
+    if pid == 0:  # process 0 serves the coordinator on this port
+        with socket.socket() as s:
+            # as the coordinator's server binds: a port in TIME_WAIT after a previous run is free
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError as e:
+                raise ConfigError(f"parallel.coordinator={coordinator}: process 0 cannot serve on port {port} "
+                                  f"({e.strerror}); choose a free port") from None
+    with _watchdog(coordinator, p.coordinator_timeout_s):
+        jax.distributed.initialize(f"{host}:{port}", num_processes=n, process_id=pid,
+                                   initialization_timeout=p.coordinator_timeout_s + 60)
+
+
+def _address(coordinator: str) -> tuple[str, int]:
+    """host and port of a `host:port` coordinator ([v6 address]:port too)."""
+    host, sep, port = coordinator.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"parallel.coordinator={coordinator!r}: expected host:port with a port in 1..65535, "
+                          "or 'auto'")
+    return host, int(port)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"${name}={value!r} is not an integer") from None
+
+
+@contextlib.contextmanager
+def _watchdog(coordinator: str, seconds: int):
+    """Stop the process with one message if the block has not finished within `seconds`."""
+    def expire():
+        print(f"config error: parallel.coordinator={coordinator}: the coordinator and all processes did not "
+              f"join within {seconds} s (parallel.coordinator_timeout_s); check that the address is reachable "
+              "and every process runs with it", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def mesh_shape(p: ParallelConfig, n_devices: int) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--schemes", default="", help="comma-separated; default: every scheme of the arch")
     p.add_argument("--tp", type=int_list, default="", help="comma-separated sizes; default: divisors of --gpus within a node")
     p.add_argument("--pp", type=int_list, default="", help="comma-separated sizes; default: every divisor")
-    p.add_argument("--pp-repeats", type=int_list, default="1,2")
+    p.add_argument("--pp-repeats", type=int_list, default="", help="comma-separated; default: 1,2 (pipelines only)")
     p.add_argument("--cp", type=int_list, default="",
                    help="comma-separated sizes; default: every divisor that splits train.seq_len")
     p.add_argument("--remat", default="none,lowrank,full")
@@ -67,6 +67,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise ConfigError(f"--remat: unknown {bad}; choose from {list(REMAT_POLICIES)}")
     if bad := [s for s in a.schemes.split(",") if s and s not in SCHEMES]:
         raise ConfigError(f"--schemes: unknown {bad}; choose from {list(SCHEMES)}")
+    for flag, sizes in (("--tp", a.tp), ("--pp", a.pp), ("--cp", a.cp)):
+        if bad := [n for n in sizes if n < 1 or a.gpus % n]:
+            raise ConfigError(f"{flag} {','.join(map(str, bad))}: each size must divide --gpus {a.gpus}")
+    if a.pp and max(a.pp) == 1 and a.pp_repeats and max(a.pp_repeats) > 1:
+        raise ConfigError("--pp-repeats > 1 applies to pipelines: give --pp sizes above 1, or leave --pp-repeats")
+    a.pp_repeats = a.pp_repeats or (1, 2)
+    if a.out:
+        from boost_jax.paths import check_writable_file
+
+        check_writable_file(a.out, "--out")
     return a
 
 
@@ -94,11 +104,12 @@ def _main(argv: list[str]) -> None:
     hw = one_machine(a.hardware_file, a.hardware)
     # Compiles run on tp x pp x cp simulated devices (dp = fsdp = 1): request the most any layout
     # needs before JAX's backend starts.
+    layouts = list(enumerate_layouts(cfg.model.arch, a.gpus, cfg.train.batch_size, cfg.train.seq_len,
+                                     hw.gpus_per_node, space))
+    if not layouts:
+        raise ConfigError(no_layout(a, cfg, hw, []))
     if jax.config.jax_platforms in (None, "", "cpu"):
-        most = max((l.tp * l.pp * l.cp for l in enumerate_layouts(cfg.model.arch, a.gpus, cfg.train.batch_size,
-                                                                  cfg.train.seq_len, hw.gpus_per_node, space)),
-                   default=1)
-        jax.config.update("jax_num_cpu_devices", most)
+        jax.config.update("jax_num_cpu_devices", max(l.tp * l.pp * l.cp for l in layouts))
     from boost_jax.cache import cache_root
     from boost_jax.planner.price import DiskCache
     from boost_jax.planner.recipe import write_recipe
@@ -110,15 +121,27 @@ def _main(argv: list[str]) -> None:
                  max_priced=a.max_priced or None)
     priced = [c for c in cands if c.step]
     if not priced:
-        reasons = sorted({c.why.split(":")[0] for c in cands}) or ["no layout of these sizes"]
-        raise ConfigError(f"no layout of {a.gpus} x {hw.name} could be priced ({len(cands)} considered: "
-                          f"{'; '.join(reasons)}); change --gpus, the batch or the search flags")
+        raise ConfigError(no_layout(a, cfg, hw, cands))
     if a.out:
         write_recipe(a.out, a.config, priced[0].layout)
     if a.json:
         print(json.dumps({"candidates": [c.row(hw, a.gpus) for c in priced]}, indent=1))
         return
     print_plan(a, cfg, hw, cands)
+
+
+def no_layout(a: argparse.Namespace, cfg, hw, cands) -> str:
+    """Why no layout could be priced: one example of each reason, or what no layout could divide."""
+    if not cands:
+        schemes = a.schemes or "every scheme"
+        return (f"no layout of {a.gpus} x {hw.name} for arch {cfg.model.arch} under {schemes}: either no scheme given "
+                f"takes the arch, or train.batch_size={cfg.train.batch_size} does not divide over the dp x fsdp "
+                "devices any --tp/--pp/--cp leaves; change --gpus, the batch or the search flags")
+    first = {}
+    for c in cands:
+        first.setdefault(c.why.split(":")[0], c)
+    examples = "; ".join(f"{c.layout}: {c.why}" for c in first.values())
+    return f"no layout of {a.gpus} x {hw.name} could be priced ({len(cands)} considered). {examples}"
 
 
 def print_plan(a: argparse.Namespace, cfg, hw, cands) -> None:

@@ -1,0 +1,66 @@
+"""What a command writes is checked before any work: a folder it can create or write in, a file
+whose folder it can write in, each named in the error with the system's reason; and a run dir has
+one writer at a time (`lock_dir`)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+from boost_jax.errors import ConfigError
+
+
+def check_writable_dir(path: str | Path, key: str) -> None:
+    """`path` is a folder we can write in, or can be created as one (`key`: the flag or config key
+    that named it). Nothing is created: a probe file in the nearest existing folder is written and
+    removed (a permission check alone passes for root on a read-only mount or under /proc)."""
+    path = Path(path).expanduser()
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {path} cannot be a folder: {existing} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot write in {existing} ({e.strerror or e}), so not {path}") from None
+
+
+def check_writable_file(path: str | Path, key: str) -> None:
+    """`path` can be written as a file: not a folder, in a folder we can write in."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{key}: {path} is a folder, not a file")
+    check_writable_dir(path.parent, key)
+
+
+LOCK = ".boost_jax.lock"
+
+
+def lock_dir(path: str | Path, key: str) -> IO[str]:
+    """Hold `path` (created if need be) for this process alone: an exclusive `flock` on its lock file,
+    which the kernel releases when the process ends however it ends (kill -9 included), so a lock left
+    by a dead process is never in the way. Another holder is named in the error. Close the returned
+    file to release it."""
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    f = open(path / LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(f"{key}: {path} is in use by another run ({holder}); wait for it to end or use "
+                          f"another {key}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
