@@ -30,7 +30,11 @@ def embed_lookup(plan: Plan, table: jax.Array, tokens: jax.Array) -> jax.Array:
     half the bytes of the paper's all-reduce + slice."""
     vocab_axis = plan.axis("vocab")
     if plan.size("vocab") == 1:
-        return table[tokens]
+        # The whole table on each device (FSDP's gather, as the shard_map below takes its rows): a
+        # lookup in a table split on d would leave the rows split on d and the backward's
+        # scatter-add a [B, S, d] cotangent to move from split on batch to split on d, which XLA
+        # does by gathering the global batch onto every device (tests/test_resharding.py).
+        return plan.constrain(table, ("vocab", None))[tokens]
     out_spec = plan.spec(("batch", "seq", "act_embed"))
     scatter = vocab_axis in jax.tree.leaves(tuple(out_spec))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +53,9 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
     layer = layer_cache(cache)
     fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
     fitting: set = set()  # the layouts without context parallelism that fit (`_fold`)
-    for c in sorted(out, key=lambda c: (c.layout.microbatches, c.layout.cp)):
+    for k, c in enumerate(sorted(out, key=lambda c: (c.layout.microbatches, c.layout.cp))):
+        if k % 50 == 0:
+            log(f"sizing layouts by the memory model: {k}/{len(out)}")
         try:
             c.cfg = layout_config(args, c.layout)
         except ConfigError as e:
@@ -75,7 +78,7 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
     # regardless (e.g. one to compare with).
     bounds = {id(c): lower_bound(c.cfg, hw, c.memory["param_elems"]) for c in out if c.fits}
     worth = sorted((c for c in out if c.fits), key=lambda c: (not must_price(c.layout), bounds[id(c)]))
-    best, optional = math.inf, 0
+    best, optional, started, compiled = math.inf, 0, time.monotonic(), 0
     for i, c in enumerate(worth):
         bound = bounds[id(c)]
         if not must_price(c.layout):
@@ -86,9 +89,11 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
                 c.why = f"not priced: past the {max_priced} lowest lower bounds (--max-priced)"
                 continue
             optional += 1
-        log(f"pricing {i + 1}/{len(worth)} (lower bound {bound:.3g} s, best so far {best:.3g} s): {c.layout}")
+        # At most every layout left is priced, each about as long as those so far (a cached one is instant).
+        left = "" if not compiled else f", at most ~{(time.monotonic() - started) / compiled * (len(worth) - i):.0f} s left"
+        log(f"pricing {i + 1}/{len(worth)} (lower bound {bound:.3g} s, best so far {best:.3g} s{left}): {c.layout}")
         c.step = step_seconds(c.cfg, hw, c.memory["param_elems"], cache)
-        best = min(best, c.step["seconds"])
+        best, compiled = min(best, c.step["seconds"]), compiled + 1
     priced = sorted((c for c in worth if c.step), key=lambda c: c.step["seconds"])
     for c in priced[1:]:
         c.why = f"slower by {c.step['seconds'] / priced[0].step['seconds']:.2f}x"
