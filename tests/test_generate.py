@@ -116,19 +116,25 @@ def test_each_row_stops_at_its_end_of_document_token():
         assert row == (full[:full.index(eos)] if eos in full else full)
 
 
-@pytest.mark.parametrize("arch, scheme, dp, fsdp, tp", [
-    ("cola", "btp", 2, 1, 2),
-    pytest.param("lax", "vanilla", 2, 1, 2, marks=pytest.mark.slow),
-    pytest.param("dense", "megatron", 1, 2, 2, marks=pytest.mark.slow),
-    pytest.param("svd", "btp", 1, 1, 4, marks=pytest.mark.slow),
+@pytest.mark.parametrize("arch, scheme, dp, fsdp, tp, cache", [
+    ("cola", "btp", 2, 1, 2, "full"),
+    pytest.param("lax", "vanilla", 2, 1, 2, "full", marks=pytest.mark.slow),
+    pytest.param("dense", "megatron", 1, 2, 2, "full", marks=pytest.mark.slow),
+    pytest.param("svd", "btp", 1, 1, 4, "full", marks=pytest.mark.slow),
+    pytest.param("dense", "megatron", 2, 1, 4, "full", marks=pytest.mark.slow),
+    pytest.param("cola", "vanilla", 1, 1, 4, "full", marks=pytest.mark.slow),
+    # the latent caches under the schemes that split the rank (btp) or the heads (vanilla)
+    pytest.param("cola", "btp", 2, 1, 2, "latent_v", marks=pytest.mark.slow),
+    pytest.param("cola", "btp", 1, 1, 4, "latent", marks=pytest.mark.slow),
+    pytest.param("lax", "vanilla", 1, 2, 2, "latent", marks=pytest.mark.slow),
 ])
-def test_sharded_decoding_equals_one_device(arch, scheme, dp, fsdp, tp):
+def test_sharded_decoding_equals_one_device(arch, scheme, dp, fsdp, tp, cache):
     cfg = load_config(None, ["model.preset=llama-tiny", f"model.arch={arch}", f"parallel.scheme={scheme}",
                              f"parallel.dp={dp}", f"parallel.fsdp={fsdp}", f"parallel.tp={tp}", "train.batch_size=4"])
     model = model_of(arch)
     plan = make_plan(cfg, jax.devices()[:dp * fsdp * tp])
-    one = Decoder(model, single_device_plan(model.cfg)).generate(PROMPTS, 12).tokens
-    assert Decoder(model, plan).generate(PROMPTS, 12).tokens == one  # 3 rows padded to the split of 2
+    one = Decoder(model, single_device_plan(model.cfg), cache=cache).generate(PROMPTS, 12).tokens
+    assert Decoder(model, plan, cache=cache).generate(PROMPTS, 12).tokens == one  # 3 rows padded to the split of 2
     # and the logits, through the cache laid out by the scheme
     seq = jnp.asarray(np.random.default_rng(0).integers(0, 512, (4, 10)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(10), (4, 10))
@@ -136,7 +142,7 @@ def test_sharded_decoding_equals_one_device(arch, scheme, dp, fsdp, tp):
 
     def run(p):
         params = jax.device_put(nnx.to_pure_dict(state), p.named(p.param_specs(state)))
-        decode = lambda params: nnx.merge(graphdef, params).decode(seq, empty("full", model.cfg, 4, 16), plan=p,
+        decode = lambda params: nnx.merge(graphdef, params).decode(seq, empty(cache, model.cfg, 4, 16), plan=p,
                                                                     positions=pos)[0]
         return np.asarray(jax.jit(decode)(params))
 

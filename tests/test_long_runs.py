@@ -136,6 +136,27 @@ def test_a_mixture_run_evaluates_each_dataset_and_logs_health(prepared_pair, tin
     assert r["datasets"]["asyncio"]["loss"] == pytest.approx(last["eval_loss/asyncio"], rel=1e-5)
 
 
+@pytest.mark.slow  # five short training runs
+def test_a_mixture_run_resumes_exactly_and_takes_new_weights_at_a_resume(prepared_pair, tiny_overrides, tmp_path,
+                                                                         capsys):
+    asyncio_dir, email_dir = prepared_pair
+    mix = lambda a, e: f"data.mixture=[{{path: {asyncio_dir}, weight: {a}}}, {{path: {email_dir}, weight: {e}}}]"
+    common = [*tiny_overrides, "data.source=mixture", "model.vocab_size=512", "train.eval_every=0",
+              "checkpoint.every=3", "train.schedule_steps=9", "parallel.dp=1"]
+    run = lambda name, weights, steps: train(load_config(None, [*common, mix(*weights), f"train.steps={steps}",
+                                                               f"run_dir={tmp_path / name}"]), jax.devices()[:1])
+    whole = run("whole", (0.25, 0.75), 6)
+    run("resumed", (0.25, 0.75), 3)
+    assert run("resumed", (0.25, 0.75), 6)["losses"] == whole["losses"][3:]  # bit for bit
+    # New weights at a resume: allowed, said, recorded; a later resume keeps the new stretch.
+    capsys.readouterr()
+    changed = run("resumed", (0.9, 0.1), 9)["losses"]
+    assert "data.mixture weights change at step 6" in capsys.readouterr().err
+    run("split", (0.25, 0.75), 6)
+    run("split", (0.9, 0.1), 7)
+    assert run("split", (0.9, 0.1), 9)["losses"] == changed[1:]
+
+
 # ----------------------------------------------------------------------------- stability
 
 

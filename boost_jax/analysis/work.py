@@ -1,6 +1,6 @@
 """Compute work of a compiled XLA program, per device: every GEMM (dot) with its shape and how often
 it runs, and the bytes moved by the memory-bound instructions around them. The performance model
-(`boost_jax/bench/perf_model.py`) turns these into seconds.
+(`boost_jax/analysis/perf_model.py`) turns these into seconds.
 
 GEMMs: each `dot` (standalone or inside a fusion) as (batch, m, n, k), FLOPs = 2 * batch * m * n * k,
 run trip_count times (the scanned decoder stack is one while loop, attention's query blocks a loop

@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.bench.common import config_of, parse, parser, train_to_end
 from boost_jax.config import ConfigError
 
 DEFAULTS = ["model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "data.max_bytes=300000"]
@@ -23,8 +23,6 @@ QUIET = ["log.progress=false", "log.tensorboard=false", "train.eval_every=0", "p
 def measure(args: list[str], steps: int, every: int, reps: int) -> dict:
     import jax
 
-    from boost_jax.train import train
-
     per_step: dict[str, list[float]] = {"async": [], "sync": []}
     with tempfile.TemporaryDirectory(prefix="boost_jax_bench_ckpt_") as tmp:
         for rep in range(reps):
@@ -32,7 +30,7 @@ def measure(args: list[str], steps: int, every: int, reps: int) -> dict:
                 cfg = config_of([*DEFAULTS, *args, *QUIET, f"train.steps={steps}", f"checkpoint.every={every}",
                                  f"checkpoint.async_save={mode == 'async'}", f"log.every={steps}",
                                  f"run_dir={Path(tmp) / f'{mode}-{rep}'}"])
-                per_step[mode].append(train(cfg, jax.devices()[:1])["loop_s"] / steps)
+                per_step[mode].append(train_to_end(cfg, jax.devices()[:1])["loop_s"] / steps)
     sync, background = (statistics.median(per_step[m]) for m in ("sync", "async"))
     return {"steps": steps, "every": every, "reps": reps, "sync_s_per_step": sync, "async_s_per_step": background,
             "sync_over_async": sync / background, "runs_s_per_step": per_step}

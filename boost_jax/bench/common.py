@@ -67,3 +67,15 @@ def simulate_mesh(cfg: Config) -> None:
         jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices))
     except RuntimeError:  # the backend has started: keep its devices
         pass
+
+
+def train_to_end(cfg: Config, devices: Sequence[jax.Device] | None = None) -> dict:
+    """`train.train` for a benchmark of several runs: a run that SIGTERM or SIGINT stopped (its step
+    saved) stops the benchmark too, instead of the next run starting."""
+    from boost_jax.train import train
+
+    summary = train(cfg, None if devices is None else list(devices))
+    if summary.get("stopped_by"):
+        raise SystemExit(f"stopped by {summary['stopped_by']}: {cfg.run_dir} is saved; rerun the same command to "
+                         "resume")
+    return summary

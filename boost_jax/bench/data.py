@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from boost_jax.bench.common import parse, parser
+from boost_jax.bench.common import parse, parser, train_to_end
 from boost_jax.config import ConfigError, from_args
 from boost_jax.data.build import build_data
 from boost_jax.data.corpus import files_corpus
@@ -99,14 +99,12 @@ def _prepare(a: argparse.Namespace, tmp: Path) -> dict:
 def _loader(a: argparse.Namespace, tmp: Path) -> dict:
     """Step time from a real training run; loader time as the synchronous read of a batch (the
     prefetch thread hides it behind the step, so this is an upper bound on what the step waits)."""
-    from boost_jax.train import train
-
     cfg = from_args([*a.config, f"train.steps={a.steps}", "train.eval_every=0", "checkpoint.every=0",
                      f"log.every={a.steps // 2}", "log.progress=false", "log.tensorboard=false",
                      "data.source=prepared", f"data.path={tmp / 'loader'}", f"run_dir={tmp / 'run'}"])
     t = cfg.train
     write_synthetic(tmp / "loader", [10**7], cfg.model.vocab_size)
-    summary = train(cfg)
+    summary = train_to_end(cfg)
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=0)
     t0 = time.perf_counter()
     n = 200

@@ -7,8 +7,8 @@ are prefilled and --new-tokens generated greedily (`boost_jax/decode.py`), after
 compiles the programs. Reported: prefill and decode tokens/s, the time of one decode step, the
 bytes one cached token takes (all layers, beside what a dense model of the same shape keeps), and
 the step against its memory-bound floor: a step reads every weight once (at the compute dtype: the
-decoder serves the weights cast to it) and every cached token of every row once, so it cannot take
-less than (weight bytes + cached bytes) / the read bandwidth measured here (`read_bandwidth`). `--hf`
+decoder serves the weights cast to it; of an untied embedding table only the rows looked up) and
+every cached token of every row once, so it cannot take less than (weight bytes + cached bytes) / the read bandwidth measured here (`read_bandwidth`). `--hf`
 times Hugging Face `generate` (transformers + PyTorch, with its KV cache, greedy, the same prompts
 and token counts) on the same dense LLaMA, when both are installed; both sides end to end, prefill
 included.
@@ -61,6 +61,8 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
     itemsize = jnp.dtype(m.dtype).itemsize
     weight_bytes = sum(x.size * itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    # A step looks up one embedding row per sequence; only a tied head reads the whole table.
+    table_bytes = 0 if m.tie_embeddings else model.embed[...].size * itemsize
     rows = []
     rng = np.random.default_rng(0)
     for cache in caches:
@@ -75,7 +77,8 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
             steps = new_tokens - 1  # the first new token comes from the prefill
             # Cached tokens a step reads, on average over the steps: each row's prompt and what it has made.
             cached = b * (prompt_len + new_tokens / 2)
-            floor = (weight_bytes + cached * per_token) / bandwidth
+            read = weight_bytes - table_bytes + (b * m.d_model * itemsize if table_bytes else 0)
+            floor = (read + cached * per_token) / bandwidth
             rows.append({"cache": cache, "batch": b, "prefill_tokens_per_s": b * prompt_len / prefill,
                          "decode_tokens_per_s": b * steps / decode, "step_s": decode / steps, "floor_s": floor,
                          "end_to_end_tokens_per_s": b * new_tokens / (prefill + decode),

@@ -11,7 +11,7 @@ can beat the fastest so far); it is shown at its fastest, next to the planner's 
 
 The memory budget defaults to the whole GPU (--headroom 0): the paper ran its layouts in 80 GB, and
 the comparison asks what fits there; `python -m boost_jax.plan` keeps 10% free by default.
-Compiles are cached on disk (plan/price.py), so a second run prices from the cache.
+Compiles are cached on disk (planner/price.py), so a second run prices from the cache.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from boost_jax.bench.common import parse, parser
+from boost_jax.bench.common import parse, parser, train_to_end
 from boost_jax.config import ConfigError, from_args
 from boost_jax.flops import count
 
@@ -51,11 +51,9 @@ def final_eval(run_dir: Path, max_tokens: int) -> dict:
 def train_run(args: list[str], arch: str, steps: int, run_dir: Path, max_tokens: int, log) -> dict:
     import jax
 
-    from boost_jax.train import train
-
     cfg = from_args(run_args(args, arch, steps, run_dir))
     t0 = time.perf_counter()
-    summary = train(cfg, jax.devices()[:1])
+    summary = train_to_end(cfg, jax.devices()[:1])
     c = count(cfg.model, cfg.train.seq_len)
     tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
     out = {"arch": arch, "run_dir": str(run_dir), "steps": steps, "tokens": steps * tokens_per_step,
@@ -76,7 +74,6 @@ def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, m
 
     from boost_jax.convert import convert
     from boost_jax.data.build import build_data
-    from boost_jax.train import train
 
     run_dir = work / f"dense-to-svd-{method}"
     base = from_args(run_args(args, "dense", dense["steps"], Path(dense["run_dir"])))
@@ -88,7 +85,7 @@ def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, m
     compressed = final_eval(run_dir, max_tokens)
     cfg = from_args([str(run_dir / "config.yaml"), f"train.steps={steps}", f"train.eval_every={max(1, steps // 5)}",
                      f"train.warmup_steps={max(1, steps // 10)}", "train.lr=1e-3", f"checkpoint.every={steps}"])
-    train(cfg, jax.devices()[:1])
+    train_to_end(cfg, jax.devices()[:1])
     recovered = final_eval(run_dir, max_tokens)
     log(f"  dense -> svd rank {rank} ({method}): ppl {compressed['perplexity']:.2f}, after {steps} steps "
         f"{recovered['perplexity']:.2f}")

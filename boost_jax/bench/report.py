@@ -460,7 +460,7 @@ def planner_section(pl: dict) -> list[str]:
         "layout (scheme, TP, PP, pipeline repeats, DP, FSDP, micro-batches, remat), keeps those the memory model puts "
         f"within {budget:.1f} GiB per GPU ({100 * st['headroom']:.0f}% headroom: the paper's layouts ran in this memory), "
         "and prices them with the performance model of section 2, each on its own abstract compile: in order of a lower "
-        "bound on their time that needs no compile (`plan/price.py`), skipping those whose bound cannot beat the fastest "
+        "bound on their time that needs no compile (`planner/price.py`), skipping those whose bound cannot beat the fastest "
         f"priced, at most {st['max_priced'] or 'all'} besides the paper's layout. The paper's layout (BTP at its TP and PP, "
         "DP = FSDP = 1, M = PP) is priced in every remat mode that fits and shown at its fastest. Schemes searched: "
         f"{', '.join(st['schemes'])}; pipeline repeats {', '.join(map(str, st['pp_repeats']))}. Seconds per iteration, "
