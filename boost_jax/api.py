@@ -72,6 +72,8 @@ def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[st
 
 def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
     """A run dir's config (its config.yaml, then `overrides`), after checking it is a run dir."""
+    if not isinstance(run_dir, (str, Path)):
+        raise ConfigError(f"run_dir must be a path (str or Path), got {type(run_dir).__name__}")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run dir not found: {run_dir}")
@@ -131,6 +133,12 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
             isinstance(p, (str, bytes)) or not isinstance(p, Sequence) for p in prompts):
         raise ConfigError("api.generate: prompts is a list of token-id lists ([[5, 9, 31], ...]); for text use "
                           "api.generate_text")
+    for i, p in enumerate(prompts):
+        if p:
+            try:
+                _check_tokens([p], model.cfg.vocab_size)
+            except ConfigError as e:
+                raise ConfigError(f"api.generate: prompts[{i}]: {e}") from None
     decoder = Decoder(model, plan or single_device_plan(model.cfg), cache=cache, eos_id=eos_id)
     return decoder.generate(prompts, max_new_tokens, Sampling(temperature, top_k, top_p, seed)).tokens
 
@@ -163,9 +171,9 @@ def _check_tokens(tokens, vocab_size: int):
     else:
         values = np.asarray(tokens)
         tokens = values
-    if tokens.ndim != 2:
-        raise ConfigError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)} (a single sequence: "
-                          "tokens[None])")
+    if tokens.ndim != 2 or 0 in tokens.shape:
+        raise ConfigError(f"tokens must be [batch, seq] with at least one token, got shape {tuple(tokens.shape)} (a "
+                          "single sequence: tokens[None])")
     if not np.issubdtype(tokens.dtype, np.integer):
         raise ConfigError(f"tokens must be integer ids, got dtype {tokens.dtype}")
     if values is not None and values.size and (values.min() < 0 or values.max() >= vocab_size):

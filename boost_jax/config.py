@@ -445,6 +445,9 @@ def _validate(c: Config) -> None:
              f"must be >= 0 (0 = off), got {c.checkpoint.every_minutes}")
     d = c.data
     _require(0 <= d.val_fraction < 1, "data.val_fraction", "must be in [0, 1)")
+    _require(d.val_fraction > 0 or t.eval_every == 0 or d.source not in ("stdlib", "files"), "data.val_fraction",
+             f"0 holds no validation data out, so train.eval_every={t.eval_every} would evaluate nothing: set "
+             "train.eval_every=0 too, or a val_fraction > 0")
     _require(d.max_bytes >= 0, "data.max_bytes", "must be >= 0")
     _require(d.source != "files" or bool(d.paths), "data.paths", "source=files needs data.paths")
     _require(d.source != "prepared" or bool(d.path), "data.path", "source=prepared needs data.path")

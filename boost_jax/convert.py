@@ -91,6 +91,11 @@ def read_source(src: Path, step: int | None):
     tokenizer = src / "tokenizer.json"
     if not tokenizer.is_file():
         raise ConfigError(f"{src} has no tokenizer.json: a run needs the tokenizer its model was trained with")
+    from boost_jax.data.tokenizer import load_tokenizer
+
+    if load_tokenizer(tokenizer).get_vocab_size() > model_cfg.vocab_size:  # a damaged file is named
+        raise ConfigError(f"{tokenizer} has more tokens than the model's vocab_size {model_cfg.vocab_size}: "
+                          "it is not this model's tokenizer")
     return model_cfg, params, tokenizer
 
 

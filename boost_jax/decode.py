@@ -46,6 +46,10 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
+        for name, kind in (("temperature", (int, float)), ("top_k", int), ("top_p", (int, float)), ("seed", int)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ConfigError(f"{name} must be a number, got {value!r}")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:

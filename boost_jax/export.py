@@ -175,7 +175,7 @@ def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
     files = _weight_files(src)
     where = {}  # tensor name -> its file
     for path in files:
-        with safe_open(str(path), framework="numpy") as f:
+        with _open_weights(path) as f:
             where.update(dict.fromkeys(f.keys(), path))
     handles = {}
     used = set()
@@ -185,8 +185,11 @@ def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
             raise ExportError(f"{src} lacks the tensor {name}")
         used.add(name)
         if where[name] not in handles:
-            handles[where[name]] = safe_open(str(where[name]), framework="numpy")
-        return handles[where[name]].get_tensor(name)
+            handles[where[name]] = _open_weights(where[name])
+        try:
+            return handles[where[name]].get_tensor(name)
+        except Exception as e:  # safetensors raises its own errors for a damaged body
+            raise ExportError(f"{where[name]}: cannot read the tensor {name} ({e})") from None
 
     def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
         path = _path_str(key_path)
@@ -210,6 +213,14 @@ def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
     return cfg, params
 
 
+def _open_weights(path: Path):
+    """A safetensors file opened for reading; a damaged or foreign one named."""
+    try:
+        return safe_open(str(path), framework="numpy")
+    except Exception as e:  # SafetensorError (a bad header), OSError
+        raise ExportError(f"{path} is not a readable safetensors file ({e})") from None
+
+
 def _weight_files(src: Path) -> list[Path]:
     """The safetensors files of a folder: model.safetensors, or every shard its index names."""
     index = src / (WEIGHTS + ".index.json")
@@ -229,14 +240,30 @@ def _weight_files(src: Path) -> list[Path]:
 def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
     """(model config, whether the folder is in the HF layout)."""
     if (out_dir / BOOST_CONFIG).is_file():
-        meta = json.loads((out_dir / BOOST_CONFIG).read_text())
+        meta = _read_json(out_dir / BOOST_CONFIG)
         if (meta.get("format"), meta.get("format_version")) != (FORMAT, FORMAT_VERSION):
             raise ExportError(f"{out_dir / BOOST_CONFIG}: unsupported format {meta.get('format')!r} "
                               f"version {meta.get('format_version')!r}")
         return from_dict({"model": meta["model"]}).model, False
     if (out_dir / HF_CONFIG).is_file():
-        return _from_hf_config(json.loads((out_dir / HF_CONFIG).read_text())), True
+        return _from_hf_config(_read_json(out_dir / HF_CONFIG)), True
     raise ExportError(f"{out_dir} holds no export: no {BOOST_CONFIG} or {HF_CONFIG}")
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from `path`, or one ExportError naming the file."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path} is not a JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a JSON object, got a {type(data).__name__}")
+    return data
+
+
+# config.json's numeric fields that become the model's
+HF_NUMBERS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size", "rms_norm_eps", "rope_theta")
 
 
 def _from_hf_config(c: dict) -> ModelConfig:
@@ -252,6 +279,10 @@ def _from_hf_config(c: dict) -> ModelConfig:
         raise ExportError(f"config.json lacks {missing}: not a LLaMA config")
     # transformers >= 5 saves rope_theta inside rope_parameters.
     theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    for key in HF_NUMBERS:
+        value = c.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ExportError(f"config.json: {key} must be a number, got {value!r}")
     return from_dict({"model": {
         "arch": "dense", "d_model": c["hidden_size"], "d_ff": c["intermediate_size"],
         "n_layers": c["num_hidden_layers"], "n_heads": c["num_attention_heads"],
@@ -303,6 +334,8 @@ def _main(argv: list[str]) -> None:
     parser.add_argument("--step", type=int, help="checkpoint step to export (default: the newest)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty out_dir")
     args = parser.parse_args(argv)
+    if args.step is not None and args.step < 0:
+        raise ExportError(f"--step must be a checkpoint's step (>= 0), got {args.step}")
     step = export(args.run_dir, args.out_dir, args.step, args.force)
     out = Path(args.out_dir)
     layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"

@@ -63,8 +63,10 @@ def read_prompts(a: argparse.Namespace) -> list[str]:
             prompts = [line for line in raw.decode("utf-8").splitlines() if line.strip()]
         except UnicodeDecodeError as e:
             raise ConfigError(f"--prompts-file {a.prompts_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if a.prompt is None and not prompts:
+        raise ConfigError(f"--prompts-file {a.prompts_file}: holds no prompt (one per non-empty line)")
     if not prompts or any(not p for p in prompts):
-        raise ConfigError("a prompt is empty: a continuation needs some text to continue")
+        raise ConfigError("--prompt is empty: a continuation needs some text to continue")
     return prompts
 
 

@@ -35,6 +35,21 @@ def test_bench_step_runs_a_recipe_as_is(tmp_path, capsys):
     assert r["median_step_s"] > 0 and r["peak_bytes_per_device"] > 0
 
 
+@pytest.mark.slow  # two processes: a narrow planner search, then its recipe timed
+def test_bench_step_runs_the_planners_own_recipe(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    run = lambda *argv: subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, cwd=tmp_path,
+                                       timeout=600)
+    plan = run("boost_jax.plan", *TINY, "train.batch_size=8", "--gpus", "4", "--tp", "2", "--pp", "1", "--cp", "1",
+               "--remat", "none", "--schemes", "btp", "--hardware", "a100-80gb", "--out", str(recipe))
+    assert plan.returncode == 0, plan.stderr
+    layout = yaml.safe_load(recipe.read_text())["parallel"]
+    out = run("boost_jax.bench", "step", str(recipe), "--reps", "1", "--steps", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    (r,) = json.loads(out.stdout)["results"]
+    assert (r["tp"], r["dp"], r["fsdp"]) == (layout["tp"], layout["dp"], layout["fsdp"]) and r["tp"] == 2
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--model", "llama-7b"], "--model is not a flag any more: write model.preset=NAME"),
     (["--batch=4"], "--batch is not a flag any more: write train.batch_size=N (global"),

@@ -38,11 +38,10 @@ def logits(model):
     return np.asarray(api.forward(model, TOKENS))
 
 
-def test_an_export_imports_back_bit_for_bit(tmp_path, tiny_overrides):
+def test_an_export_imports_back_bit_for_bit(tmp_path, dense_run):
     cfg = api.config("llama-tiny", "model.arch=cola", "model.init_std=0.2")
     model = api.build_model(cfg)
-    export_model(cfg, model, tmp_path / "export")
-    (tmp_path / "export" / "tokenizer.json").write_text("{}")  # only copied, never read, by the import
+    export_model(cfg, model, tmp_path / "export", dense_run / "tokenizer.json")
     main(["import", str(tmp_path / "export"), str(tmp_path / "run")])
     _, back, step = api.restore(tmp_path / "run")
     assert step == 0
@@ -137,10 +136,19 @@ def test_compression_reports_and_the_run_trains_on(dense_run, tmp_path, tiny_ove
     (lambda d: d.mkdir(), [], "holds no export: no boost_config.json or config.json"),
     (lambda d: (d.mkdir(), (d / "config.json").write_text('{"model_type": "gpt2"}')), [], "model_type 'gpt2' is not a LLaMA"),
     (None, ["--to", "svd", "--rank", "100"], "--rank 100 is larger than the matrices"),
+    # a Hugging Face folder (the dense run exported) with one file damaged
+    ("config.json", [], r"config.json is not a JSON file"),
+    ("model.safetensors", [], r"model.safetensors is not a readable safetensors file"),
+    ("tokenizer.json", [], r"tokenizer.json is not a tokenizers JSON file"),
 ])
 def test_bad_input_is_refused_by_name_and_nothing_is_written(dense_run, tmp_path, make, args, needle):
     src = dense_run
-    if make is not None:
+    if isinstance(make, str):
+        src = tmp_path / "src"
+        cfg, model, _ = api.restore(dense_run)
+        export_model(cfg, model, src, dense_run / "tokenizer.json")
+        (src / make).write_bytes(bytes(range(256)))
+    elif make is not None:
         src = tmp_path / "src"
         make(src)
     with pytest.raises(BoostJaxError, match=needle):

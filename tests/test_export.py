@@ -186,7 +186,7 @@ def run_dir(tmp_path_factory, tiny_overrides):
     one device: the run dir must not depend on this session's simulated devices)."""
     run_dir = tmp_path_factory.mktemp("export") / "run"
     overrides = ["model.arch=dense", f"run_dir={run_dir}", "train.steps=2", "checkpoint.every=2",
-                 "data.val_fraction=0"]  # export needs no eval
+                 "data.val_fraction=0", "train.eval_every=0"]  # export needs no eval
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     subprocess.run([sys.executable, "-m", "boost_jax.train", *tiny_overrides, *overrides], env=env, check=True,
                    capture_output=True)

@@ -69,6 +69,7 @@ def test_prepare_refuses_values_by_flag(argv, needle, tmp_path):
     (["--gpus", "4", "--cp", "3"], "--cp 3: each size must divide --gpus 4"),
     (["--gpus", "4", "--pp", "1", "--pp-repeats", "2"], "--pp-repeats > 1 applies to pipelines"),
     (["--gpus", "4", "--top", "0"], "--top must be at least 1"),
+    (["--gpus", "4", "--pp", "2", "--pp-repeats", "0"], "--pp-repeats 0: each must be at least 1"),
     (["--gpus", "3", "--tp", "1", "--pp", "1", "--cp", "1"], "train.batch_size=8 does not divide"),
 ])
 def test_plan_refuses_searches_that_cannot_give_a_layout(argv, needle):
@@ -88,7 +89,7 @@ def test_run_dir_commands_refuse_a_negative_step(tmp_path):
 
 
 def test_files_that_are_not_what_they_should_be_are_named(tmp_path):
-    from boost_jax.analysis.perf_model import load_hardware
+    from boost_jax.analysis.perf_model import HARDWARE_FILE as HARDWARE, load_hardware
     from boost_jax.data.corpus import Skipped, files_corpus
     from boost_jax.errors import DataError
 
@@ -98,6 +99,10 @@ def test_files_that_are_not_what_they_should_be_are_named(tmp_path):
         load_config(binary)
     with pytest.raises(ConfigError, match=rf"{binary}: not a YAML text file"):
         load_hardware(binary)
+    tile = tmp_path / "hw.yaml"
+    tile.write_text(HARDWARE.read_text().replace("gemm_tile: [128, 128]", "gemm_tile: 128", 1))
+    with pytest.raises(ConfigError, match=r"gemm_tile must be \[rows, cols\] of positive integers, got 128"):
+        load_hardware(tile)
     zst = tmp_path / "corpus.jsonl.zst"
     zst.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(200)))
     with pytest.raises(DataError, match=rf"{zst} cannot be decompressed"):
@@ -160,6 +165,10 @@ def model():
     (lambda m: api.generate(m, [1, 2], max_new_tokens=2), "prompts is a list of token-id lists"),
     (lambda m: api.generate_text(m, None, ["x"], max_new_tokens=2), "tokenizer must be a tokenizers.Tokenizer"),
     (lambda m: api.restore(Path("/nowhere"), step="last"), "step must be a checkpoint's step"),
+    (lambda m: api.restore(5), "run_dir must be a path"),
+    (lambda m: api.forward(m, jnp.zeros((1, 0), jnp.int32)), "with at least one token"),
+    (lambda m: api.generate(m, [[1, 600]], max_new_tokens=2), "token id 600 is outside"),
+    (lambda m: api.generate(m, [[1, 2]], max_new_tokens=2, temperature="hot"), "temperature must be a number"),
 ])
 def test_the_api_checks_its_arguments(model, call, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -229,7 +229,7 @@ def test_cli_refuses_bad_input_by_name(run_dir, args, needle):
 @pytest.mark.slow  # processes
 @pytest.mark.parametrize("args, needle", [
     (["NO_RUN", "--prompt", "x"], "run dir not found"),
-    (["RUN", "--prompt", ""], "a prompt is empty"),
+    (["RUN", "--prompt", ""], "--prompt is empty"),
     (["RUN", "--prompts-file", "BINARY"], "not a text file"),
 ])
 def test_cli_errors_are_one_message(run_dir, tmp_path, args, needle):

@@ -78,6 +78,9 @@ def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
             raise ConfigError(f"{path}: {name}: missing {', '.join(sorted(missing))}")
         if unknown := set(spec) - fields:
             raise ConfigError(f"{path}: {name}: unknown {', '.join(sorted(unknown))} (known: {', '.join(sorted(fields))})")
+        tile = spec["gemm_tile"]
+        if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(t, int) and t > 0 for t in tile)):
+            raise ConfigError(f"{path}: {name}.gemm_tile must be [rows, cols] of positive integers, got {tile!r}")
         values = {k: (tuple(v) if k == "gemm_tile" else v) for k, v in spec.items()}
         for k, v in values.items():
             if k not in ("description", "gemm_tile") and not (isinstance(v, (int, float)) and v > 0):

@@ -20,6 +20,9 @@ def main() -> None:
 
 
 def _main(args: list[str]) -> None:
+    if args and args[0] in ("-h", "--help"):
+        print(f"{__doc__.strip()}\n\nEach command's flags: python -m boost_jax.bench COMMAND --help\n{DEBUG_HELP}")
+        return
     if not args or args[0] not in COMMANDS:
         unknown = f"unknown command {args[0]!r}; " if args and not args[0].startswith("-") else ""
         sys.exit(f"{unknown}usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")

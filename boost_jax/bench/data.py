@@ -29,6 +29,7 @@ from boost_jax.data.build import build_data
 from boost_jax.data.corpus import files_corpus
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.synthetic import write_synthetic
+from boost_jax.paths import check_writable_dir
 
 _SHARD = 1 << 27  # tokens per synthetic shard (256 MB of uint16)
 
@@ -70,6 +71,8 @@ def main(argv: list[str]) -> None:
     if a.corpus_mb < 1 or a.workers < 1 or a.steps < 2 or a.big < 1 or a.train_big < 1:
         raise ConfigError("--corpus-mb, --workers, --big and --train-big must be at least 1 and --steps at least 2")
     from_args(a.config)  # a bad config fails before any data is written
+    check_writable_dir(a.tmp, "--tmp")
+    Path(a.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=a.tmp, prefix="boost_jax_bench_data.") as tmp:
         parts = {"prepare": _prepare, "loader": _loader, "memory": _memory}
         for name, part in parts.items():

@@ -27,6 +27,7 @@ from flax import nnx
 
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.cli import int_list
+from boost_jax.archs import ARCHS
 from boost_jax.config import Config, ConfigError
 from boost_jax.decode import Decoder
 from boost_jax.layers.kv_cache import CACHES, KVCache
@@ -142,8 +143,9 @@ def _cores() -> int:
 
 def main(argv: list[str]) -> None:
     p = parser("python -m boost_jax.bench decode", __doc__)
-    p.add_argument("--caches", default="full,latent_v,latent",
-                   help=f"comma-separated, from {list(CACHES)} (the latent kinds: low-rank archs)")
+    p.add_argument("--caches", default="",
+                   help=f"comma-separated, from {list(CACHES)} (default: every kind the arch has; the latent kinds: "
+                        "low-rank archs)")
     p.add_argument("--batches", type=int_list, default="1,8,32")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -153,11 +155,12 @@ def main(argv: list[str]) -> None:
     if a.prompt_len < 1 or a.new_tokens < 2 or a.reps < 1 or not a.batches or min(a.batches) < 1:
         raise ConfigError("--prompt-len, --reps and --batches must be at least 1 and --new-tokens at least 2")
     cfg = config_of(a.config)
-    caches = [c for c in a.caches.split(",") if c]
+    low_rank = ARCHS[cfg.model.arch].low_rank
+    caches = [c for c in a.caches.split(",") if c] or [c for c in CACHES if low_rank or not c.startswith("latent")]
     if bad := [c for c in caches if c not in CACHES]:
         raise ConfigError(f"--caches: unknown {bad}; choose from {list(CACHES)}")
-    if cfg.model.arch == "dense":
-        caches = [c for c in caches if not c.startswith("latent")]  # a dense model has no latents
+    if not low_rank and (bad := [c for c in caches if c.startswith("latent")]):
+        raise ConfigError(f"--caches {','.join(bad)}: model.arch={cfg.model.arch} has no latents (full only)")
     result = {"device": jax.devices()[0].device_kind, **measure_with_bandwidth(
         lambda bandwidth: measure(cfg, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth))}
     if a.hf:

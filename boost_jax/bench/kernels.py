@@ -23,7 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
+from boost_jax.cli import CONFIG_HELP, at_least, refuse_retired_flags
 from boost_jax.config import Config, ConfigError, from_args
 from pallas_kernels import grouped_matmul, norm_down
 
@@ -52,8 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = p.parse_intermixed_args(argv)
     if a.small and a.config:
         raise ConfigError("--small and a config both give the shapes: pass one")
-    if a.reps < 1:
-        raise ConfigError(f"--reps must be at least 1, got {a.reps}")
+    at_least(a, reps=1, tokens=1, k=1, n=1, c=1, r=1, m=1)
     if a.small:
         vars(a).update(SMALL)
     if a.config:

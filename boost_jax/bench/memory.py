@@ -226,6 +226,8 @@ def main(argv: list[str]) -> None:
     if a.reps < 1 or a.steps < 1 or a.budget_gib < 0:
         raise ConfigError(f"--reps and --steps must be at least 1 and --budget-gib >= 0, got {a.reps}, {a.steps}, "
                           f"{a.budget_gib}")
+    if a.budget_gib and not a.vary:
+        raise ConfigError("--budget-gib sizes the --vary variants: give --vary section.key=V1,V2,...")
     if a.validate:
         return validate_all(VALIDATION, a.json)
     if a.vary:
@@ -235,6 +237,8 @@ def main(argv: list[str]) -> None:
             counts = [int(m) for m in a.microbatch_sweep.split(",")]
         except ValueError:
             raise ConfigError(f"--microbatch-sweep {a.microbatch_sweep!r}: expected comma-separated counts") from None
+        if bad := [m for m in counts if m < 1]:
+            raise ConfigError(f"--microbatch-sweep: each count must be at least 1, got {bad[0]}")
         return sweep_microbatches(a.config, counts, a.json)
     # remat=none is always measured: it is the baseline of the saved-memory metric.
     modes = MODES if a.remat == "all" else tuple(dict.fromkeys(("none", a.remat)))

@@ -132,7 +132,7 @@ def paper_layout_lines(result: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    p = parser("python -m boost_jax.bench planner", __doc__)
+    p = parser("python -m boost_jax.bench planner", __doc__, retired_kept=("--pp-repeats",))
     p.add_argument("--models", default=",".join(PAPER), help=f"comma-separated, from {', '.join(PAPER)}")
     p.add_argument("--hardware", default=PAPER_HARDWARE, help=f"one machine of the hardware file (the paper's: {PAPER_HARDWARE})")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
@@ -145,6 +145,8 @@ def main(argv: list[str]) -> None:
     models = a.models.split(",")
     if bad := [m for m in models if m not in PAPER]:
         raise ConfigError(f"--models: unknown {bad}; the paper's are {list(PAPER)}")
+    if bad := [n for n in a.pp_repeats if n < 1]:
+        raise ConfigError(f"--pp-repeats {','.join(map(str, bad))}: each must be at least 1")
     if not 0 <= a.headroom < 1 or a.max_priced < 0:
         raise ConfigError("--headroom must be in [0, 1) and --max-priced >= 0")
     hw = one_machine(a.hardware_file, a.hardware)

@@ -29,6 +29,7 @@ from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner
 from boost_jax.config import Config
 from boost_jax.errors import ConfigError
+from boost_jax.paths import check_writable_dir
 
 
 def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner | None = None) -> dict:
@@ -107,6 +108,7 @@ def main(argv: list[str]) -> None:
     m = cfg.model
     trace_dir = a.trace_dir or Path("runs/profile") / (
         f"{m.preset}-{m.arch}-{cfg.parallel.scheme}-tp{cfg.parallel.tp}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_writable_dir(trace_dir, "--trace-dir")  # before the steps run, not when the trace is written
     r = profile(cfg, a.steps, trace_dir, a.top)
     if a.json:
         print(json.dumps(r, indent=1))

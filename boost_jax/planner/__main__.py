@@ -70,6 +70,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for flag, sizes in (("--tp", a.tp), ("--pp", a.pp), ("--cp", a.cp)):
         if bad := [n for n in sizes if n < 1 or a.gpus % n]:
             raise ConfigError(f"{flag} {','.join(map(str, bad))}: each size must divide --gpus {a.gpus}")
+    if bad := [n for n in a.pp_repeats if n < 1]:
+        raise ConfigError(f"--pp-repeats {','.join(map(str, bad))}: each must be at least 1")
     if a.pp and max(a.pp) == 1 and a.pp_repeats and max(a.pp_repeats) > 1:
         raise ConfigError("--pp-repeats > 1 applies to pipelines: give --pp sizes above 1, or leave --pp-repeats")
     a.pp_repeats = a.pp_repeats or (1, 2)
