@@ -145,9 +145,10 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                 save = save or any_process(ckpt.overdue()) or (stopped is not None and ckpt.enabled)
             if not (save or log_due or stopped):  # one host sync per log interval and before every checkpoint
                 continue
+            fetched = jax.device_get(pending)  # waits for the steps in flight: the meter reads after it
             speed = meter.read(done)
             rows, bad = [], None
-            for at, r in enumerate(jax.device_get(pending), start=done - len(pending) + 1):
+            for at, r in enumerate(fetched, start=done - len(pending) + 1):
                 health = r.pop("health", {})
                 logs = at % cfg.log.every == 0 or at == t.steps
                 rows.append({"step": at, **{k: float(v) for k, v in r.items()}, **speed, **evals.pop(at, {}),
