@@ -33,6 +33,11 @@ from boost_jax.parallel.plan import Plan
 
 CHUNK = 16  # decode steps per call of the compiled loop (the granularity of streaming)
 MIN_BUCKET = 16
+# XLA options of the prefill and decode programs, per platform. On CPU, XLA's default library for
+# dots (YNNPACK) runs a decode step's skinny GEMMs, [batch, d] x [d, n] at batch 8-32, several times
+# slower than the memory-bound floor; XNNPACK's runs them faster (`bench decode`, docs/results.md).
+COMPILER_OPTIONS = {"cpu": {"xla_cpu_experimental_ynn_fusion_type": "",
+                            "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}}
 
 
 @dataclass(frozen=True)
@@ -108,9 +113,11 @@ def sample(logits: jax.Array, key: jax.Array, index: jax.Array, sampling: Sampli
 
 class Decoder:
     """A model's generation under one plan: its parameters laid out once, its programs compiled per
-    shape bucket and kept (`programs` counts them)."""
+    shape bucket and kept (`programs` counts them). `compiler_options`: XLA's options for the
+    prefill and decode programs (None: the plan's platform's `COMPILER_OPTIONS`; {}: XLA's defaults)."""
 
-    def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None):
+    def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None,
+                 compiler_options: dict | None = None):
         if cache not in CACHES:
             raise ConfigError(f"cache {cache!r}: choose one of {list(CACHES)}")
         if plan.pipeline is not None or plan.size("seq") > 1:
@@ -133,8 +140,12 @@ class Decoder:
         self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
         self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
         self.rows = plan.size("batch")  # a batch is padded to a multiple of the data-parallel split
-        self._prefill = jax.jit(self._prefill_fn, static_argnames=("length", "sampling"))
-        self._chunk = jax.jit(self._chunk_fn, static_argnames=("sampling", "max_new"), donate_argnums=(1,))
+        if compiler_options is None:
+            compiler_options = COMPILER_OPTIONS.get(plan.mesh.devices.flat[0].platform, {})
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("length", "sampling"),
+                                compiler_options=compiler_options)
+        self._chunk = jax.jit(self._chunk_fn, static_argnames=("sampling", "max_new"), donate_argnums=(1,),
+                              compiler_options=compiler_options)
         self._grow = jax.jit(self._grow_fn, static_argnames=("length",))
 
     @property
@@ -184,10 +195,10 @@ class Decoder:
         return cache, state
 
     def _grow_fn(self, cache: Cache, *, length: int) -> Cache:
-        """The cache padded with empty slots to `length` positions."""
+        """The cache padded with empty slots to `length` positions (its second-last axis)."""
         def grow(v):
             pad = [(0, 0)] * v.ndim
-            pad[1] = (0, length - v.shape[1])
+            pad[-2] = (0, length - v.shape[-2])
             return jnp.pad(v, pad)
 
         return tuple(jax.tree.map(grow, c).constrain(self.plan.constrain) for c in cache)

@@ -124,3 +124,19 @@ def measure_matmul_peak(dtype: str, n: int = 2048, reps: int = 10) -> float:
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best
+
+
+def measure_read_bandwidth(megabytes: int = 256, reps: int = 15) -> float:
+    """Bytes per second a compiled matrix-vector product reads from a `megabytes` fp32 matrix (the best
+    of `reps`): the access pattern of a decode step, which reads each weight once per token. (A
+    compiled elementwise copy is a worse yardstick on CPU: XLA runs it on one thread.)"""
+    w = jnp.ones((megabytes << 8, 1024), jnp.float32)
+    v = jnp.ones((1024,), jnp.float32)
+    gemv = jax.jit(lambda w, v: w @ v)
+    jax.block_until_ready(gemv(w, v))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(gemv(w, v))
+        best = min(best, time.perf_counter() - t)
+    return w.nbytes / best

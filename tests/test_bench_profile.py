@@ -1,15 +1,24 @@
-"""`bench profile`: a traced llama-tiny step, its time by category, and the op classification rules."""
+"""`bench profile`: a traced llama-tiny step, its time by category, its roofline, and the op
+classification rules."""
 
+import math
+
+import jax
+import jax.numpy as jnp
 import pytest
+from jax import lax
 
 from boost_jax.analysis.program import config_for
-from boost_jax.analysis.timeline import CATEGORIES, Interval, Op, _category, _sweep, op_seconds
-from boost_jax.bench.profile import profile
+from boost_jax.analysis.timeline import (CATEGORIES, LAYOUTS, Interval, Op, _category, _sweep, classify, gemm_layout,
+                                         op_bytes, op_seconds)
+from boost_jax.analysis.work import analyze
+from boost_jax.bench.profile import ROOFLINE_ROWS, gemm_work, profile, roofline
 from boost_jax.errors import ConfigError
 
 
 def test_profile_puts_a_tiny_steps_time_in_categories(tmp_path):
-    cfg = config_for("llama-tiny", "cola", tp=2, batch_size=2, seq=32, dtype="float32")
+    # 128 tokens a device: no llama-tiny weight dim (gemm_layout)
+    cfg = config_for("llama-tiny", "cola", tp=2, batch_size=4, seq=32, dtype="float32")
     r = profile(cfg, steps=1, trace_dir=tmp_path / "trace", top=5)
     cats = r["categories"]
     assert set(cats) == {*CATEGORIES, "host_gaps"} and r["devices"] == 2
@@ -20,6 +29,68 @@ def test_profile_puts_a_tiny_steps_time_in_categories(tmp_path):
     assert 0 < r["ops_fraction"] < r["accounted_fraction"] <= 1.001
     assert len(r["top_ops"]) == 5 and r["top_ops"][0]["s_per_step"] >= r["top_ops"][-1]["s_per_step"]
     assert list((tmp_path / "trace").glob("plugins/profile/*/*.trace.json.gz")) == [tmp_path / r["trace_file"]]
+    roof = r["roofline"]
+    assert list(roof) == list(ROOFLINE_ROWS) and r["matmul_peak_flops"] > 0 and r["bandwidth_bytes_per_s"] > 0
+    for name, sec in cats.items():  # a category's rows (`loss.forward`, ...) add up to it
+        assert math.isclose(sum(v["s_per_step"] for k, v in roof.items() if k.split(".")[0] == name), sec), name
+    assert roof["host_gaps"]["ideal_s"] == 0
+    for c in ("gemm", "loss"):  # the layers' GEMMs and the LM head's
+        for v in (roof[f"{c}.{k}"] for k in LAYOUTS):  # each layout ran, its ideal at least its FLOPs at the peak
+            assert v["s_per_step"] > 0 and v["flops"] > 0 and v["ideal_s"] >= v["flops"] / r["matmul_peak_flops"]
+        # each linear's input gradient g @ W.T and weight gradient x.T @ g take the same FLOPs
+        assert roof[f"{c}.input_grad"]["flops"] == roof[f"{c}.weight_grad"]["flops"], c
+
+
+def _grad_program() -> str:
+    """Two layers, the gradient of both weights: h = tanh(x @ w1) [8, 32], y = h @ w2 [8, 4]."""
+    loss = lambda w1, w2, x: jnp.sum((jnp.tanh(x @ w1) @ w2) ** 2)
+    args = (jnp.ones((16, 32)), jnp.ones((32, 4)), jnp.ones((8, 16)))
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile().as_text()
+
+
+def test_gemm_layouts_tell_forward_input_and_weight_gradients_apart():
+    text = _grad_program()
+    ops = classify(text)
+    dots = sorted((gemm_layout(ops[g.op].op_name, g, tokens=8), (g.m, g.n, g.k))
+                  for g in analyze(text, seq=8, itemsize=4, query_block=8)[0])
+    # forward x @ w1, h @ w2; input gradient dy @ w2.T (dx is not asked for); weight gradients x.T @ dh, h.T @ dy
+    assert dots == [("forward", (8, 4, 32)), ("forward", (8, 32, 16)), ("input_grad", (8, 32, 4)),
+                    ("weight_grad", (16, 32, 8)), ("weight_grad", (32, 4, 8))]
+
+
+def test_flops_and_layouts_are_those_of_the_instructions_the_trace_times():
+    text = _grad_program()
+    cfg = config_for("llama-tiny", "cola", tp=1, batch_size=1, seq=8, dtype="float32")  # 8 tokens, as x's rows
+    flops, layouts = gemm_work(text, cfg, classify(text))
+    assert sum(flops.values()) == 2 * (8 * 16 * 32 + 8 * 32 * 4) + 2 * 8 * 4 * 32 + 2 * (16 * 8 * 32 + 32 * 8 * 4)
+    assert set(flops) == set(layouts) <= set(op_bytes(text))  # executed ones (a dot's fusion, not the dot inside it)
+    assert sorted(layouts.values()) == ["forward", "forward", "input_grad", "weight_grad", "weight_grad"]
+
+
+def test_op_bytes_count_reads_and_writes_and_in_place_updates_only_the_update():
+    add = jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(1024)).compile().as_text()
+    assert sum(op_bytes(add).values()) == 2 * 4096  # read x, write the result
+    update = jax.jit(lambda buf, u, i: lax.dynamic_update_slice(buf, u, (i,)), donate_argnums=0)
+    text = update.lower(jnp.ones(4096), jnp.ones(256), 3).compile().as_text()
+    assert sum(op_bytes(text).values()) == 2 * 1024 + 4  # u read and written, the index read; buf untouched
+
+
+def test_the_ideal_is_each_op_at_the_roofline():
+    peak, bandwidth = 1e11, 1e10
+    ops = {"mm": Op("fusion", "gemm", "transpose(jvp())/dot_general"), "thin": Op("dot", "gemm", "jvp()/dot_general"),
+           "add": Op("fusion", "elementwise", "jvp()/add"), "lost": Op("fusion", "copies", "")}
+    layouts = {"mm": "weight_grad", "thin": "forward"}
+    per_op = {"mm": 3e-3, "thin": 1e-3, "add": 2e-3, "lost": 1e-3, "unknown": 5e-4}
+    flops, moved = {"mm": 2 * 10**8, "thin": 10**6}, {"mm": 10**6, "thin": 10**6, "add": 10**7}
+    rows = roofline(per_op, ops, layouts, flops, moved, peak, bandwidth, host_gaps_s=4e-3)
+    assert rows["gemm.weight_grad"]["ideal_s"] == pytest.approx(2e-3)  # compute-bound: FLOPs / peak
+    assert rows["gemm.forward"]["ideal_s"] == pytest.approx(1e-4)  # memory-bound: bytes / bandwidth
+    assert rows["elementwise"]["ideal_s"] == pytest.approx(1e-3)
+    assert rows["elementwise"]["waste_s"] == pytest.approx(1e-3) and rows["elementwise"]["x_ideal"] == pytest.approx(2)
+    assert rows["copies"]["ideal_s"] == 0 and rows["copies"]["x_ideal"] is None  # no bytes known: all waste
+    assert rows["other"]["s_per_step"] == 5e-4  # an op the module does not have
+    assert rows["host_gaps"] == {"s_per_step": 4e-3, "flops": 0, "bytes": 0, "ideal_s": 0.0, "waste_s": 4e-3,
+                                 "x_ideal": None}
 
 
 def test_op_categories_follow_op_kind_then_jax_name():

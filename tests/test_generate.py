@@ -1,9 +1,12 @@
 """Generation with a KV cache: the tokens a decoder picks are those repeated full forwards pick, for
 every arch, cache kind and layout; rows of one batch never see each other; a seed reproduces a
-sample; one program per shape bucket, never per token; bad input is one message."""
+sample; one program per shape bucket, never per token, and the cache never moves; bad input is one
+message."""
 
 import functools
 import json
+import math
+import re
 import subprocess
 import sys
 
@@ -114,6 +117,30 @@ def test_each_row_stops_at_its_end_of_document_token():
     assert got[0] == free[0][:free[0].index(eos)]
     for row, full in zip(got[1:], free[1:]):
         assert row == (full[:full.index(eos)] if eos in full else full)
+
+
+def test_a_decode_step_never_moves_the_cache(monkeypatch):
+    """The loop's program writes each layer's cache in place and reads it where it lies: no
+    transpose or copy of a cache-sized buffer (a token-major cache was transposed whole at every step)."""
+    model = model_of("dense")
+    decoder = Decoder(model, single_device_plan(model.cfg))
+    chunk, calls = decoder._chunk, []
+
+    def record(*args, **kw):
+        calls.append((jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), args), kw))
+        return chunk(*args, **kw)
+
+    monkeypatch.setattr(decoder, "_chunk", record)
+    monkeypatch.setattr(Decoder, "programs", property(lambda self: {}))
+    decoder.generate(np.arange(3, 3 + 8 * 20).reshape(8, 20).tolist(), 4)
+    args, kw = calls[0]
+    cache_elems = math.prod(args[1][0].k.shape)
+    text = chunk.lower(*args, **kw).compile().as_text()
+    moved = [line.strip()[:120] for line in text.splitlines()
+             if (m := re.search(r"= \w+\[([\d,]+)\]\{[^}]*\} (transpose|copy|fusion)\(", line))
+             and math.prod(map(int, m.group(1).split(","))) == cache_elems
+             and (m.group(2) != "fusion" or re.search(r"transpose|copy", line.split("=")[0]))]
+    assert not moved, moved
 
 
 @pytest.mark.parametrize("arch, scheme, dp, fsdp, tp, cache", [
@@ -251,3 +278,12 @@ def test_bench_decode_reports_speed_beside_the_floor(capsys):
     assert r["dense_cache_bytes_per_token"] == 2 * 2 * 2 * 8 * 4 == r["rows"][0]["cache_bytes_per_token"]
     assert r["rows"][2]["cache_bytes_per_token"] == 2 * (2 * 8 + 16) * 4 and r["rows"][4]["cache_bytes_per_token"] == 2 * 2 * 16 * 4
     assert all(x["step_s"] > 0 and x["floor_s"] > 0 and x["decode_tokens_per_s"] > 0 for x in r["rows"])
+
+
+def test_bench_decode_times_xla_defaults_side_by_side(capsys):
+    from boost_jax.bench import decode
+
+    decode.main(["model.preset=llama-tiny", "model.arch=dense", "--batches", "2", "--prompt-len", "8",
+                 "--new-tokens", "4", "--reps", "1", "--xla-defaults"])
+    out = capsys.readouterr().out
+    assert "under XLA's default options (side by side): step ms full b2 " in out

@@ -53,6 +53,10 @@ from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import abstract_model
 
 FP32 = 4
+# What the analyses read (XLA's optimized HLO, its buffer assignment) is fixed before LLVM optimizes
+# the CPU machine code, which they never run: skipping that optimization halves a compile and leaves
+# both the same (tests/test_planner_compile.py).
+ANALYSIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 ATTENTION = ("q", "k", "v", "o")  # projections at model.attn_rank; the MLP's at mlp_rank
 
 
@@ -100,7 +104,7 @@ def layer_bytes(layer_cfg: Config) -> LayerBytes:
     def forward(params, carry):
         return jax.vjp(lambda p, c: layer(c, p)[0], params, carry)[1]
 
-    fwd = jax.jit(forward).lower(one, carry).compile()
+    fwd = jax.jit(forward).lower(one, carry).compile(ANALYSIS_COMPILER_OPTIONS)
     jaxpr = jax.make_jaxpr(forward)(one, carry).jaxpr
     n_weights = len(jax.tree.leaves(one))
     weights, from_input = set(jaxpr.invars[:n_weights]), _dependents(jaxpr, jaxpr.invars[n_weights:])
@@ -109,8 +113,9 @@ def layer_bytes(layer_cfg: Config) -> LayerBytes:
     kinds = {"activations": 0, "invariant": 0, "weights": 0}
     for r, v in zip(jax.tree.leaves(residuals), jaxpr.outvars):
         kinds["weights" if v in weights else "activations" if v in from_input else "invariant"] += _shard_bytes(r)
-    bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile().memory_analysis()
-    return LayerBytes(**kinds, transient=bwd.temp_size_in_bytes + bwd.output_size_in_bytes)
+    bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile(ANALYSIS_COMPILER_OPTIONS)
+    used = bwd.memory_analysis()
+    return LayerBytes(**kinds, transient=used.temp_size_in_bytes + used.output_size_in_bytes)
 
 
 def _dependents(jaxpr, inputs) -> set:

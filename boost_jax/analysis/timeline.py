@@ -16,6 +16,10 @@ and its JAX name (`metadata={op_name=...}`, the name stack of the traced functio
 The rules read the layer scan as the only loop of the gradient, so pipelines and micro-batch
 accumulation (which add loops around the layers) are refused by the caller.
 
+`gemm_layout` tells a dot's layout: `forward`, `input_grad` (g @ W.T) or `weight_grad` (x.T @ g,
+einsum('bsd,bsr->dr')). `op_bytes(hlo_text)` counts the bytes each executed instruction reads and
+writes, the memory side of `bench profile`'s roofline.
+
 `op_seconds(events, module)` splits each device's traced time among the ops running on it: where
 ops overlap (the CPU runtime runs independent thunks on several threads) each gets an equal share,
 so a device's ops add up to its busy time. A time when no op's event is open goes to the ops
@@ -32,7 +36,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from boost_jax.analysis.hlo import KINDS, attr, parse_module
+from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, parse_module, users
+from boost_jax.analysis.work import Gemm
 
 CATEGORIES = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives", "copies", "other")
 _COLLECTIVES = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
@@ -46,6 +51,13 @@ _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas", re.I)
 _ATTENTION_TARGET = re.compile(r"fmha|flash|attention", re.I)  # cuDNN's fused attention on GPU
 _ATTENTION_SCOPE = re.compile(r"\battention\b")
 _SCALAR = re.compile(r"^[a-z]\w*\[\]")
+LAYOUTS = ("forward", "input_grad", "weight_grad")
+# Bookkeeping that moves no data, loops (their body's ops are counted) and the second halves of
+# asynchronous pairs (their first half is).
+_NO_BYTES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+             "replica-id", "opt-barrier", "domain", "copy-done", *_CONTAINERS, *(f"{k}-done" for k in KINDS)}
+_SLICES = {"slice", "dynamic-slice", "gather"}
+_IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # op -> its update operand; operand 0 is updated in place
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,66 @@ def classify(hlo_text: str) -> dict[str, Op]:
             kinds = body_ops(callee) if ins.op == "fusion" and (callee := attr(ins.attrs, "calls")) else {ins.op}
             out[ins.name] = Op(ins.op, _category(ins.op, kinds, name, target), name)
     return out
+
+
+def gemm_layout(op_name: str, g: Gemm, tokens: int) -> str:
+    """A dot's layout (`op_name`: its JAX name; `tokens`: the rows a layer sees per device). The
+    backward pass's ops are named `transpose(...)`, less the forward it recomputes
+    (`rematted_computation`). Of those, a weight gradient contracts the tokens and keeps none: its
+    output is a weight's [d_in, d_out]. The operands' dims cannot tell, as XLA transposes either
+    operand beforehand. A weight dim equal to `tokens` reads as an input gradient."""
+    if "transpose(" not in op_name or "rematted_computation" in op_name:
+        return "forward"
+    return "weight_grad" if g.k == tokens and tokens not in (g.m, g.n) else "input_grad"
+
+
+def op_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes each executed instruction reads plus writes per run of the module (times its loops'
+    trips), at the compiled dtypes: an operand used only through slices counts the slices, an
+    in-place update (dynamic-update-slice, scatter) the update it reads and writes."""
+    comps, entry, _ = parse_module(hlo_text)
+    ctx = loop_contexts(comps, entry)
+    bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
+    return {ins.name: ctx[c.name][1] * _moved(comps, c, ins)
+            for c in comps.values() if c.name in ctx and c.name not in bodies
+            for ins in c.instrs.values() if ins.op not in _NO_BYTES}
+
+
+def _value_bytes(ins) -> int:
+    return sum(nbytes(dt, dims) for dt, dims in arrays(ins.shape))
+
+
+def _moved(comps, comp, ins) -> int:
+    if ins.op in _SLICES:
+        return 2 * _value_bytes(ins)
+    body = comps.get(attr(ins.attrs, "calls") or "") if ins.op == "fusion" else None
+    operands = [i for i, o in enumerate(ins.operands) if o in comp.instrs]
+    update = next((i for i in (body.instrs.values() if body else [ins]) if i.op in _IN_PLACE), None)
+    if update is None:
+        return _value_bytes(ins) + sum(_read_bytes(comp, ins, body, i) for i in operands)
+    # In place: writes the update, reads every operand but the buffer it updates.
+    written = _value_bytes((body or comp).instrs[update.operands[_IN_PLACE[update.op]]])
+    buffer = update.operands[0]
+    reads = [i for i in operands if buffer not in (ins.operands[i], _parameter(body, i))]
+    return written + sum(_read_bytes(comp, ins, body, i) for i in reads)
+
+
+def _parameter(body, index: int) -> str | None:
+    """The name of a fusion body's parameter `index` (None outside a fusion)."""
+    if body is None:
+        return None
+    return next((p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)), None)
+
+
+def _read_bytes(comp, ins, body, index: int) -> int:
+    """Bytes `ins` reads of operand `index`: only the slices it takes when it uses the operand
+    through slices alone (e.g. one layer of the stacked weights)."""
+    full = _value_bytes(comp.instrs[ins.operands[index]])
+    param = _parameter(body, index)
+    readers = users(body, param) if param else []
+    if readers and all(u.op in _SLICES and u.operands[0] == param for u in readers):
+        return sum(_value_bytes(u) for u in readers)
+    return full
 
 
 def _category(op: str, kinds: set[str], name: str, target: str) -> str:

@@ -52,6 +52,7 @@ class Gemm:
     trip_count: int  # executions per program run
     in_loop: bool  # inside the scanned decoder stack
     attention: bool  # attention's S x S score / value matmul
+    op: str = ""  # the instruction that runs it (the dot, or the fusion it is in): a profile trace's op name
 
     @property
     def flops(self) -> int:
@@ -71,7 +72,7 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
 
 
 def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, keys: tuple[int, ...], rows: int, trips: int,
-          depth: int) -> Gemm:
+          depth: int, op: str) -> Gemm:
     lb, lc, rb, rc = (_dims(attrs, k) for k in ("lhs_batch_dims", "lhs_contracting_dims",
                                                     "rhs_batch_dims", "rhs_contracting_dims"))
     batch = math.prod(lhs[i] for i in lb)
@@ -81,7 +82,20 @@ def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, keys: tuple[in
     # Attention's matmuls (QK^T, PV and their gradients) pair a block of queries with every key:
     # m, n, k hold the block's rows and the sequence length (the sequence twice without blocks).
     attention = batch > 1 and any(kl > 1 and Counter((m, n, k)) >= Counter((rows, kl)) for kl in keys)
-    return Gemm(batch, m, n, k, trips, depth > 0, attention)
+    return Gemm(batch, m, n, k, trips, depth > 0, attention, op)
+
+
+def _fusion_callers(comps) -> dict[str, tuple[str, str]]:
+    """Each fusion body's caller: (its computation, the fusion instruction)."""
+    return {attr(ins.attrs, "calls"): (c.name, ins.name) for c in comps.values() for ins in c.instrs.values()
+            if ins.op == "fusion"}
+
+
+def _executed(callers: dict[str, tuple[str, str]], comp: str, name: str) -> str:
+    """The instruction that runs `name` of `comp`: the outermost fusion it is fused into, else itself."""
+    while comp in callers:
+        comp, name = callers[comp]
+    return name
 
 
 def _scaled_bytes(ins, itemsize: int, keys: tuple[int, ...], rows: int) -> int | None:
@@ -133,6 +147,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
     ctx = loop_contexts(comps, entry)
     fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
     gemms, traffic, has_dot = [], [], set()
+    callers = _fusion_callers(comps)
     for comp in comps.values():
         if comp.name not in ctx:
             continue
@@ -140,7 +155,8 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
         for ins in comp.instrs.values():
             if ins.op == "dot":
                 lhs, rhs = (arrays(comp.instrs[o].shape)[0][1] for o in ins.operands[:2])
-                gemms.append(_gemm(lhs, rhs, ins.attrs, keys, rows, trips, depth))
+                op = _executed(callers, comp.name, ins.name)
+                gemms.append(_gemm(lhs, rhs, ins.attrs, keys, rows, trips, depth, op))
                 has_dot.add(comp.name)
     on_chip = _attention_loops(comps)
     for comp in comps.values():

@@ -8,10 +8,11 @@ compiles the programs. Reported: prefill and decode tokens/s, the time of one de
 bytes one cached token takes (all layers, beside what a dense model of the same shape keeps), and
 the step against its memory-bound floor: a step reads every weight once (at the compute dtype: the
 decoder serves the weights cast to it; of an untied embedding table only the rows looked up) and
-every cached token of every row once, so it cannot take less than (weight bytes + cached bytes) / the read bandwidth measured here (`read_bandwidth`). `--hf`
-times Hugging Face `generate` (transformers + PyTorch, with its KV cache, greedy, the same prompts
-and token counts) on the same dense LLaMA, when both are installed; both sides end to end, prefill
-included.
+every cached token of every row once, so it cannot take less than (weight bytes + cached bytes) /
+the read bandwidth measured here (`flops.measure_read_bandwidth`). `--hf` times Hugging Face
+`generate` (transformers + PyTorch, with its KV cache, greedy, the same prompts and token counts) on
+the same dense LLaMA, when both are installed; both sides end to end, prefill included.
+`--xla-defaults` also times each step under XLA's default options, beside `decode.COMPILER_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -29,23 +30,12 @@ from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.cli import int_list
 from boost_jax.archs import ARCHS
 from boost_jax.config import Config, ConfigError
+from boost_jax.flops import measure_read_bandwidth
 from boost_jax.decode import Decoder
 from boost_jax.layers.kv_cache import CACHES, KVCache
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
-
-
-def read_bandwidth(megabytes: int = 256, reps: int = 15) -> float:
-    """Bytes per second a compiled matrix-vector product reads from a `megabytes` fp32 matrix (the best
-    of `reps`): the access pattern of a decode step, which reads each weight once per token. (A
-    compiled elementwise copy is a worse yardstick on CPU: XLA runs it on one thread.)"""
-    w = jnp.ones((megabytes << 8, 1024), jnp.float32)
-    v = jnp.ones((1024,), jnp.float32)
-    gemv = jax.jit(lambda w, v: w @ v)
-    jax.block_until_ready(gemv(w, v))
-    best = min(_timed(lambda: jax.block_until_ready(gemv(w, v))) for _ in range(reps))
-    return w.nbytes / best
 
 
 def _timed(fn) -> float:
@@ -55,8 +45,10 @@ def _timed(fn) -> float:
 
 
 def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int, new_tokens: int, reps: int,
-            bandwidth: float) -> dict:
-    """Rows of speeds per (cache kind, batch size), with the memory-bound floor of each decode step."""
+            bandwidth: float, xla_defaults: bool = False) -> dict:
+    """Rows of speeds per (cache kind, batch size), with the memory-bound floor of each decode step;
+    with `xla_defaults`, each row's step also timed (interleaved) under XLA's default options instead
+    of `decode.COMPILER_OPTIONS`."""
     m = cfg.model
     model = Model(m, rngs=nnx.Rngs(cfg.train.seed))
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
@@ -68,11 +60,17 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
     rng = np.random.default_rng(0)
     for cache in caches:
         decoder = Decoder(model, plan, cache=cache)
+        baseline = Decoder(model, plan, cache=cache, compiler_options={}) if xla_defaults else None
         per_token = CACHES[cache].bytes_per_token(m, itemsize)
         for b in batches:
             prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()
-            decoder.generate(prompts, new_tokens)  # compiles every program this shape needs
-            runs = [decoder.generate(prompts, new_tokens) for _ in range(reps)]
+            runs, base = [], []
+            for d in [decoder] + [baseline] * xla_defaults:
+                d.generate(prompts, new_tokens)  # compiles every program this shape needs
+            for _ in range(reps):
+                runs.append(decoder.generate(prompts, new_tokens))
+                if baseline:
+                    base.append(baseline.generate(prompts, new_tokens).decode_s)
             prefill = statistics.median(r.prefill_s for r in runs)
             decode = statistics.median(r.decode_s for r in runs)
             steps = new_tokens - 1  # the first new token comes from the prefill
@@ -84,18 +82,19 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
                          "decode_tokens_per_s": b * steps / decode, "step_s": decode / steps, "floor_s": floor,
                          "end_to_end_tokens_per_s": b * new_tokens / (prefill + decode),
                          "step_over_floor": decode / steps / floor, "cache_bytes_per_token": per_token,
-                         "programs": decoder.programs})
+                         "programs": decoder.programs,
+                         **({"xla_defaults_step_s": statistics.median(base) / steps} if base else {})})
     return {"model": m.preset, "arch": m.arch, "dtype": m.dtype, "prompt_len": prompt_len, "new_tokens": new_tokens,
             "weight_bytes": weight_bytes, "dense_cache_bytes_per_token": KVCache.bytes_per_token(m, itemsize),
             "rows": rows}
 
 
 def measure_with_bandwidth(run) -> dict:
-    """`run(bandwidth)` bracketed by `read_bandwidth` (the best of before and after: noise only slows),
+    """`run(bandwidth)` bracketed by `measure_read_bandwidth` (the best of before and after: noise only slows),
     its floors then scaled to the best bandwidth."""
-    before = read_bandwidth()
+    before = measure_read_bandwidth()
     result = run(before)
-    best = max(before, read_bandwidth())
+    best = max(before, measure_read_bandwidth())
     for run_result in result["runs"] if "runs" in result else [result]:
         for r in run_result["rows"]:
             r["floor_s"] *= before / best
@@ -151,6 +150,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--hf", action="store_true", help="also time Hugging Face generate (needs torch and transformers)")
+    p.add_argument("--xla-defaults", action="store_true",
+                   help="also time each decode step under XLA's default options, side by side (decode.COMPILER_OPTIONS)")
     a = parse(p, argv)
     if a.prompt_len < 1 or a.new_tokens < 2 or a.reps < 1 or not a.batches or min(a.batches) < 1:
         raise ConfigError("--prompt-len, --reps and --batches must be at least 1 and --new-tokens at least 2")
@@ -162,7 +163,8 @@ def main(argv: list[str]) -> None:
     if not low_rank and (bad := [c for c in caches if c.startswith("latent")]):
         raise ConfigError(f"--caches {','.join(bad)}: model.arch={cfg.model.arch} has no latents (full only)")
     result = {"device": jax.devices()[0].device_kind, **measure_with_bandwidth(
-        lambda bandwidth: measure(cfg, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth))}
+        lambda bandwidth: measure(cfg, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth,
+                                  a.xla_defaults))}
     if a.hf:
         result["hf"] = hf_generate(cfg, a.batches, a.prompt_len, a.new_tokens, a.reps)
     if a.json:
@@ -182,6 +184,10 @@ def print_table(r: dict) -> None:
               f"{row['decode_tokens_per_s']:12,.1f} {1e3 * row['step_s']:8.2f} {1e3 * row['floor_s']:8.2f} "
               f"{row['step_over_floor']:7.2f}")
     print(f"(a dense model of this shape caches {r['dense_cache_bytes_per_token']} bytes per token)")
+    if any("xla_defaults_step_s" in row for row in r["rows"]):
+        print("under XLA's default options (side by side): step ms "
+              + ", ".join(f"{row['cache']} b{row['batch']} {1e3 * row['xla_defaults_step_s']:.2f} "
+                          f"({row['xla_defaults_step_s'] / row['step_s']:.2f}x)" for row in r["rows"]))
     if hf := r.get("hf"):
         print(f"Hugging Face generate (transformers {hf['transformers']}, torch {hf['torch']}, {hf['threads']} threads):")
         for row in hf["rows"]:

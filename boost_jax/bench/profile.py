@@ -14,22 +14,43 @@ time a device ran no op between the start of its first traced step and the end o
 accounted fraction is the categorised op time (not `other`) plus those gaps, over the step time
 (the ops alone: `ops_fraction`); the rest lies outside the devices' traced span (the first
 dispatch, the wait for the last result).
+
+The roofline account sets each category's measured time beside its ideal: every op at the roofline,
+max(its FLOPs / the matmul peak, the bytes it reads and writes / the memory bandwidth), both measured
+in the same process (`flops.measure_matmul_peak`, `flops.measure_read_bandwidth`, each the best of a
+probe before and after the trace). GEMMs are split by layout (forward, input gradient, weight
+gradient: `timeline.gemm_layout`); host gaps are ideally 0. FLOPs are the dots' (`analysis/work.py`),
+bytes the compiled dtypes' (`timeline.op_bytes`), both per device.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
-from boost_jax.analysis.timeline import CATEGORIES, classify, module_name, op_seconds, read_trace
+from boost_jax.analysis.timeline import (CATEGORIES, Op, classify, gemm_layout, module_name, op_bytes, op_seconds,
+                                         read_trace)
+from boost_jax.analysis.work import analyze
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner
 from boost_jax.config import Config
 from boost_jax.errors import ConfigError
+from boost_jax.flops import measure_matmul_peak, measure_read_bandwidth
+from boost_jax.parallel import make_plan
+from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.paths import check_writable_dir
+
+# The roofline's rows: the categories, those holding dots split into their dots by layout (the
+# layer GEMMs, the LM head's) or attention's dots, and the rest. Layouts are read from dot
+# instructions: a matmul custom call (a GPU's) has none, and is `gemm.other` or the rest.
+ROOFLINE_ROWS = ("gemm.forward", "gemm.input_grad", "gemm.weight_grad", "gemm.other", "attention.dots",
+                 "attention.rest", "elementwise", "loss.forward", "loss.input_grad", "loss.weight_grad", "loss.rest",
+                 "optimizer", "collectives", "copies", "other", "host_gaps")
 
 
 def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner | None = None) -> dict:
@@ -44,8 +65,10 @@ def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner |
     elif runner.cfg != cfg:
         raise ValueError("profile: the runner was compiled for another config")
     untraced = runner.steps(steps)
+    peak, bandwidth = measure_matmul_peak(cfg.model.dtype), measure_read_bandwidth()
     with jax.profiler.trace(str(trace_dir)):
         step_s = runner.steps(steps)
+    peak, bandwidth = max(peak, measure_matmul_peak(cfg.model.dtype)), max(bandwidth, measure_read_bandwidth())
     trace_file, events = read_trace(trace_dir)
     hlo = runner.compiled.as_text()
     ops = classify(hlo)
@@ -61,6 +84,8 @@ def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner |
     for name, sec in per_op.items():
         categories[ops[name].category if name in ops else "other"] += sec
     categories["host_gaps"] = sum(d.span_s - d.busy_s for d in devices.values()) / steps / n
+    flops, layouts = gemm_work(hlo, cfg, ops)
+    roof = roofline(per_op, ops, layouts, flops, op_bytes(hlo), peak, bandwidth, categories["host_gaps"])
     ops_s = sum(v for k, v in categories.items() if k not in ("other", "host_gaps"))
     accounted = (ops_s + categories["host_gaps"]) / step_s
     ranked = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
@@ -73,7 +98,61 @@ def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner |
             "batch": cfg.train.batch_size, "seq": cfg.train.seq_len, "dtype": m.dtype, "steps": steps,
             "devices": n, "device_kind": jax.devices()[0].device_kind, "step_s": step_s, "untraced_step_s": untraced,
             "categories": categories, "accounted_fraction": accounted, "ops_fraction": ops_s / step_s, "top_ops": top_ops,
+            "matmul_peak_flops": peak, "bandwidth_bytes_per_s": bandwidth, "roofline": roof,
             "trace_dir": str(trace_dir), "trace_file": str(trace_file)}
+
+
+def layer_tokens(cfg: Config) -> int:
+    """The rows a layer sees per device: its share of the batch and of the sequence."""
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
+    return cfg.train.batch_size // plan.size("batch") * cfg.train.seq_len // plan.size("seq")
+
+
+def gemm_work(hlo: str, cfg: Config, ops: dict[str, Op]) -> tuple[dict[str, int], dict[str, str]]:
+    """FLOPs per program run and layout (its first dot's: XLA:CPU fuses one) of each executed
+    instruction that runs dots; `ops`: the module's `classify`."""
+    gemms, _ = analyze(hlo, seq=cfg.train.seq_len, itemsize=jnp.dtype(cfg.model.dtype).itemsize,
+                       query_block=cfg.model.attention_query_block, cp=cfg.parallel.cp)
+    tokens = layer_tokens(cfg)
+    flops: dict[str, int] = defaultdict(int)
+    layouts: dict[str, str] = {}
+    for g in gemms:
+        flops[g.op] += g.flops * g.trip_count
+        layouts.setdefault(g.op, gemm_layout(ops[g.op].op_name, g, tokens))
+    return dict(flops), layouts
+
+
+def roofline_row(op: Op | None, layout: str | None) -> str:
+    """The roofline row of an op (None: not the module's) and its layout (None: it runs no dot)."""
+    if op is None:
+        return "other"
+    if op.category == "gemm":
+        return f"gemm.{layout or 'other'}"
+    if op.category == "attention":
+        return "attention.dots" if layout else "attention.rest"
+    if op.category == "loss":
+        return f"loss.{layout or 'rest'}"
+    return op.category
+
+
+def roofline(per_op: dict[str, float], ops: dict[str, Op], layouts: dict[str, str], flops: dict[str, int],
+             moved: dict[str, int], peak: float, bandwidth: float, host_gaps_s: float) -> dict[str, dict]:
+    """Per row of ROOFLINE_ROWS: measured seconds per step, FLOPs and bytes per step of the ops
+    measured, the ideal (each op at max(FLOPs / peak, bytes / bandwidth)), the waste (measured -
+    ideal) and measured / ideal (None where the ideal is 0)."""
+    rows = {k: {"s_per_step": 0.0, "flops": 0, "bytes": 0, "ideal_s": 0.0} for k in ROOFLINE_ROWS}
+    for name, sec in per_op.items():
+        row = rows[roofline_row(ops.get(name), layouts.get(name))]
+        f, b = flops.get(name, 0), moved.get(name, 0)
+        row["s_per_step"] += sec
+        row["flops"] += f
+        row["bytes"] += b
+        row["ideal_s"] += max(f / peak, b / bandwidth)
+    rows["host_gaps"]["s_per_step"] = host_gaps_s
+    for row in rows.values():
+        row["waste_s"] = row["s_per_step"] - row["ideal_s"]
+        row["x_ideal"] = row["s_per_step"] / row["ideal_s"] if row["ideal_s"] else None
+    return rows
 
 
 def print_table(r: dict) -> None:
@@ -88,12 +167,28 @@ def print_table(r: dict) -> None:
         print(f"{k:14s} {ms(v)} {pct(v)}")
     print(f"{'accounted':14s} {'':9s} {100 * r['accounted_fraction']:7.1f}%  (categorised ops + host gaps; "
           f"the ops alone {100 * r['ops_fraction']:.1f}%)")
+    print_roofline(r)
     print(f"\ntop {len(r['top_ops'])} ops")
     print(f"{'op':36s} {'category':12s} {'ms/step':>9s} {'of step':>8s}  jax name")
     for o in r["top_ops"]:
         name = o["op_name"].removeprefix("jit(train_step)/")
         print(f"{o['name'][:36]:36s} {o['category']:12s} {ms(o['s_per_step'])} {pct(o['s_per_step'])}  {name[-70:]}")
     print(f"\ntrace kept in {r['trace_dir']} (tensorboard --logdir, or {Path(r['trace_file']).name} in ui.perfetto.dev)")
+
+
+def print_roofline(r: dict) -> None:
+    print(f"\nroofline: each op at max(FLOPs / {r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s matmul peak, "
+          f"bytes / {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s read bandwidth), both measured in this run")
+    print(f"{'row':18s} {'ms/step':>9s} {'ideal ms':>9s} {'waste ms':>9s} {'x ideal':>8s} {'GFLOP':>8s} {'MB':>9s}")
+    rows = r["roofline"]
+    for k, v in rows.items():
+        if v["s_per_step"] or v["ideal_s"]:
+            x = f"{v['x_ideal']:8.1f}" if v["x_ideal"] is not None else f"{'-':>8s}"
+            print(f"{k:18s} {1e3 * v['s_per_step']:9.2f} {1e3 * v['ideal_s']:9.2f} {1e3 * v['waste_s']:9.2f} {x} "
+                  f"{v['flops'] / 1e9:8.2f} {v['bytes'] / 1e6:9.1f}")
+    measured, ideal = (sum(v[k] for v in rows.values()) for k in ("s_per_step", "ideal_s"))
+    print(f"{'total':18s} {1e3 * measured:9.2f} {1e3 * ideal:9.2f} {1e3 * (measured - ideal):9.2f} "
+          f"{measured / ideal:8.1f}")
 
 
 def main(argv: list[str]) -> None:

@@ -439,7 +439,9 @@ def decode_section(dec: dict) -> list[str]:
          f"the read bandwidth measured in the same run ({dec['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, a compiled "
          "matrix-vector product over 256 MiB): the floor. The latent_v cache keeps the keys and v's rank-r latent, the "
          "latent one both latents and rebuilds the keys each step (bytes per cached token, all layers, below; "
-         "docs/design.md section 11).", "",
+         "docs/design.md section 11). The full cache is heads-first, written in place, and on CPU the programs "
+         "run their dots with XNNPACK (`decode.COMPILER_OPTIONS`; `bench decode --xla-defaults` times XLA's default "
+         "beside it).", "",
          "| model | cache | bytes/token | batch | prefill tok/s | decode tok/s | step ms | floor ms | step / floor |",
          "|---|---|---|---|---|---|---|---|---|"]
     for run in dec["runs"]:

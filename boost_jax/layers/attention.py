@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.kv_cache import KVCache, LatentCache, ValueLatentCache
+from boost_jax.layers.kv_cache import KV_AXES, KVCache, LatentCache, ValueLatentCache
 from boost_jax.layers.lowrank import Linear
 from boost_jax.parallel.context import KEYS, QUERIES, gather, local_kv_heads, over_cp, ring_attention
 from boost_jax.parallel.projections import LATENT_AXES, Projections
@@ -104,6 +104,31 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str, que
         return jnp.moveaxis(out, 0, 1).reshape(b, s, h, d)
 
 
+def cached_attention(q: jax.Array, k: jax.Array, positions: jax.Array, combine, *, query_block: int) -> jax.Array:
+    """Softmax attention of q [B, S, H, d_h] at `positions` [B, S] over a cache's keys k
+    [B, H_kv, T, d_h] (slot j at position j; heads-first, so each (row, kv head) is one matrix and
+    nothing is transposed per step): a query sees the slots at positions <= its own. `combine(p)`
+    takes the fp32 probabilities p [B, H_kv, G, S', T] of a block of S' queries (query_rows: one
+    block's scores live at a time, as in causal_attention) to that block's output [B, S', ...]."""
+    b, s, h, dh = q.shape
+    kvh = k.shape[1]
+    slots = jnp.arange(k.shape[2])
+
+    def block(q_rows, pos_rows):
+        q_rows = q_rows.reshape(b, -1, kvh, h // kvh, dh)
+        scores = jnp.einsum("bskgd,bktd->bkgst", q_rows, k, preferred_element_type=jnp.float32)
+        seen = slots <= pos_rows[:, None, None, :, None]
+        return combine(jax.nn.softmax(jnp.where(seen, scores / jnp.sqrt(jnp.float32(dh)), -jnp.inf), axis=-1))
+
+    with jax.named_scope("attention"):
+        rows = query_rows(s, query_block)
+        if rows == s:
+            return block(q, positions)
+        split = lambda x: jnp.moveaxis(x.reshape(b, s // rows, rows, *x.shape[2:]), 1, 0)
+        out = jax.lax.map(lambda xs: block(*xs), (split(q), split(positions)))
+        return jnp.moveaxis(out, 0, 1).reshape(b, s, *out.shape[3:])
+
+
 class Attention(nnx.Module):
     """q, k, v from the normed residual (RoPE on q and k), causal attention, o back to the residual."""
 
@@ -145,17 +170,18 @@ class Attention(nnx.Module):
         q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
         k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
         v = constrain(v, ("batch", "seq", "act_kv_heads", None))
-        q_positions, k_positions = where.positions, where.positions
         if proj.plan.size("seq") > 1:  # context parallel (parallel/context.py)
             return self._across_devices(q, k, v, where, proj), cache
         if cache is not None:
             if where.segments is not None:
                 raise ValueError("attention: a KV cache holds one document per row; segment ids do not apply")
             cache = cache.write(k, v, positions[:, 0]).constrain(constrain)
-            k, v, q_positions, k_positions = cache.k, cache.v, positions, cache.positions()
-        out = causal_attention(q, k, v, impl=proj.plan.attention, query_block=self.query_block,
-                               q_positions=q_positions, k_positions=k_positions,
-                               q_segments=where.segments, k_segments=where.segments)
+            values = lambda p: jnp.einsum("bkgst,bktd->bskgd", p.astype(cache.v.dtype), cache.v)
+            out = cached_attention(q, cache.k, positions, values, query_block=self.query_block)
+        else:
+            out = causal_attention(q, k, v, impl=proj.plan.attention, query_block=self.query_block,
+                                   q_positions=where.positions, k_positions=where.positions,
+                                   q_segments=where.segments, k_segments=where.segments)
         return constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads")), cache
 
     def _across_devices(self, q, k, v, where: Positions, proj: Projections) -> jax.Array:
@@ -242,14 +268,11 @@ class Attention(nnx.Module):
             cache = cache.write(hs["k"], hs["v"], positions[:, 0]).constrain(constrain)
             k = rotate(proj.up({"k": cache.k}, {"k": self.k}, {"k": kv})["k"],
                        jnp.broadcast_to(cache.positions(), (b, cache.length)), kvh, "act_kv_heads")
+            k = constrain(jnp.swapaxes(k, 1, 2), KV_AXES)
         q = rotate(qk["q"], positions, h, "act_heads")
-        rep = h // kvh
+        latents = lambda p: jnp.einsum("bkgst,btr->bskgr", p.astype(cache.v.dtype), cache.v)  # weighted latents
+        z = cached_attention(q, k, positions, latents, query_block=self.query_block)
         with jax.named_scope("attention"):
-            scores = jnp.einsum("bskgd,btkd->bkgst", q.reshape(b, s, kvh, rep, dh), k,
-                                preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(dh))
-            seen = cache.positions()[:, None, None, None, :] <= positions[:, None, None, :, None]
-            p = jax.nn.softmax(jnp.where(seen, scores, -jnp.inf), axis=-1)
-            z = jnp.einsum("bkgst,btr->bskgr", p.astype(cache.v.dtype), cache.v)  # attention-weighted latents
             b_v = self.v.b[...].astype(z.dtype).reshape(-1, kvh, dh)  # [r, H_kv, d_h]
             out = jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
         return constrain(out, ("batch", "seq", "act_heads")), cache

@@ -1,8 +1,9 @@
 """The caches of decoding: what each layer keeps of the tokens already seen, slot j of a row holding
 the token at position j. A table of kinds (`CACHES`, chosen by name):
 
-- `full` (`KVCache`): every layer's keys (after RoPE) and values, [B, T, H_kv, d_h] each: what
-  every decoder keeps.
+- `full` (`KVCache`): every layer's keys (after RoPE) and values, [B, H_kv, T, d_h] each: what
+  every decoder keeps. Heads-first (as Hugging Face keeps them): attention reads each head's slots
+  as one contiguous matrix, where a token-major cache is transposed, whole, at every step.
 - `latent_v` (`ValueLatentCache`, low-rank archs only): the keys after RoPE, and the rank-r latent of
   v (the input of v's up-projection B_v: `silu(x A_v)` for cola and lax, crossed with the previous
   layer's for lax; `x A_v` for svd), [B, T, r]. v's up-projection is applied after attention, to the
@@ -39,31 +40,38 @@ from boost_jax.config import ModelConfig
 
 
 def _write(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """cache [B, T, ...] with new [B, S, ...] at slots start[b] .. start[b] + S - 1 of each row."""
-    put = lambda c, n, at: jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), at, 0)
-    return jax.vmap(put)(cache, new, start)
+    """cache [B, T, r] or [B, H, T, d_h] (slots on the second-last axis) with new [B, S, r] or
+    [B, S, H, d_h] at slots start[b] .. start[b] + S - 1 of each row: one scatter into the cache's
+    buffer (slots past its end are dropped)."""
+    b, s = new.shape[:2]
+    slots = start[:, None] + jnp.arange(s)[None]  # [B, S]
+    # Row and slot indices around the heads' slice: numpy puts their [B, S] first, new's layout.
+    index = (jnp.arange(b)[:, None], *[slice(None)] * (cache.ndim - 3), slots)
+    return cache.at[index].set(new.astype(cache.dtype), mode="drop")
 
 
-KV_AXES = ("batch", None, "act_kv_heads", None)  # logical axes of a layer's keys or values [B, T, H_kv, d_h]
+KV_AXES = ("batch", "act_kv_heads", None, None)  # logical axes of a layer's keys or values [B, H_kv, T, d_h]
 LATENT_AXES = ("batch", None, "act_latent")  # of a latent [B, T, r], as the scheme lays latents out
 
 
 class _LayerCache:
-    """What every kind shares: one layer's `k` and `v`, each [B, T, ...] with slot j at position j."""
+    """What every kind shares: one layer's `k` and `v`, each [B, T, r] or [B, H_kv, T, d_h]: slot j
+    (position j) on the second-last axis."""
 
     AXES: dict[str, tuple]  # each field's logical axes
 
     @property
     def length(self) -> int:
         """Positions each row can hold."""
-        return self.k.shape[1]
+        return self.k.shape[-2]
 
     def positions(self) -> jax.Array:
         """The position of every slot, [1, T] (the same in every row)."""
         return jnp.arange(self.length)[None]
 
     def write(self, k: jax.Array, v: jax.Array, start: jax.Array):
-        """This layer's cache with k, v [B, S, ...] written at slots start[b] .. start[b] + S - 1."""
+        """This layer's cache with k, v [B, S, ...] (token-major, as projected) written at slots
+        start[b] .. start[b] + S - 1."""
         return type(self)(_write(self.k, k, start), _write(self.v, v, start))
 
     def constrain(self, constrain: Callable):
@@ -74,7 +82,7 @@ class _LayerCache:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class KVCache(_LayerCache):
-    """One layer's keys (after RoPE) and values: k, v [B, T, H_kv, d_h]."""
+    """One layer's keys (after RoPE) and values: k, v [B, H_kv, T, d_h]."""
 
     k: jax.Array
     v: jax.Array
@@ -84,7 +92,7 @@ class KVCache(_LayerCache):
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, length: int) -> KVCache:
         """One layer's zeros for `batch` rows of `length` positions, at the compute dtype."""
-        shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
         return cls(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
 
     @staticmethod
@@ -120,7 +128,7 @@ class LatentCache(_LayerCache):
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class ValueLatentCache(_LayerCache):
-    """One layer's keys after RoPE, k [B, T, H_kv, d_h], and the latent of v's up-projection, v [B, T, r]."""
+    """One layer's keys after RoPE, k [B, H_kv, T, d_h], and the latent of v's up-projection, v [B, T, r]."""
 
     k: jax.Array
     v: jax.Array

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
@@ -164,13 +165,12 @@ def print_plan(a: argparse.Namespace, cfg, hw, cands) -> None:
               f"{r['memory_bytes_per_gpu'] / GIB:8.3g}  {c.why or '-'}")
     losers = [c for c in cands if not c.step]
     if losers:
-        print("\nWhy the others lost (one of each reason):")
-        seen = set()
-        for c in losers:
-            kind = c.why.split(":")[0]
-            if kind not in seen:
-                seen.add(kind)
-                print(f"  {c.layout}: {c.why}")
+        print("\nWhy the others lost (one of each reason, and how many lost for it):")
+        kinds: dict[str, list] = {}
+        for c in losers:  # a reason's kind: its words, numbers aside
+            kinds.setdefault(re.sub(r"\d[\w.+-]*", "#", c.why)[:48], []).append(c)
+        for same in kinds.values():
+            print(f"  {len(same):4d} x  {same[0].layout}: {same[0].why}")
     print("\nPriced on abstract compiles at dp = fsdp = 1 (data-parallel and FSDP collectives added analytically; "
           "without a pipeline, M micro-batches = M x one).")
     if a.out:

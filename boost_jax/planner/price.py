@@ -23,10 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.analysis.hlo import Collective, collectives
-from boost_jax.analysis.memory_model import LayerBytes, layer_bytes
+from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS, LayerBytes, layer_bytes
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
 from boost_jax.analysis.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
+from boost_jax.archs import get_arch
 from boost_jax.config import Config
 from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
@@ -80,7 +81,8 @@ def measure_work(cfg: Config) -> dict:
     """The compiled gradient program's work of a `device_program` config, as JSON-able lists
     (perf_model.Work's fields)."""
     prog = build(cfg)
-    text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
+    lowered = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch)
+    text = lowered.compile(ANALYSIS_COMPILER_OPTIONS).as_text()
     itemsize = jnp.dtype(cfg.model.dtype).itemsize
     gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=cfg.model.attention_query_block,
                              cp=cfg.parallel.cp)
@@ -133,15 +135,30 @@ def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
     return {"optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
 
 
+# GEMMs on one decoder layer's forward critical path: the projection stages qkv, o, gate/up and down
+# run one after another (each needs the last's output), so XLA may merge GEMMs within a stage (q, k
+# and v share their input) but never across; a low-rank projection is two dependent GEMMs (x @ A, then @ B).
+PROJECTION_STAGES = 4
+
+
+def chained_gemms(arch: str, remat: str) -> int:
+    """GEMMs one layer runs at least, forward and backward: its forward chain, the backward's chain
+    of input gradients through the same stages, and under full remat the forward's again."""
+    chain = PROJECTION_STAGES * (2 if get_arch(arch).low_rank else 1)
+    return chain * (3 if remat == "full" else 2)
+
+
 def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
     """Seconds that `step_seconds` cannot undercut, without compiling: the useful matmul FLOPs of
     one device (flops.py, split evenly over every mesh axis; the LM head split over pp too) at the
     GEMM efficiency with no wave loss, the causal attention FLOPs at the attention efficiency, the
     layers' share stretched by the pipeline's bubble iterations and grown by full remat's forward
-    recompute (lowrank's recompute is not counted), the forward TP all-reduces' bandwidth time (the
-    backward's, context parallelism's collectives and every latency left out), plus the analytic parts exactly. Every term is at
-    most what the performance model charges the compiled program for it, so a layout whose bound
-    exceeds a priced layout's seconds cannot be faster."""
+    recompute (lowrank's recompute is not counted), the kernel overhead of each layer run's chained
+    GEMMs (`chained_gemms`), the forward TP all-reduces (at least one per layer run, carrying the
+    scheme's bytes), a pipeline iteration's two stage-to-stage permutes' latency (forward and backward
+    loops; bytes left out), plus the analytic parts exactly (the backward's TP collectives and context
+    parallelism's are left out). Every term is at most what the performance model charges the compiled
+    program for it, so a layout whose bound exceeds a priced layout's seconds cannot be faster."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     c = count(m, t.seq_len)
     tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.cp * p.tp * p.pp)
@@ -154,12 +171,14 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
     attention = c.train_flops_per_token - 6.0 * c.matmul_params
     program = tokens * ((layer_flops * stretch + 6.0 * head) / (hw.peak_flops * hw.gemm_efficiency)
                         + attention * stretch / (hw.peak_flops * hw.attention_efficiency))
-    if p.tp > 1:  # the layers' forward TP all-reduces (the scheme's analytic bytes = the HLO's), no latency
+    layer_runs = t.microbatches * m.n_layers // p.pp * stretch  # a pipeline's bubble iterations run too
+    program += layer_runs * chained_gemms(m.arch, t.remat) * hw.kernel_overhead_s
+    if p.tp > 1:  # the layers' forward TP all-reduces (the scheme's analytic bytes = the HLO's)
         rows = t.batch_size // (p.dp * p.fsdp * t.microbatches)
         nbytes = SCHEMES[p.scheme].layer_forward_elements(m.resolved(), rows * t.seq_len // p.cp) * jnp.dtype(m.dtype).itemsize
-        runs = t.microbatches * m.n_layers // p.pp * stretch
-        crosses = p.tp > hw.gpus_per_node
-        program += runs * (ring_seconds("all-reduce", p.tp, nbytes, crosses, hw) - hw.collective_latency_s)
+        program += layer_runs * ring_seconds("all-reduce", p.tp, nbytes, p.tp > hw.gpus_per_node, hw)
+    if p.pp > 1:  # M * R + S - 1 iterations of the forward loop and of the backward loop
+        program += 2 * (t.microbatches * p.pp_repeats + p.pp - 1) * hw.p2p_latency_s
     return program + sum(_analytic_parts(cfg, hw, param_elems).values())
 
 
