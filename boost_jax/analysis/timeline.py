@@ -36,8 +36,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, parse_module, users
-from boost_jax.analysis.work import Gemm
+from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, parse_module
+from boost_jax.analysis.work import SLICES, Gemm, operand_bytes
 
 CATEGORIES = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives", "copies", "other")
 _COLLECTIVES = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
@@ -56,7 +56,6 @@ LAYOUTS = ("forward", "input_grad", "weight_grad")
 # asynchronous pairs (their first half is).
 _NO_BYTES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
              "replica-id", "opt-barrier", "domain", "copy-done", *_CONTAINERS, *(f"{k}-done" for k in KINDS)}
-_SLICES = {"slice", "dynamic-slice", "gather"}
 _IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}  # op -> its update operand; operand 0 is updated in place
 
 
@@ -128,18 +127,18 @@ def _value_bytes(ins) -> int:
 
 
 def _moved(comps, comp, ins) -> int:
-    if ins.op in _SLICES:
+    if ins.op in SLICES:
         return 2 * _value_bytes(ins)
     body = comps.get(attr(ins.attrs, "calls") or "") if ins.op == "fusion" else None
     operands = [i for i, o in enumerate(ins.operands) if o in comp.instrs]
     update = next((i for i in (body.instrs.values() if body else [ins]) if i.op in _IN_PLACE), None)
     if update is None:
-        return _value_bytes(ins) + sum(_read_bytes(comp, ins, body, i) for i in operands)
+        return _value_bytes(ins) + sum(operand_bytes(comp, ins, body, i, _value_bytes) for i in operands)
     # In place: writes the update, reads every operand but the buffer it updates.
     written = _value_bytes((body or comp).instrs[update.operands[_IN_PLACE[update.op]]])
     buffer = update.operands[0]
     reads = [i for i in operands if buffer not in (ins.operands[i], _parameter(body, i))]
-    return written + sum(_read_bytes(comp, ins, body, i) for i in reads)
+    return written + sum(operand_bytes(comp, ins, body, i, _value_bytes) for i in reads)
 
 
 def _parameter(body, index: int) -> str | None:
@@ -147,17 +146,6 @@ def _parameter(body, index: int) -> str | None:
     if body is None:
         return None
     return next((p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)), None)
-
-
-def _read_bytes(comp, ins, body, index: int) -> int:
-    """Bytes `ins` reads of operand `index`: only the slices it takes when it uses the operand
-    through slices alone (e.g. one layer of the stacked weights)."""
-    full = _value_bytes(comp.instrs[ins.operands[index]])
-    param = _parameter(body, index)
-    readers = users(body, param) if param else []
-    if readers and all(u.op in _SLICES and u.operands[0] == param for u in readers):
-        return sum(_value_bytes(u) for u in readers)
-    return full
 
 
 def _category(op: str, kinds: set[str], name: str, target: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, parse_module, users
@@ -37,7 +38,7 @@ _FREE = {"copy", "parameter", "constant", "get-tuple-element", "tuple", "bitcast
          "after-all", "partition-id", "replica-id", "iota", "opt-barrier", "custom-call", "domain"}
 # Pure dtype changes and fills: CPU artifacts of bf16 programs (XLA:CPU computes bf16 in f32).
 _DTYPE_AND_FILL = {"convert", "bitcast", "broadcast", "constant", "reshape"}
-_SLICES = ("dynamic-slice", "slice", "gather")
+SLICES = ("dynamic-slice", "slice", "gather")  # ops that read only the part of an operand they return
 _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
 _ATTENTION_SCOPE = re.compile(r'op_name="[^"]*/attention/')  # layers/attention.py's name scope
 _ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # its loop over query blocks
@@ -111,16 +112,17 @@ def _scaled_bytes(ins, itemsize: int, keys: tuple[int, ...], rows: int) -> int |
     return total
 
 
-def _read_bytes(comp, ins, body, index: int, itemsize: int, keys: tuple[int, ...], rows: int) -> int | None:
-    """Bytes an instruction reads from operand `index`: only the slices it takes when the operand
-    (e.g. the stacked weights of every layer) is used through slices alone."""
-    full = _scaled_bytes(comp.instrs[ins.operands[index]], itemsize, keys, rows)
+def operand_bytes(comp, ins, body, index: int, value_bytes: Callable) -> int | None:
+    """Bytes an instruction (`body`: its fusion's computation, or None) reads from operand `index`,
+    each value counted by `value_bytes`: only the slices it takes when the operand (e.g. the stacked
+    weights of every layer) is used through slices alone."""
+    full = value_bytes(comp.instrs[ins.operands[index]])
     if body is None:
         return full
     params = {p.name for p in body.instrs.values() if p.op == "parameter" and p.arg == str(index)}
     readers = [u for p in params for u in users(body, p)]
-    if readers and all(u.op in _SLICES and u.operands[0] in params for u in readers):
-        return sum(_scaled_bytes(u, itemsize, keys, rows) or 0 for u in readers)
+    if readers and all(u.op in SLICES and u.operands[0] in params for u in readers):
+        return sum(value_bytes(u) or 0 for u in readers)
     return full
 
 
@@ -177,13 +179,13 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
             out = _scaled_bytes(ins, itemsize, keys, rows)
-            reads = [_read_bytes(comp, ins, body, i, itemsize, keys, rows)
-                     for i, o in enumerate(ins.operands) if o in comp.instrs]
+            scaled = lambda v: _scaled_bytes(v, itemsize, keys, rows)
+            reads = [operand_bytes(comp, ins, body, i, scaled) for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
             if dus is not None:  # in place into a scan stack: reads and writes the update only
                 moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, keys, rows) or 0)
-            elif ins.op in _SLICES:
+            elif ins.op in SLICES:
                 moved = 2 * out
             else:
                 moved = out + sum(reads)

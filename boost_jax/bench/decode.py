@@ -65,7 +65,7 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
         for b in batches:
             prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()
             runs, base = [], []
-            for d in [decoder] + [baseline] * xla_defaults:
+            for d in filter(None, (decoder, baseline)):
                 d.generate(prompts, new_tokens)  # compiles every program this shape needs
             for _ in range(reps):
                 runs.append(decoder.generate(prompts, new_tokens))
