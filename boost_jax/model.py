@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.archs import ARCHS
 from boost_jax.config import ModelConfig
 from boost_jax.layers.attention import Attention, Positions
+from boost_jax.layers.cross_entropy import cross_entropy_sum
 from boost_jax.layers.kv_cache import Cache, KVCache, LatentCache
-from boost_jax.layers.lowrank import Linear
+from boost_jax.layers.lowrank import Linear, matmul
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
 from boost_jax.parallel.blocks import embed_lookup
@@ -130,9 +130,9 @@ class Model(nnx.Module):
     def logits(self, x: jax.Array, plan: Plan) -> jax.Array:
         """Hidden states [B, S, d] -> fp32 logits [B, S, V] (vocab-parallel where the plan splits the head)."""
         if self.cfg.tie_embeddings:
-            logits = x @ self.embed[...].astype(self.cfg.dtype).T
+            logits = matmul(x, self.embed[...].astype(self.cfg.dtype).T, flat=plan.size("seq") == 1)
         else:
-            logits = self.lm_head(x)
+            logits = self.lm_head(x, flat=plan.size("seq") == 1)
         return plan.constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
     def _initial_latents(self, shape) -> dict[str, jax.Array]:
@@ -172,11 +172,7 @@ def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: s
     targets = batch["targets"]
 
     def xent_sum(x, t):
-        logits = model.logits(x, plan)
-        total = optax.softmax_cross_entropy_with_integer_labels(logits, t).sum()
-        if z_loss:
-            total = total + z_loss * jnp.square(jax.nn.logsumexp(logits, axis=-1)).sum()
-        return total
+        return cross_entropy_sum(model.logits(x, plan), t, z_loss)
 
     b, s, d = x.shape
     if not loss_chunk or loss_chunk == s:

@@ -1,11 +1,56 @@
-"""The chunked LM head + cross-entropy (`train.loss_chunk`): the same loss and gradients, less memory."""
+"""The cross-entropy (`layers/cross_entropy.py`: one pass over the logits each way) equals optax's
+and its autodiff gradient; the chunked LM head + cross-entropy (`train.loss_chunk`): the same loss
+and gradients, less memory."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.config import ConfigError, load_config
+
+
+@pytest.mark.parametrize("z_loss", [0.0, 1e-4])
+@pytest.mark.parametrize("shape", [(3, 7, 33), (2, 5, 1000)])  # odd sizes; a vocab wider than a SIMD row
+def test_cross_entropy_equals_optax_and_its_gradient(shape, z_loss):
+    from boost_jax.layers.cross_entropy import cross_entropy_sum
+
+    k1, k2, k3 = jax.random.split(jax.random.key(sum(shape)), 3)
+    logits = 4 * jax.random.normal(k1, shape)  # spread wide: the max shift matters
+    targets = jax.random.randint(k2, shape[:-1], 0, shape[-1])
+    weight = jax.random.normal(k3, ())  # a cotangent other than 1
+
+    def reference(x):
+        total = optax.softmax_cross_entropy_with_integer_labels(x, targets).sum()
+        return total + z_loss * jnp.square(jax.nn.logsumexp(x, axis=-1)).sum()
+
+    ours = lambda x: cross_entropy_sum(x, targets, z_loss)
+    assert float(ours(logits)) == pytest.approx(float(reference(logits)), rel=1e-6)
+    g, g_ref = (jax.grad(lambda x: weight * f(x))(logits) for f in (ours, reference))
+    np.testing.assert_allclose(g, g_ref, rtol=0, atol=1e-6 * float(jnp.abs(g_ref).max()) + 1e-7)
+
+
+def test_the_loss_backward_writes_the_logits_gradient_once():
+    """The gradient program of the loss w.r.t. [T, V] logits writes one [T, V] value, the gradient,
+    with no zero-filled scatter of the targets (autodiff of optax's loss writes two or three)."""
+    from boost_jax.analysis.hlo import parse_module
+    from boost_jax.layers.cross_entropy import cross_entropy_sum
+
+    t, v = 64, 512
+    logits, targets = jax.ShapeDtypeStruct((t, v), jnp.float32), jax.ShapeDtypeStruct((t,), jnp.int32)
+
+    def written(f) -> tuple[int, str]:
+        text = jax.jit(jax.grad(f)).lower(logits, targets).compile().as_text()
+        comps, entry, _ = parse_module(text)
+        return sum(i.shape.startswith(f"f32[{t},{v}]") for i in comps[entry].instrs.values()
+                   if i.op not in ("parameter", "get-tuple-element", "tuple", "bitcast")), text
+
+    ours, text = written(lambda x, y: cross_entropy_sum(x, y))
+    theirs, reference = written(lambda x, y: optax.softmax_cross_entropy_with_integer_labels(x, y).sum())
+    assert ours == 1 and "scatter" not in text
+    assert theirs >= 2 and "scatter" in reference  # the check sees what it rules out
 
 
 def program(chunk, *overrides, **knobs):

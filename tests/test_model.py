@@ -114,6 +114,24 @@ def naive_attention(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", p, v)
 
 
+def test_a_flat_gemm_equals_the_batched_one_with_a_one_axis_weight_gradient():
+    """`lowrank.matmul(flat=True)`: the same values and gradients as x @ w on [B, S, k] (odd sizes),
+    and the weight gradient's dot contracts one axis, not two."""
+    from boost_jax.layers.lowrank import matmul
+
+    kx, kw, kg = jax.random.split(jax.random.key(11), 3)
+    x, w, g = jax.random.normal(kx, (3, 7, 5)), jax.random.normal(kw, (5, 9)), jax.random.normal(kg, (3, 7, 9))
+    outs = {}
+    for flat in (True, False):
+        y, vjp = jax.vjp(lambda x, w: matmul(x, w, flat=flat), x, w)
+        outs[flat] = (y, *vjp(g))
+    for a, b in zip(outs[True], outs[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    weight_grad = lambda flat: jax.jit(jax.grad(lambda w: (matmul(x, w, flat=flat) * g).sum())).lower(w).as_text()
+    assert "contracting_dims = [0, 1] x [0, 1]" in weight_grad(False)  # the check sees the layout it rules out
+    assert "contracting_dims = [0, 1]" not in weight_grad(True)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_matches_naive_gqa(arch):
     cfg = tiny(arch, n_layers=1)  # 8 heads, 2 kv heads
@@ -125,10 +143,10 @@ def test_attention_matches_naive_gqa(arch):
     proj = plan.projections(cfg, plan, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"})
     got, _ = attn(x, layer.attn_norm, proj, Positions(pos))
     x = layer.attn_norm(x)
-    q = rope(attn.q(x).reshape(2, 12, 8, 8), pos, cfg.rope_theta)
-    k = rope(attn.k(x).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
-    v = attn.v(x).reshape(2, 12, 2, 8)
-    want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64))
+    q = rope(attn.q(x, flat=False).reshape(2, 12, 8, 8), pos, cfg.rope_theta)  # x @ W as written
+    k = rope(attn.k(x, flat=False).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
+    v = attn.v(x, flat=False).reshape(2, 12, 2, 8)
+    want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64), flat=False)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 

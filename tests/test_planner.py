@@ -61,10 +61,10 @@ def test_lower_bound_never_exceeds_the_price(layout):
     under what the performance model charges the compiled program, at a size where GEMMs dominate."""
     bound, price = _bound_and_price(["model.preset=llama-1b", "model.arch=cola", "train.batch_size=8",
                                      "train.seq_len=2048", "model.dtype=bfloat16"], layout)
-    assert 0.3 * price < bound <= price, (bound, price)  # and not vacuous: within ~3x at 1B
+    assert 0.35 * price < bound <= price, (bound, price)  # and not vacuous: measured 0.45-0.59 at 1B
 
 
-@pytest.mark.slow  # 6 compiles of llama-mini: ~1 min on 2 CPU cores
+@pytest.mark.slow  # 8 layouts of llama-mini: ~1 min on 2 CPU cores
 @pytest.mark.parametrize("layout", [
     Layout("btp", 1, 1, 1, 2, 4, 1, 1, "none"),
     Layout("btp", 2, 1, 1, 4, 1, 1, 1, "none"),  # TP all-reduces' latency
@@ -72,25 +72,30 @@ def test_lower_bound_never_exceeds_the_price(layout):
     Layout("btp", 1, 2, 2, 1, 4, 1, 2, "full"),  # repeats, full remat's recomputed chain
     Layout("vanilla", 2, 2, 1, 2, 1, 1, 4, "full"),
     Layout("vanilla", 4, 1, 1, 2, 1, 1, 1, "lowrank"),
+    Layout("btp", 2, 1, 1, 1, 1, 4, 1, "full"),  # context parallelism's collectives
+    Layout("btp", 1, 2, 2, 1, 1, 4, 4, "full"),  # ... under a pipeline
 ])
 def test_lower_bound_never_exceeds_the_price_where_overheads_dominate(layout):
     """At llama-mini's size kernel overheads and latencies, not FLOPs, set the price: the bound's
-    chained GEMMs and collective latencies stay under what the compiled program is charged."""
+    layer GEMMs (each with its overhead) and collectives stay under what the compiled program is
+    charged."""
     bound, price = _bound_and_price(["model.preset=llama-mini", "model.arch=cola", "train.batch_size=16",
                                      "train.seq_len=256"], layout)
-    assert 0.2 * price < bound <= price, (bound, price)  # measured 0.24-0.45 of the price
+    assert 0.35 * price < bound <= price, (bound, price)  # measured 0.51-0.77 of the price
 
 
 def _bound_and_price(config: list[str], layout: Layout) -> tuple[float, float]:
     from boost_jax.analysis.memory_model import param_elems
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.parallel import abstract_plan
-    from boost_jax.planner.price import DiskCache, lower_bound, step_seconds
+    from boost_jax.analysis.memory_model import one_layer_config
+    from boost_jax.planner.price import DiskCache, Layers, lower_bound, step_seconds
 
     hw = paper_hardware()
     cfg = layout_config(config, layout)
     elems = param_elems(cfg, abstract_plan(cfg))
-    return lower_bound(cfg, hw, elems), step_seconds(cfg, hw, elems, DiskCache(None))["seconds"]
+    layer = Layers(DiskCache(None)).work(one_layer_config(cfg))
+    return lower_bound(cfg, hw, elems, layer), step_seconds(cfg, hw, elems, DiskCache(None))["seconds"]
 
 
 def test_disk_cache_reuses_a_value_only_under_the_same_source(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
-"""The planner's compiles skip LLVM's optimization of the CPU machine code
-(memory_model.ANALYSIS_COMPILER_OPTIONS): what the memory and performance models read from a compile
-is the same as a fully optimized one's, and the layout it chooses is priced and sized as its own
-full compile prices and sizes it."""
+"""The planner's compiles skip the CPU backend's code generation work
+(memory_model.ANALYSIS_COMPILER_OPTIONS: LLVM at -O0, the elemental emitters): what the memory model
+reads from a compile and the GEMMs and collectives the performance model reads are the same as a
+default compile's, the memory-bound traffic within a few percent, and the layout it chooses is
+priced and sized as its own default compile prices and sizes it."""
 
 import pytest
 
@@ -9,7 +10,9 @@ from boost_jax.planner.layouts import Layout, layout_config
 
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=8", "train.seq_len=64", "model.dtype=bfloat16"]
 MINI = ["model.preset=llama-mini", "model.arch=cola", "train.batch_size=16", "train.seq_len=256"]
-OPTIMIZED = {"xla_backend_optimization_level": 3}  # LLVM at -O3, the CPU backend's default
+DEFAULT = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # the CPU backend's own
+TRAFFIC_TOLERANCE = 0.06  # the elemental emitters' fusions: measured 2.8-5.5% fewer bytes on llama-mini
+STEP_TOLERANCE = 0.02  # what that traffic is worth in a step's seconds
 
 
 def _at(monkeypatch, options: dict) -> None:
@@ -28,18 +31,18 @@ def _layer_and_work(cfg):
     return layer_bytes(one_layer_config(cfg)), measure_work(device_program(cfg))
 
 
-def _same_at_both_levels(monkeypatch, measure, cfg) -> None:
-    fast = measure(cfg)
-    _at(monkeypatch, OPTIMIZED)
-    assert measure(cfg) == fast
+def _traffic(work: dict) -> int:
+    return sum(t["bytes"] * t["trip_count"] for t in work["traffic"])
 
 
-@pytest.mark.slow  # two compiles of one llama-tiny layer at -O3: ~20 s on 2 busy CPU cores
-def test_layer_bytes_ignore_llvm_optimization(monkeypatch):
+@pytest.mark.slow  # two compiles of one llama-tiny layer at the defaults: ~20 s on 2 busy CPU cores
+def test_layer_bytes_ignore_code_generation(monkeypatch):
     from boost_jax.analysis.memory_model import layer_bytes, one_layer_config
 
-    cfg = layout_config(TINY, Layout("btp", 2, 1, 1, 2, 1, 1, 1, "lowrank"))
-    _same_at_both_levels(monkeypatch, lambda c: layer_bytes(one_layer_config(c)), cfg)
+    cfg = one_layer_config(layout_config(TINY, Layout("btp", 2, 1, 1, 2, 1, 1, 1, "lowrank")))
+    fast = layer_bytes(cfg)
+    _at(monkeypatch, DEFAULT)
+    assert layer_bytes(cfg) == fast
 
 
 @pytest.mark.slow  # 4 layouts x 6 compiles of llama-mini: ~1 min on 2 CPU cores
@@ -49,14 +52,21 @@ def test_layer_bytes_ignore_llvm_optimization(monkeypatch):
     Layout("btp", 2, 1, 1, 1, 2, 2, 1, "lowrank"),  # context parallelism
     Layout("btp", 1, 1, 1, 2, 1, 1, 2, "none"),  # gradient accumulation
 ])
-def test_layer_bytes_and_work_ignore_llvm_optimization_on_a_grid(monkeypatch, layout):
-    _same_at_both_levels(monkeypatch, _layer_and_work, layout_config(MINI, layout))
+def test_layer_bytes_and_work_ignore_code_generation_on_a_grid(monkeypatch, layout):
+    cfg = layout_config(MINI, layout)
+    fast_layer, fast = _layer_and_work(cfg)
+    _at(monkeypatch, DEFAULT)
+    layer, work = _layer_and_work(cfg)
+    assert layer == fast_layer
+    assert {k: v for k, v in work.items() if k != "traffic"} == {k: v for k, v in fast.items() if k != "traffic"}
+    assert _traffic(fast) == pytest.approx(_traffic(work), rel=TRAFFIC_TOLERANCE)
 
 
-@pytest.mark.slow  # one small plan, then the winner's own full compiles: ~40 s on 2 CPU cores
-def test_the_chosen_layout_is_priced_and_sized_as_its_full_compile(monkeypatch):
-    """What the planner predicts for its choice (tolerance: exact) is what a fully optimized compile
-    of that layout's whole train step and of its layer gives, computed afresh without any cache."""
+@pytest.mark.slow  # one small plan, then the winner's own default compiles: ~40 s on 2 CPU cores
+def test_the_chosen_layout_is_priced_and_sized_as_its_default_compile(monkeypatch):
+    """What the planner predicts for its choice is what a default compile of that layout's whole
+    train step and of its layer gives (memory exact, seconds within STEP_TOLERANCE), computed
+    afresh without any cache."""
     from boost_jax.analysis.memory_model import breakdown, layer_bytes
     from boost_jax.analysis.perf_model import one_machine
     from boost_jax.planner.layouts import Space
@@ -66,7 +76,10 @@ def test_the_chosen_layout_is_priced_and_sized_as_its_full_compile(monkeypatch):
     hw = one_machine(None, "a100-80gb")
     space = Space(schemes=("btp",), tp=(1, 2), pp=(1,), remat=("none",))
     best = plan(TINY, gpus=4, hw=hw, space=space, headroom=0.1, cache=DiskCache(None))[0]
-    _at(monkeypatch, OPTIMIZED)
+    _at(monkeypatch, DEFAULT)
     memory = breakdown(best.cfg, layer_bytes)
     assert memory == best.memory
-    assert step_seconds(best.cfg, hw, memory["param_elems"], DiskCache(None)) == best.step
+    step = step_seconds(best.cfg, hw, memory["param_elems"], DiskCache(None))
+    assert best.step["seconds"] == pytest.approx(step["seconds"], rel=STEP_TOLERANCE)
+    for part in ("optimizer", "dp_all_reduce", "fsdp"):  # the analytic parts do not compile
+        assert best.step["parts"][part] == step["parts"][part]

@@ -18,7 +18,9 @@ import numpy as np
 from boost_jax.analysis.hlo import Collective, audit, canonical_groups, summarize
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import Program
+from boost_jax.parallel import Plan
 from boost_jax.archs import ARCHS
+from boost_jax.config import ModelConfig
 from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
 from boost_jax.schemes import CP
 
@@ -106,14 +108,21 @@ def context_comm(prog: Program, fwd: list[Collective], bwd: list[Collective]) ->
             "forward_ops": [_describe(c) for c in fwd], "backward_ops": [_describe(c) for c in bwd]}
 
 
+def pipeline_carry_width(plan: Plan, m: ModelConfig) -> int:
+    """Elements per token a pipeline stage sends the next: the residual as the plan splits it, plus
+    any latents the arch carries (LaX)."""
+    carry = m.d_model // plan.size("act_embed")
+    if ARCHS[m.arch].carries_latents:
+        carry += (4 * m.attn_rank + 3 * m.mlp_rank) // plan.size("act_latent")
+    return carry
+
+
 def pipeline_comm(prog: Program, fwd: list[Collective], tokens: int, itemsize: int) -> dict:
     """The schedule, and the stage-to-stage traffic of one iteration per device: measured (the
     permutes inside the iteration loop) next to the carry's size (residual as the plan splits it,
     plus any latents LaX carries)."""
     plan, m, pipe = prog.plan, prog.cfg.model, prog.plan.pipeline
-    carry = m.d_model // plan.size("act_embed")
-    if ARCHS[m.arch].carries_latents:
-        carry += (4 * m.attn_rank + 3 * m.mlp_rank) // plan.size("act_latent")
+    carry = pipeline_carry_width(plan, m)
     return {
         "stages": pipe.stages, "microbatches": pipe.microbatches, "repeats": pipe.repeats,
         "iterations": pipe.iterations, "bubble_fraction": pipe.bubble_fraction,

@@ -53,10 +53,12 @@ from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import abstract_model
 
 FP32 = 4
-# What the analyses read (XLA's optimized HLO, its buffer assignment) is fixed before LLVM optimizes
-# the CPU machine code, which they never run: skipping that optimization halves a compile and leaves
-# both the same (tests/test_planner_compile.py).
-ANALYSIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+# What the analyses read (XLA's optimized HLO, its buffer assignment) is fixed before the CPU backend
+# emits and optimizes machine code, which they never run: LLVM at -O0 and the older elemental
+# emitters (not the MLIR fusion emitters) compile in a third of the time. The buffer assignment, the
+# GEMMs and the collectives are the same as the defaults'; the elemental emitters' fusions move a
+# few percent fewer bytes (tests/test_planner_compile.py measures both).
+ANALYSIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 ATTENTION = ("q", "k", "v", "o")  # projections at model.attn_rank; the MLP's at mlp_rank
 
 
@@ -84,7 +86,16 @@ class LayerBytes(NamedTuple):
     transient: int  # the backward's working set: recomputed forward, cotangents, the layer's gradients
 
 
+class Layer(NamedTuple):
+    bytes: LayerBytes
+    hlo: tuple[str, str]  # the compiled forward's and backward's text (the planner reads their GEMMs)
+
+
 def layer_bytes(layer_cfg: Config) -> LayerBytes:
+    return measure_layer(layer_cfg).bytes
+
+
+def measure_layer(layer_cfg: Config) -> Layer:
     """One decoder layer of a `one_layer_config`, measured from two compiles of the layer alone on
     its tp x cp devices: its forward returning the vjp's residuals, and its backward taking them."""
     cfg, m = layer_cfg, layer_cfg.model
@@ -104,18 +115,20 @@ def layer_bytes(layer_cfg: Config) -> LayerBytes:
     def forward(params, carry):
         return jax.vjp(lambda p, c: layer(c, p)[0], params, carry)[1]
 
-    fwd = jax.jit(forward).lower(one, carry).compile(ANALYSIS_COMPILER_OPTIONS)
-    jaxpr = jax.make_jaxpr(forward)(one, carry).jaxpr
+    traced = jax.jit(forward).trace(one, carry)  # one trace: the jaxpr, the residuals' shapes, the compile
+    fwd = traced.lower().compile(ANALYSIS_COMPILER_OPTIONS)
+    jaxpr = traced.jaxpr.jaxpr
     n_weights = len(jax.tree.leaves(one))
     weights, from_input = set(jaxpr.invars[:n_weights]), _dependents(jaxpr, jaxpr.invars[n_weights:])
     residuals = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                             jax.eval_shape(forward, one, carry), fwd.output_shardings)
+                             traced.out_info, fwd.output_shardings)
     kinds = {"activations": 0, "invariant": 0, "weights": 0}
     for r, v in zip(jax.tree.leaves(residuals), jaxpr.outvars):
         kinds["weights" if v in weights else "activations" if v in from_input else "invariant"] += _shard_bytes(r)
     bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile(ANALYSIS_COMPILER_OPTIONS)
     used = bwd.memory_analysis()
-    return LayerBytes(**kinds, transient=used.temp_size_in_bytes + used.output_size_in_bytes)
+    return Layer(LayerBytes(**kinds, transient=used.temp_size_in_bytes + used.output_size_in_bytes),
+                 (fwd.as_text(), bwd.as_text()))
 
 
 def _dependents(jaxpr, inputs) -> set:

@@ -15,6 +15,16 @@ from flax import nnx
 from boost_jax.archs import ARCHS
 
 
+def matmul(x: jax.Array, w: jax.Array, *, flat: bool) -> jax.Array:
+    """x [..., k] @ w [k, n]; `flat`: as one 2-D GEMM over the tokens, so that autodiff's weight
+    gradient x^T g contracts one [tokens] axis: from [B, S, k] it contracts (B, S), a layout XLA:CPU
+    runs about 1.3x slower (docs/design.md, "Profile"). Not where the sequence is split over devices
+    (context parallelism): merging it into the batch would gather it."""
+    if not flat:
+        return x @ w
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+
+
 def cola_init_std(d_in: int, d_out: int, rank: int) -> float:
     """CoLA init: each factor ~ N(0, r^-1/2 (d_in + d_out)^-1/2); the product's variance ~ 1/(d_in + d_out)."""
     return rank**-0.25 * (d_in + d_out) ** -0.25
@@ -48,22 +58,22 @@ class Linear(nnx.Module):
         self.a = nnx.Param(a, logical_axes=(axes[0], "rank"))
         self.b = nnx.Param(b, logical_axes=("rank", axes[1]))
 
-    def down(self, x: jax.Array) -> jax.Array:
-        """x @ A, before the latent function."""
-        return x.astype(self.dtype) @ self.a[...].astype(self.dtype)
+    def down(self, x: jax.Array, *, flat: bool) -> jax.Array:
+        """x @ A, before the latent function (`flat`: `matmul`'s)."""
+        return matmul(x.astype(self.dtype), self.a[...].astype(self.dtype), flat=flat)
 
     def activation(self, h: jax.Array) -> jax.Array:
         """The arch's latent function of x @ A (`jax.nn.<latent_activation>`, or the identity)."""
         name = self.arch.latent_activation
         return getattr(jax.nn, name)(h) if name else h
 
-    def up(self, h: jax.Array) -> jax.Array:
+    def up(self, h: jax.Array, *, flat: bool) -> jax.Array:
         """h @ B."""
-        return h @ self.b[...].astype(self.dtype)
+        return matmul(h, self.b[...].astype(self.dtype), flat=flat)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, *, flat: bool) -> jax.Array:
         """The projection of x as written (one device's math; under a plan the model goes through its
         scheme's strategy instead)."""
         if not self.arch.low_rank:
-            return x.astype(self.dtype) @ self.w[...].astype(self.dtype)
-        return self.up(self.activation(self.down(x)))
+            return matmul(x.astype(self.dtype), self.w[...].astype(self.dtype), flat=flat)
+        return self.up(self.activation(self.down(x, flat=flat)), flat=flat)

@@ -47,13 +47,13 @@ class LinearLike(Protocol):
 
     d_out: int
 
-    def down(self, x: jax.Array) -> jax.Array: ...  # x @ A (low-rank)
+    def down(self, x: jax.Array, *, flat: bool) -> jax.Array: ...  # x @ A (low-rank; `flat`: lowrank.matmul's)
 
     def activation(self, h: jax.Array) -> jax.Array: ...  # the arch's latent function
 
-    def up(self, h: jax.Array) -> jax.Array: ...  # h @ B (low-rank)
+    def up(self, h: jax.Array, *, flat: bool) -> jax.Array: ...  # h @ B (low-rank)
 
-    def __call__(self, x: jax.Array) -> jax.Array: ...  # x @ W (dense)
+    def __call__(self, x: jax.Array, *, flat: bool) -> jax.Array: ...  # x @ W (dense)
 
 
 Linears = dict[str, LinearLike]
@@ -66,6 +66,7 @@ class Projections:
 
     def __init__(self, cfg: ModelConfig, plan: Plan, latents: dict[str, jax.Array]):
         self.cfg, self.plan, self.prev, self.new = cfg, plan, latents, {}
+        self.flat = plan.size("seq") == 1  # GEMMs over flattened tokens (lowrank.matmul) unless cp splits them
         self.carries = ARCHS[cfg.arch].carries_latents
 
     def normed(self, x: jax.Array, norm, linears: Linears, out_axes: OutAxes) -> dict[str, jax.Array]:
@@ -106,19 +107,22 @@ class MegatronProjections(Projections):
     def normed(self, x, norm, linears, out_axes):
         x = norm(x)
         if not self.cfg.grouping:
-            return {name: linear(x) for name, linear in linears.items()}
+            return {name: linear(x, flat=self.flat) for name, linear in linears.items()}
         # Projections of one input and equal width as one stacked GEMM: under column parallelism the
         # input's gradient is then ONE partial sum, all-reduced once, where separate GEMMs leave XLA
         # one all-reduce per projection.
         out = {}
         for names in _by_width(linears).values():
             w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
-            y = jnp.einsum("bsd,dcn->bscn", x, w)
+            if self.flat:  # one contracted [tokens] axis in the weight gradient (lowrank.matmul)
+                y = jnp.einsum("td,dcn->tcn", x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], *w.shape[1:])
+            else:
+                y = jnp.einsum("bsd,dcn->bscn", x, w)
             out.update({n: y[:, :, i] for i, n in enumerate(names)})
         return out
 
     def __call__(self, name, linear, x, x_axes):
-        return linear(x)
+        return linear(x, flat=self.flat)
 
 
 class VanillaProjections(Projections):
@@ -126,13 +130,15 @@ class VanillaProjections(Projections):
 
     def latents(self, x, norm, linears):
         x = norm(x)
-        return {name: self._cross(name, self._activate(lin, lin.down(x), tag=True)) for name, lin in linears.items()}
+        return {name: self._cross(name, self._activate(lin, lin.down(x, flat=self.flat), tag=True))
+                for name, lin in linears.items()}
 
     def up(self, hs, linears, out_axes):
-        return {name: linears[name].up(h) for name, h in hs.items()}
+        return {name: linears[name].up(h, flat=self.flat) for name, h in hs.items()}
 
     def __call__(self, name, linear, x, x_axes):
-        return linear.up(self._cross(name, self._activate(linear, linear.down(x), tag=True)))
+        h = self._cross(name, self._activate(linear, linear.down(x, flat=self.flat), tag=True))
+        return linear.up(h, flat=self.flat)
 
 
 class BTPProjections(Projections):
@@ -147,11 +153,11 @@ class BTPProjections(Projections):
 
     def up(self, hs, linears, out_axes):
         if not self.cfg.grouping:
-            return {name: linears[name].up(h) for name, h in hs.items()}
+            return {name: linears[name].up(h, flat=self.flat) for name, h in hs.items()}
         out = {}
         for names in _by_width({n: linears[n] for n in hs}).values():  # GQA: q apart from k and v
             if len(names) == 1:
-                out[names[0]] = linears[names[0]].up(hs[names[0]])
+                out[names[0]] = linears[names[0]].up(hs[names[0]], flat=self.flat)
                 continue
             w_axis, y_axis = out_axes[names[0]]
             ys = grouped_up(self.plan, [hs[n] for n in names], [linears[n].b[...] for n in names],
@@ -161,7 +167,7 @@ class BTPProjections(Projections):
 
     def __call__(self, name, linear, x, x_axes):
         pre = btp_down(self.plan, x, [linear.a[...]], x_axis=x_axes[0], w_axis=x_axes[1], kernels=self.cfg.kernels)[0]
-        return linear.up(self._cross(name, self._activate(linear, pre, tag=False)))
+        return linear.up(self._cross(name, self._activate(linear, pre, tag=False)), flat=self.flat)
 
 
 # Scheme name (boost_jax/schemes.py) -> its strategy.

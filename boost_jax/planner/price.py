@@ -17,21 +17,23 @@ import functools
 import json
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from boost_jax.analysis.comm import pipeline_carry_width
 from boost_jax.analysis.hlo import Collective, collectives
-from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS, LayerBytes, layer_bytes
+from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS, LayerBytes, measure_layer
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
-from boost_jax.analysis.perf_model import ADAMW_BYTES_PER_PARAM, Hardware, Work, predict, ring_seconds
-from boost_jax.archs import get_arch
+from boost_jax.analysis.perf_model import (ADAMW_BYTES_PER_PARAM, Hardware, Work, collective_seconds, gemm_seconds,
+                                           predict, ring_seconds)
 from boost_jax.config import Config
+from boost_jax.parallel import abstract_plan
 from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
-from boost_jax.schemes import SCHEMES
 
 
 @functools.cache
@@ -96,10 +98,13 @@ def _tuples(x):
     return tuple(map(_tuples, x)) if isinstance(x, list) else x
 
 
+def _collective(raw: dict) -> Collective:
+    return Collective(**{k: _tuples(v) for k, v in raw.items()})
+
+
 def _work(raw: dict) -> Work:
-    collective = lambda c: Collective(**{k: _tuples(v) for k, v in c.items()})
     return Work([Gemm(**g) for g in raw["gemms"]], [Traffic(**t) for t in raw["traffic"]],
-                [collective(c) for c in raw["collectives"]], raw["itemsize"], raw["params_per_device"])
+                [_collective(c) for c in raw["collectives"]], raw["itemsize"], raw["params_per_device"])
 
 
 def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) -> dict:
@@ -135,57 +140,80 @@ def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
     return {"optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
 
 
-# GEMMs on one decoder layer's forward critical path: the projection stages qkv, o, gate/up and down
-# run one after another (each needs the last's output), so XLA may merge GEMMs within a stage (q, k
-# and v share their input) but never across; a low-rank projection is two dependent GEMMs (x @ A, then @ B).
-PROJECTION_STAGES = 4
+def _either_way(g: Gemm, hw: Hardware, itemsize: int) -> float:
+    """A GEMM's seconds at the better of its two output orientations (a layer compiled alone may
+    lay out a product transposed from the train step's, which changes only its tiles' waves)."""
+    return min(gemm_seconds(g, hw, itemsize), gemm_seconds(dataclasses.replace(g, m=g.n, n=g.m), hw, itemsize))
 
 
-def chained_gemms(arch: str, remat: str) -> int:
-    """GEMMs one layer runs at least, forward and backward: its forward chain, the backward's chain
-    of input gradients through the same stages, and under full remat the forward's again."""
-    chain = PROJECTION_STAGES * (2 if get_arch(arch).low_rank else 1)
-    return chain * (3 if remat == "full" else 2)
+class LayerWork(NamedTuple):
+    """What one decoder layer's forward and backward run, compiled alone (`Layers`)."""
+
+    gemms: list[Gemm]
+    collectives: list[Collective]
 
 
-def lower_bound(cfg: Config, hw: Hardware, param_elems: int) -> float:
-    """Seconds that `step_seconds` cannot undercut, without compiling: the useful matmul FLOPs of
-    one device (flops.py, split evenly over every mesh axis; the LM head split over pp too) at the
-    GEMM efficiency with no wave loss, the causal attention FLOPs at the attention efficiency, the
-    layers' share stretched by the pipeline's bubble iterations and grown by full remat's forward
-    recompute (lowrank's recompute is not counted), the kernel overhead of each layer run's chained
-    GEMMs (`chained_gemms`), the forward TP all-reduces (at least one per layer run, carrying the
-    scheme's bytes), a pipeline iteration's two stage-to-stage permutes' latency (forward and backward
-    loops; bytes left out), plus the analytic parts exactly (the backward's TP collectives and context
-    parallelism's are left out). Every term is at most what the performance model charges the compiled
-    program for it, so a layout whose bound exceeds a priced layout's seconds cannot be faster."""
+def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork) -> float:
+    """Seconds that `step_seconds` cannot undercut, without compiling the step: the GEMMs (but
+    attention's score and value matmuls) and collectives of one decoder layer's forward and backward
+    as compiled alone (`layer`, from the memory model's compile of the layer) priced as the
+    performance model prices them, once per layer run (micro-batches x the stage's layers, a
+    pipeline's bubble iterations included); the LM head's useful FLOPs at the GEMM efficiency with
+    no wave loss and its three GEMMs' kernel overhead per run; the causal attention FLOPs at the
+    attention efficiency; a pipeline iteration's two stage-to-stage permutes of one micro-batch's
+    carry (forward and backward loops); plus the analytic parts exactly (memory-bound traffic and
+    copies are left out). The train step runs every GEMM and collective of the layer in each layer
+    run, so a layout whose bound exceeds a priced layout's seconds cannot be faster
+    (tests/test_planner.py checks the bound under the price on a grid)."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     c = count(m, t.seq_len)
-    tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.cp * p.tp * p.pp)
-    head = m.d_model * m.vocab_size
-    layer_flops = 6.0 * (c.matmul_params - head) * (4 / 3 if t.remat == "full" else 1)
+    itemsize = jnp.dtype(m.dtype).itemsize
     stretch = 1.0
     if p.pp > 1:
         runs = t.microbatches * p.pp_repeats
         stretch = (runs + p.pp - 1) / runs
-    attention = c.train_flops_per_token - 6.0 * c.matmul_params
-    program = tokens * ((layer_flops * stretch + 6.0 * head) / (hw.peak_flops * hw.gemm_efficiency)
-                        + attention * stretch / (hw.peak_flops * hw.attention_efficiency))
     layer_runs = t.microbatches * m.n_layers // p.pp * stretch  # a pipeline's bubble iterations run too
-    program += layer_runs * chained_gemms(m.arch, t.remat) * hw.kernel_overhead_s
-    if p.tp > 1:  # the layers' forward TP all-reduces (the scheme's analytic bytes = the HLO's)
-        rows = t.batch_size // (p.dp * p.fsdp * t.microbatches)
-        nbytes = SCHEMES[p.scheme].layer_forward_elements(m.resolved(), rows * t.seq_len // p.cp) * jnp.dtype(m.dtype).itemsize
-        program += layer_runs * ring_seconds("all-reduce", p.tp, nbytes, p.tp > hw.gpus_per_node, hw)
-    if p.pp > 1:  # M * R + S - 1 iterations of the forward loop and of the backward loop
-        program += 2 * (t.microbatches * p.pp_repeats + p.pp - 1) * hw.p2p_latency_s
+    layer_s = (sum(_either_way(g, hw, itemsize) * g.trip_count for g in layer.gemms if not g.attention)
+               + sum(collective_seconds(x, hw) * x.trip_count for x in layer.collectives))
+    tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.cp * p.tp * p.pp)
+    rows = t.batch_size // (p.dp * p.fsdp * t.microbatches)  # of one micro-batch on one device
+    head_runs = 1 if p.pp > 1 else t.microbatches  # a pipeline's head sees its micro-batches merged
+    head = 6.0 * m.d_model * m.vocab_size * tokens / (hw.peak_flops * hw.gemm_efficiency)
+    attention = (c.train_flops_per_token - 6.0 * c.matmul_params) * tokens * stretch
+    program = (layer_runs * layer_s + head + 3 * head_runs * hw.kernel_overhead_s
+               + attention / (hw.peak_flops * hw.attention_efficiency))
+    if p.pp > 1:  # M * R + S - 1 iterations of the forward loop and of the backward loop, each
+        # shifting one micro-batch's carry round the ring of stages (of the compiled tp x pp x cp mesh)
+        carry = rows * t.seq_len // p.cp * pipeline_carry_width(abstract_plan(cfg), m.resolved()) * itemsize
+        shift = ring_seconds("collective-permute", 2, carry, p.pp * p.cp * p.tp > hw.gpus_per_node, hw)
+        program += 2 * (t.microbatches * p.pp_repeats + p.pp - 1) * shift
     return program + sum(_analytic_parts(cfg, hw, param_elems).values())
 
 
-def layer_cache(cache: DiskCache) -> Callable[[Config], LayerBytes]:
-    """memory_model.layer_bytes, cached."""
-    return lambda layer_cfg: LayerBytes(*cache.get(("layer", layer_cfg.model, layer_cfg.parallel.scheme,
-                                                    layer_cfg.parallel.tp, layer_cfg.parallel.cp,
-                                                    layer_cfg.parallel.cp_attention, layer_cfg.train.batch_size,
-                                                    layer_cfg.train.seq_len, layer_cfg.train.remat),
-                                                   lambda: list(layer_bytes(layer_cfg))))
+class Layers:
+    """One decoder layer per `one_layer_config`, compiled once (and cached) for both of its uses:
+    the memory model's bytes and the lower bound's GEMMs and collectives."""
+
+    def __init__(self, cache: DiskCache):
+        self.cache = cache
+
+    def _measure(self, layer_cfg: Config) -> dict:
+        p, t = layer_cfg.parallel, layer_cfg.train
+        key = ("layer", layer_cfg.model, p.scheme, p.tp, p.cp, p.cp_attention, t.batch_size, t.seq_len, t.remat)
+
+        def compute() -> dict:
+            layer = measure_layer(layer_cfg)
+            itemsize = jnp.dtype(layer_cfg.model.dtype).itemsize
+            gemms = [g for text in layer.hlo for g in analyze(text, seq=t.seq_len, itemsize=itemsize, cp=p.cp,
+                                                             query_block=layer_cfg.model.attention_query_block)[0]]
+            return {"bytes": list(layer.bytes), "gemms": [dataclasses.asdict(g) for g in gemms],
+                    "collectives": [dataclasses.asdict(c) for text in layer.hlo for c in collectives(text)]}
+
+        return self.cache.get(key, compute)
+
+    def bytes(self, layer_cfg: Config) -> LayerBytes:
+        return LayerBytes(*self._measure(layer_cfg)["bytes"])
+
+    def work(self, layer_cfg: Config) -> LayerWork:
+        raw = self._measure(layer_cfg)
+        return LayerWork([Gemm(**g) for g in raw["gemms"]], [_collective(c) for c in raw["collectives"]])

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from boost_jax.analysis.memory_model import breakdown
+from boost_jax.analysis.memory_model import breakdown, one_layer_config
 from boost_jax.analysis.perf_model import Hardware
 from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.flops import count
 from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, layout_config
-from boost_jax.planner.price import DiskCache, layer_cache, lower_bound, step_seconds
+from boost_jax.planner.price import DiskCache, Layers, lower_bound, step_seconds
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 
@@ -50,7 +50,7 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
     out = [Candidate(layout) for layout in enumerate_layouts(first.model.arch, gpus, first.train.batch_size,
                                                              first.train.seq_len, hw.gpus_per_node, space)]
     budget = hw.hbm_bytes * (1 - headroom)
-    layer = layer_cache(cache)
+    layers = Layers(cache)
     fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
     fitting: set = set()  # the layouts without context parallelism that fit (`_fold`)
     for k, c in enumerate(sorted(out, key=lambda c: (c.layout.microbatches, c.layout.cp))):
@@ -64,7 +64,7 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
         c.why = _not_worth_sizing(c.layout, fewest, fitting)
         if c.why:
             continue
-        c.memory = breakdown(c.cfg, layer)
+        c.memory = breakdown(c.cfg, layers.bytes)
         c.fits = c.memory["total"] <= budget
         if not c.fits:
             c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
@@ -73,10 +73,11 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
             fewest[_without_m(c.layout)] = c.layout.microbatches
         if c.layout.cp == 1:
             fitting.add(_fold(c.layout))
-    # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound), and
-    # stop where the next bound exceeds the fastest priced so far; `must_price` layouts are priced
-    # regardless (e.g. one to compare with).
-    bounds = {id(c): lower_bound(c.cfg, hw, c.memory["param_elems"]) for c in out if c.fits}
+    # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound, from
+    # the layer compiled for its memory), and stop where the next bound exceeds the fastest priced so
+    # far; `must_price` layouts are priced regardless (e.g. one to compare with).
+    bounds = {id(c): lower_bound(c.cfg, hw, c.memory["param_elems"], layers.work(one_layer_config(c.cfg)))
+              for c in out if c.fits}
     worth = sorted((c for c in out if c.fits), key=lambda c: (not must_price(c.layout), bounds[id(c)]))
     best, optional, started, compiled = math.inf, 0, time.monotonic(), 0
     for i, c in enumerate(worth):
