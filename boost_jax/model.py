@@ -130,9 +130,9 @@ class Model(nnx.Module):
     def logits(self, x: jax.Array, plan: Plan) -> jax.Array:
         """Hidden states [B, S, d] -> fp32 logits [B, S, V] (vocab-parallel where the plan splits the head)."""
         if self.cfg.tie_embeddings:
-            logits = matmul(x, self.embed[...].astype(self.cfg.dtype).T, flat=plan.size("seq") == 1)
+            logits = matmul(x, self.embed[...].astype(self.cfg.dtype).T, flat=plan.flat_tokens)
         else:
-            logits = self.lm_head(x, flat=plan.size("seq") == 1)
+            logits = self.lm_head(x, flat=plan.flat_tokens)
         return plan.constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
     def _initial_latents(self, shape) -> dict[str, jax.Array]:

@@ -18,8 +18,8 @@ from boost_jax.archs import ARCHS
 def matmul(x: jax.Array, w: jax.Array, *, flat: bool) -> jax.Array:
     """x [..., k] @ w [k, n]; `flat`: as one 2-D GEMM over the tokens, so that autodiff's weight
     gradient x^T g contracts one [tokens] axis: from [B, S, k] it contracts (B, S), a layout XLA:CPU
-    runs about 1.3x slower (docs/design.md, "Profile"). Not where the sequence is split over devices
-    (context parallelism): merging it into the batch would gather it."""
+    runs about 1.3x slower (docs/design.md, "Profile"). Callers pass `Plan.flat_tokens`: not where
+    the sequence is split over devices, which merging would gather."""
     if not flat:
         return x @ w
     return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])

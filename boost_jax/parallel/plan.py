@@ -55,6 +55,12 @@ class Plan:
         """The scheme's strategy for a block's projections (parallel/projections.py)."""
         return STRATEGIES[self.scheme.name]
 
+    @property
+    def flat_tokens(self) -> bool:
+        """Whether GEMMs may merge batch and sequence into one tokens axis (`lowrank.matmul`): not
+        where the sequence is split over devices, which merging would gather."""
+        return self.size("seq") == 1
+
     def spec(self, axes: Sequence[str | None]) -> P:
         """PartitionSpec for one logical name (or None) per dimension."""
         out, used = [], {}

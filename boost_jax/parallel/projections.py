@@ -66,7 +66,7 @@ class Projections:
 
     def __init__(self, cfg: ModelConfig, plan: Plan, latents: dict[str, jax.Array]):
         self.cfg, self.plan, self.prev, self.new = cfg, plan, latents, {}
-        self.flat = plan.size("seq") == 1  # GEMMs over flattened tokens (lowrank.matmul) unless cp splits them
+        self.flat = plan.flat_tokens
         self.carries = ARCHS[cfg.arch].carries_latents
 
     def normed(self, x: jax.Array, norm, linears: Linears, out_axes: OutAxes) -> dict[str, jax.Array]:
@@ -114,10 +114,8 @@ class MegatronProjections(Projections):
         out = {}
         for names in _by_width(linears).values():
             w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
-            if self.flat:  # one contracted [tokens] axis in the weight gradient (lowrank.matmul)
-                y = jnp.einsum("td,dcn->tcn", x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], *w.shape[1:])
-            else:
-                y = jnp.einsum("bsd,dcn->bscn", x, w)
+            rows = x.reshape(-1, x.shape[-1]) if self.flat else x  # one tokens axis, as lowrank.matmul
+            y = jnp.einsum("...d,dcn->...cn", rows, w).reshape(*x.shape[:-1], *w.shape[1:])
             out.update({n: y[:, :, i] for i, n in enumerate(names)})
         return out
 
