@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import difflib
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -325,10 +326,15 @@ def from_dict(raw: dict[str, Any]) -> Config:
     return cfg
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)  # slow: a planner builds a config per layout
+
+
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in raw:
         if key not in names:

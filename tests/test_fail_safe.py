@@ -69,6 +69,7 @@ def test_prepare_refuses_values_by_flag(argv, needle, tmp_path):
     (["--gpus", "4", "--cp", "3"], "--cp 3: each size must divide --gpus 4"),
     (["--gpus", "4", "--pp", "1", "--pp-repeats", "2"], "--pp-repeats > 1 applies to pipelines"),
     (["--gpus", "4", "--top", "0"], "--top must be at least 1"),
+    (["--gpus", "4", "--workers", "-1"], "--max-priced and --workers >= 0"),
     (["--gpus", "4", "--pp", "2", "--pp-repeats", "0"], "--pp-repeats 0: each must be at least 1"),
     (["--gpus", "3", "--tp", "1", "--pp", "1", "--cp", "1"], "train.batch_size=8 does not divide"),
 ])

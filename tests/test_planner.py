@@ -106,3 +106,35 @@ def test_disk_cache_reuses_a_value_only_under_the_same_source(tmp_path, monkeypa
     assert price.DiskCache(tmp_path).get(("k",), lambda: 2) == 1  # from disk
     monkeypatch.setattr(price, "_source_digest", lambda: "edited source")
     assert price.DiskCache(tmp_path).get(("k",), lambda: 3) == 3
+
+
+@pytest.mark.slow  # two planner runs of llama-tiny, one on 2 worker processes: ~40 s
+def test_workers_plan_the_same_and_compile_only_what_is_sized():
+    """Compiles on worker processes give the serial answer, reasons included; and the waves of
+    sizing compile the layer of each layout sized, no other (a layout with fewer micro-batches that
+    fits, or the same devices without context parallelism, decides the rest without a compile)."""
+    from boost_jax.analysis.memory_model import one_layer_config
+    from boost_jax.bench.planner import paper_hardware
+    from boost_jax.planner.layouts import Space
+    from boost_jax.planner.price import DiskCache, Layers, program_key
+    from boost_jax.planner.search import plan
+    from boost_jax.planner.workers import Workers
+
+    args = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=64", "train.batch_size=4"]
+    space = Space(schemes=("btp",), tp=(1, 2), pp=(1, 2), pp_repeats=(1,), remat=("none",))
+
+    def run(workers):
+        cache = DiskCache(None)
+        cands = plan(args, gpus=4, hw=paper_hardware(), space=space, headroom=0.1, cache=cache, workers=workers)
+        return cands, cache
+
+    serial, cache = run(None)
+    with Workers(2, jax.device_count()) as two:
+        parallel, _ = run(two)
+    row = lambda c: (c.layout, c.why, c.step and c.step["seconds"], c.memory and c.memory["total"])
+    assert [row(c) for c in parallel] == [row(c) for c in serial]
+    sized = [c for c in serial if c.memory]
+    assert any(c.why.startswith("not priced: M=") for c in serial)  # decided without a compile
+    assert any(c.why.startswith("not priced: dp=") for c in serial)
+    expected = {Layers.key(one_layer_config(c.cfg)) for c in sized} | {program_key(c.cfg) for c in serial if c.step}
+    assert len(cache.memory) == len(expected)

@@ -54,7 +54,7 @@ def row_overrides(model: str, overrides: tuple[str, ...]) -> list[str]:
 
 
 def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tuple[str, ...],
-            pp_repeats: tuple[int, ...], headroom: float, max_priced: int | None, cache, log) -> dict:
+            pp_repeats: tuple[int, ...], headroom: float, max_priced: int | None, cache, workers, log) -> dict:
     """The planner's choice and the paper's layout for one row of the paper's table."""
     from boost_jax.planner.layouts import Space
     from boost_jax.planner.search import plan
@@ -65,7 +65,7 @@ def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tu
     base = row_overrides(model, overrides)
     cands = plan(base, gpus=gpus, hw=hw,
                  space=Space(schemes=schemes, pp_repeats=pp_repeats), headroom=headroom, cache=cache, log=log,
-                 must_price=lambda layout: is_paper_layout(layout, model), max_priced=max_priced)
+                 must_price=lambda layout: is_paper_layout(layout, model), max_priced=max_priced, workers=workers)
     priced = [c for c in cands if c.step]
     if not priced:
         raise ConfigError(f"{model}: no layout of {gpus} GPUs fits in {hw.name} with {headroom:.0%} headroom")
@@ -87,13 +87,17 @@ def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tu
 def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), schemes: tuple[str, ...] = (SCHEME,),
         pp_repeats: tuple[int, ...] = (1, 2), headroom: float = 0.0, max_priced: int | None = MAX_PRICED,
         log=print) -> dict:
+    import jax
+
     from boost_jax.cache import cache_root
     from boost_jax.planner.price import DiskCache
+    from boost_jax.planner.workers import Workers, default_workers
 
     first = row_config(models[0], f"{ARCH}/{SCHEME}", overrides)
     cache = DiskCache(cache_root(first.data.cache_dir) / "plan")
-    rows = [compare(m, hw, overrides=overrides, schemes=schemes, pp_repeats=pp_repeats,
-                    headroom=headroom, max_priced=max_priced, cache=cache, log=log) for m in models]
+    with Workers(default_workers(), jax.device_count()) as workers:
+        rows = [compare(m, hw, overrides=overrides, schemes=schemes, pp_repeats=pp_repeats, headroom=headroom,
+                        max_priced=max_priced, cache=cache, workers=workers, log=log) for m in models]
     return {"settings": {"hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "headroom": headroom, "arch": ARCH,
                          "schemes": list(schemes), "pp_repeats": list(pp_repeats), "max_priced": max_priced,
                          "batch": first.train.batch_size // first.train.microbatches, "seq": first.train.seq_len,

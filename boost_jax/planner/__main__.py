@@ -56,10 +56,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="compile at most this many layouts, lowest lower bound first (default 0: every one that can "
                         "win, exact; a cap is faster but can miss the best where overheads dominate the bound's FLOPs)")
     p.add_argument("--no-cache", action="store_true", help="compile again instead of reading the disk cache")
+    p.add_argument("--workers", type=int, default=0,
+                   help="processes compiling at once (default 0: one per core, at most 8; 1: in this process)")
     refuse_retired_flags(argv, keep=SPACE_FLAGS)
     a = p.parse_intermixed_args(argv)
-    if a.gpus < 1 or a.max_priced < 0 or a.top < 1 or not 0 <= a.headroom < 1:
-        raise ConfigError("--gpus and --top must be at least 1, --max-priced >= 0 and --headroom in [0, 1)")
+    if a.gpus < 1 or a.max_priced < 0 or a.top < 1 or a.workers < 0 or not 0 <= a.headroom < 1:
+        raise ConfigError("--gpus and --top must be at least 1, --max-priced and --workers >= 0 and --headroom in [0, 1)")
     check_no_layout_keys(a.config)
     from boost_jax.remat import REMAT_POLICIES
     from boost_jax.schemes import SCHEMES
@@ -111,17 +113,20 @@ def _main(argv: list[str]) -> None:
                                      hw.gpus_per_node, space))
     if not layouts:
         raise ConfigError(no_layout(a, cfg, hw, []))
+    devices = max(l.tp * l.pp * l.cp for l in layouts)
     if jax.config.jax_platforms in (None, "", "cpu"):
-        jax.config.update("jax_num_cpu_devices", max(l.tp * l.pp * l.cp for l in layouts))
+        jax.config.update("jax_num_cpu_devices", devices)
     from boost_jax.cache import cache_root
     from boost_jax.planner.price import DiskCache
     from boost_jax.planner.recipe import write_recipe
     from boost_jax.planner.search import plan
+    from boost_jax.planner.workers import Workers, default_workers
 
     root = None if a.no_cache else cache_root(cfg.data.cache_dir) / "plan"
     log = lambda s: print(s, file=sys.stderr, flush=True)
-    cands = plan(a.config, gpus=a.gpus, hw=hw, space=space, headroom=a.headroom, cache=DiskCache(root), log=log,
-                 max_priced=a.max_priced or None)
+    with Workers(a.workers or default_workers(), devices) as workers:
+        cands = plan(a.config, gpus=a.gpus, hw=hw, space=space, headroom=a.headroom, cache=DiskCache(root), log=log,
+                     max_priced=a.max_priced or None, workers=workers)
     priced = [c for c in cands if c.step]
     if not priced:
         raise ConfigError(no_layout(a, cfg, hw, cands))

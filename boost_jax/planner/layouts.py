@@ -4,10 +4,11 @@ the plan's divisibility rules) before anything is compiled."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.parallel import abstract_plan
 from boost_jax.remat import REMAT_POLICIES
 from boost_jax.schemes import SCHEMES
@@ -29,11 +30,14 @@ class Layout:
     microbatches: int
     remat: str
 
+    def values(self) -> tuple:
+        """The values of LAYOUT_KEYS this layout sets."""
+        return (self.scheme, self.tp, self.pp, self.pp_repeats, self.dp, self.fsdp, self.cp, self.microbatches,
+                self.remat)
+
     def overrides(self) -> list[str]:
         """The config keys this layout sets (LAYOUT_KEYS)."""
-        values = (self.scheme, self.tp, self.pp, self.pp_repeats, self.dp, self.fsdp, self.cp, self.microbatches,
-                  self.remat)
-        return [f"{k}={v}" for k, v in zip(LAYOUT_KEYS, values)]
+        return [f"{k}={v}" for k, v in zip(LAYOUT_KEYS, self.values())]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +94,17 @@ def enumerate_layouts(arch: str, gpus: int, global_batch: int, seq_len: int, gpu
 def layout_config(args: Sequence[str], layout: Layout) -> Config:
     """The config a run of `layout` loads (the command line's config `args`, then the layout's own
     keys), checked like make_plan checks it; raises ConfigError naming what does not divide."""
-    cfg = from_args([*args, *layout.overrides()])
+    return raw_layout_config(raw_args(args), layout)
+
+
+def raw_layout_config(raw: dict, layout: Layout) -> Config:
+    """`layout_config` of the command line's config as `raw_args` parsed it (once for every layout)."""
+    raw = copy.deepcopy(raw)
+    for key, value in zip(LAYOUT_KEYS, layout.values()):
+        section, name = key.split(".")
+        if not isinstance(raw.setdefault(section, {}), dict):
+            raise ConfigError(f"{section}: expected a mapping, got {raw[section]!r}")
+        raw[section][name] = value
+    cfg = from_dict(raw)
     abstract_plan(cfg)
     return cfg

@@ -34,6 +34,7 @@ from boost_jax.config import Config
 from boost_jax.parallel import abstract_plan
 from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
+from boost_jax.planner.workers import Workers
 
 
 @functools.cache
@@ -53,18 +54,32 @@ class DiskCache:
     def __init__(self, root: Path | None):
         self.root, self.memory = root, {}
 
-    def get(self, key: tuple, compute: Callable[[], object]):
+    def _name(self, key: tuple) -> str:
         flags = os.environ.get("XLA_FLAGS", "")
-        name = digest(jax.__version__, _source_digest(), *([flags] if flags else []), *map(str, key))
+        return digest(jax.__version__, _source_digest(), *([flags] if flags else []), *map(str, key))
+
+    def _path(self, name: str) -> Path | None:
+        return self.root / f"{name}.json" if self.root else None
+
+    def has(self, key: tuple) -> bool:
+        name = self._name(key)
+        return name in self.memory or bool((path := self._path(name)) and path.is_file())
+
+    def get(self, key: tuple, compute: Callable[[], object]):
+        name = self._name(key)
         if name in self.memory:
             return self.memory[name]
-        path = self.root / f"{name}.json" if self.root else None
+        path = self._path(name)
         if path and path.is_file():
-            value = json.loads(path.read_text())
-        else:
-            value = compute()
-            if path:
-                atomic_write(path, lambda f: f.write(json.dumps(value).encode()))
+            self.memory[name] = json.loads(path.read_text())
+            return self.memory[name]
+        return self.put(key, compute())
+
+    def put(self, key: tuple, value):
+        """Keeps `value` (computed elsewhere, e.g. on a worker) under `key`; returns it."""
+        name = self._name(key)
+        if path := self._path(name):
+            atomic_write(path, lambda f: f.write(json.dumps(value).encode()))
         self.memory[name] = value
         return value
 
@@ -107,14 +122,26 @@ def _work(raw: dict) -> Work:
                 [_collective(c) for c in raw["collectives"]], raw["itemsize"], raw["params_per_device"])
 
 
+def program_key(cfg: Config) -> tuple:
+    """What determines cfg's per-device program: the config of its `device_program`, which holds
+    every knob that shapes the compile."""
+    program_cfg = device_program(cfg)
+    return "step", program_cfg.model, program_cfg.parallel, program_cfg.train
+
+
+def compile_programs(cfgs: list[Config], cache: DiskCache, workers: Workers) -> int:
+    """The per-device programs of `cfgs` not yet cached, compiled at once on `workers`; how many."""
+    todo = {program_key(c): device_program(c) for c in cfgs if not cache.has(program_key(c))}
+    for key, value in zip(todo, workers.map(measure_work, list(todo.values()))):
+        cache.put(key, value)
+    return len(todo)
+
+
 def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) -> dict:
     """Predicted seconds per iteration of cfg's train step on `hw` and its parts; `param_elems`:
     the parameters on one device (the memory model's count, FSDP shards included)."""
     p, t = cfg.parallel, cfg.train
-    # The per-device program's config is the key: every knob that shapes the compile is in it.
-    program_cfg = device_program(cfg)
-    key = ("step", program_cfg.model, program_cfg.parallel, program_cfg.train)
-    pred = predict(_work(cache.get(key, lambda: measure_work(program_cfg))), hw)
+    pred = predict(_work(cache.get(program_key(cfg), lambda: measure_work(device_program(cfg)))), hw)
     repeat = 1 if p.pp > 1 else t.microbatches
     parts = {"program": (pred["seconds"] - pred["parts"]["optimizer"]) * repeat, **_analytic_parts(cfg, hw, param_elems)}
     return {"seconds": sum(parts.values()), "parts": parts}
@@ -190,6 +217,17 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork) -
     return program + sum(_analytic_parts(cfg, hw, param_elems).values())
 
 
+def measure_layer_work(layer_cfg: Config) -> dict:
+    """One layer's bytes (the memory model's), GEMMs and collectives, as JSON-able lists."""
+    p, t = layer_cfg.parallel, layer_cfg.train
+    layer = measure_layer(layer_cfg)
+    itemsize = jnp.dtype(layer_cfg.model.dtype).itemsize
+    gemms = [g for text in layer.hlo for g in analyze(text, seq=t.seq_len, itemsize=itemsize, cp=p.cp,
+                                                     query_block=layer_cfg.model.attention_query_block)[0]]
+    return {"bytes": list(layer.bytes), "gemms": [dataclasses.asdict(g) for g in gemms],
+            "collectives": [dataclasses.asdict(c) for text in layer.hlo for c in collectives(text)]}
+
+
 class Layers:
     """One decoder layer per `one_layer_config`, compiled once (and cached) for both of its uses:
     the memory model's bytes and the lower bound's GEMMs and collectives."""
@@ -197,19 +235,24 @@ class Layers:
     def __init__(self, cache: DiskCache):
         self.cache = cache
 
-    def _measure(self, layer_cfg: Config) -> dict:
+    @staticmethod
+    def key(layer_cfg: Config) -> tuple:
         p, t = layer_cfg.parallel, layer_cfg.train
-        key = ("layer", layer_cfg.model, p.scheme, p.tp, p.cp, p.cp_attention, t.batch_size, t.seq_len, t.remat)
+        return "layer", layer_cfg.model, p.scheme, p.tp, p.cp, p.cp_attention, t.batch_size, t.seq_len, t.remat
 
-        def compute() -> dict:
-            layer = measure_layer(layer_cfg)
-            itemsize = jnp.dtype(layer_cfg.model.dtype).itemsize
-            gemms = [g for text in layer.hlo for g in analyze(text, seq=t.seq_len, itemsize=itemsize, cp=p.cp,
-                                                             query_block=layer_cfg.model.attention_query_block)[0]]
-            return {"bytes": list(layer.bytes), "gemms": [dataclasses.asdict(g) for g in gemms],
-                    "collectives": [dataclasses.asdict(c) for text in layer.hlo for c in collectives(text)]}
+    def has(self, layer_cfg: Config) -> bool:
+        return self.cache.has(self.key(layer_cfg))
 
-        return self.cache.get(key, compute)
+    def compile(self, layer_cfgs: list[Config], workers: Workers, done: Callable[[int, int], None]) -> None:
+        """The layers of `layer_cfgs` not yet cached, compiled at once on `workers`; `done(k, n)`
+        after each of the n."""
+        todo = {self.key(c): c for c in layer_cfgs if not self.has(c)}
+        for k, (key, value) in enumerate(zip(todo, workers.map(measure_layer_work, list(todo.values()))), 1):
+            self.cache.put(key, value)
+            done(k, len(todo))
+
+    def _measure(self, layer_cfg: Config) -> dict:
+        return self.cache.get(self.key(layer_cfg), lambda: measure_layer_work(layer_cfg))
 
     def bytes(self, layer_cfg: Config) -> LayerBytes:
         return LayerBytes(*self._measure(layer_cfg)["bytes"])

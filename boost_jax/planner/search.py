@@ -5,6 +5,7 @@ ranked; each loser keeps the reason it lost."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -12,10 +13,11 @@ from dataclasses import dataclass
 
 from boost_jax.analysis.memory_model import breakdown, one_layer_config
 from boost_jax.analysis.perf_model import Hardware
-from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.flops import count
-from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, layout_config
-from boost_jax.planner.price import DiskCache, Layers, lower_bound, step_seconds
+from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, raw_layout_config
+from boost_jax.planner.price import DiskCache, Layers, compile_programs, lower_bound, program_key, step_seconds
+from boost_jax.planner.workers import Workers
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 
@@ -42,37 +44,25 @@ class Candidate:
 
 def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
          cache: DiskCache, log=lambda s: None, must_price: Callable[[Layout], bool] = lambda layout: False,
-         max_priced: int | None = None) -> list[Candidate]:
+         max_priced: int | None = None, workers: Workers | None = None) -> list[Candidate]:
     """All candidates for the config of `args` (an optional YAML file, then overrides; no layout
     key), priced ones first (fastest first), then the rest with their reasons. At most `max_priced`
-    (None: all that can win) are priced besides the `must_price` ones, in order of their lower bound."""
-    first = from_args(args)
+    (None: all that can win) are priced besides the `must_price` ones, in order of their lower bound.
+    `workers` compile several layers or programs at once (None: one at a time, in this process);
+    the answer is the same for any number of them."""
+    workers = workers or Workers(1, 0)
+    raw = raw_args(args)
+    first = from_dict(raw)
     out = [Candidate(layout) for layout in enumerate_layouts(first.model.arch, gpus, first.train.batch_size,
                                                              first.train.seq_len, hw.gpus_per_node, space)]
-    budget = hw.hbm_bytes * (1 - headroom)
-    layers = Layers(cache)
-    fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
-    fitting: set = set()  # the layouts without context parallelism that fit (`_fold`)
-    for k, c in enumerate(sorted(out, key=lambda c: (c.layout.microbatches, c.layout.cp))):
-        if k % 50 == 0:
-            log(f"sizing layouts by the memory model: {k}/{len(out)}")
+    for c in out:
         try:
-            c.cfg = layout_config(args, c.layout)
+            c.cfg = raw_layout_config(raw, c.layout)
         except ConfigError as e:
             c.why = f"does not divide: {e}"
-            continue
-        c.why = _not_worth_sizing(c.layout, fewest, fitting)
-        if c.why:
-            continue
-        c.memory = breakdown(c.cfg, layers.bytes)
-        c.fits = c.memory["total"] <= budget
-        if not c.fits:
-            c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
-            continue
-        if c.layout.pp == 1:
-            fewest[_without_m(c.layout)] = c.layout.microbatches
-        if c.layout.cp == 1:
-            fitting.add(_fold(c.layout))
+    layers = Layers(cache)
+    _size(sorted((c for c in out if c.cfg), key=lambda c: (c.layout.microbatches, c.layout.cp)), layers,
+          hw.hbm_bytes * (1 - headroom), workers, log)
     # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound, from
     # the layer compiled for its memory), and stop where the next bound exceeds the fastest priced so
     # far; `must_price` layouts are priced regardless (e.g. one to compare with).
@@ -90,16 +80,89 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
                 c.why = f"not priced: past the {max_priced} lowest lower bounds (--max-priced)"
                 continue
             optional += 1
-        # At most every layout left is priced, each about as long as those so far (a cached one is instant).
-        left = "" if not compiled else f", at most ~{(time.monotonic() - started) / compiled * (len(worth) - i):.0f} s left"
+        if not cache.has(program_key(c.cfg)):  # compile it and the next ones that may be priced, at once
+            n = workers.n if not max_priced else min(workers.n, 1 + max_priced - optional)
+            compiled += compile_programs(_ahead(worth[i:], bounds, best, must_price, cache, n), cache, workers)
+        # At most every layout left whose bound is under the best so far is priced, each about as
+        # long as those so far (a cached one is instant).
+        could = sum(1 for d in worth[i + 1:] if must_price(d.layout) or bounds[id(d)] < best)
+        left = "" if not compiled else f", at most ~{(time.monotonic() - started) / compiled * could:.0f} s left"
         log(f"pricing {i + 1}/{len(worth)} (lower bound {bound:.3g} s, best so far {best:.3g} s{left}): {c.layout}")
         c.step = step_seconds(c.cfg, hw, c.memory["param_elems"], cache)
-        best, compiled = min(best, c.step["seconds"]), compiled + 1
+        best = min(best, c.step["seconds"])
     priced = sorted((c for c in worth if c.step), key=lambda c: c.step["seconds"])
     for c in priced[1:]:
         c.why = f"slower by {c.step['seconds'] / priced[0].step['seconds']:.2f}x"
     rest = [c for c in out if c.step is None]
     return priced + rest
+
+
+def _size(cands: list[Candidate], layers: Layers, budget: float, workers: Workers, log) -> None:
+    """Sizes by the memory model each candidate worth sizing (`_not_worth_sizing`: that depends on
+    which others fit, so `cands` come fewest micro-batches and cp = 1 first), setting its memory and
+    fit, or why not. In waves: each decides what the layers compiled so far can decide, and compiles
+    at once on the workers the layers of those left open; the last compiles nothing and decides as
+    one pass in this order with every layer at hand would."""
+    for wave in itertools.count(1):
+        fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
+        fitting: set = set()  # the layouts without context parallelism that fit (`_fold`)
+        open_m: set = set()  # `_without_m` keys whose fewest fitting M is not known yet
+        open_fold: set = set()  # `_fold` keys not known to fit yet
+        todo: list[Config] = []
+        for c in cands:
+            l = c.layout
+            c.why = _not_worth_sizing(l, fewest, fitting)
+            if c.why:
+                continue
+            layer_cfg = one_layer_config(c.cfg)
+            blocked = (l.pp == 1 and _without_m(l) in open_m) or (l.cp > 1 and _fold(l) in open_fold)
+            if blocked or not layers.has(layer_cfg):  # open: decided in a later wave
+                if not blocked:
+                    todo.append(layer_cfg)
+                if l.pp == 1:
+                    open_m.add(_without_m(l))
+                if l.cp == 1:
+                    open_fold.add(_fold(l))
+                continue
+            if c.memory is None:
+                c.memory = breakdown(c.cfg, layers.bytes)
+                c.fits = c.memory["total"] <= budget
+            if not c.fits:
+                c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
+                continue
+            if l.pp == 1:
+                fewest[_without_m(l)] = l.microbatches
+            if l.cp == 1:
+                fitting.add(_fold(l))
+        if not todo:
+            return
+        layers.compile(todo, workers, _Progress(log, f"sizing layouts by the memory model (wave {wave}, "
+                                                     f"{workers.n} worker{'s' * (workers.n > 1)}): layer compiles"))
+
+
+class _Progress:
+    """`done(k, n)` logs "what: k/n, ~s left" at the first, the last and every 10 s between."""
+
+    def __init__(self, log, what: str):
+        self.log, self.what, self.started, self.last = log, what, time.monotonic(), -math.inf
+
+    def __call__(self, k: int, n: int) -> None:
+        now = time.monotonic()
+        if k in (1, n) or now - self.last >= 10:
+            self.last = now
+            self.log(f"{self.what}: {k}/{n}, ~{(now - self.started) / k * (n - k):.0f} s left")
+
+
+def _ahead(cands: list[Candidate], bounds: dict, best: float, must_price, cache: DiskCache, n: int) -> list[Config]:
+    """The configs of the next `n` distinct programs not yet compiled that the pricing loop may reach,
+    from the first of `cands` on (in its order: those that must be priced, then by lower bound)."""
+    picked: dict[tuple, Config] = {}
+    for c in cands:
+        if len(picked) == n or not (must_price(c.layout) or bounds[id(c)] < best):
+            break
+        if not cache.has(key := program_key(c.cfg)):
+            picked.setdefault(key, c.cfg)
+    return list(picked.values())
 
 
 def _without_m(l: Layout) -> tuple:
