@@ -151,14 +151,21 @@ def test_attention_matches_naive_gqa(arch):
 
 
 @pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
-def test_query_blocks_equal_whole_attention(dtype, rtol):
-    """The CPU path's loop over query blocks (5 blocks of 8 of 40 positions) against the written-out
-    attention in fp32: outputs and the gradients of a random cotangent, relative to each tensor's
-    largest entry (measured: ~2e-7 in fp32, ~7e-3 in bf16)."""
+@pytest.mark.parametrize("seq, head_dim, query_block", [
+    (40, 8, 8),  # the loop over query blocks: 5 blocks of 8 of 40 positions
+    (384, 12, 512),  # one query block: 3 causal blocks of 128, each against the keys up to its end
+])
+def test_blocked_attention_equals_whole_attention(dtype, rtol, seq, head_dim, query_block):
+    """The CPU paths of attention against the written-out attention in fp32, with grouped-query
+    heads: outputs and the gradients of a random cotangent, relative to each tensor's largest entry
+    (measured: ~2e-7 in fp32, ~7e-3 in bf16)."""
+    from boost_jax.layers.attention import causal_blocks, query_rows
+
+    assert (query_rows(seq, query_block), causal_blocks(seq)) in ((8, 1), (384, 3))
     keys = jax.random.split(jax.random.key(6), 4)
-    q, k, v = (jax.random.normal(key, (2, 40, h, 8)) for key, h in zip(keys, (8, 2, 2)))
-    w = jax.random.normal(keys[3], (2, 40, 8, 8))
-    blocked = lambda q, k, v: causal_attention(q, k, v, impl="xla", query_block=8).astype(jnp.float32)
+    q, k, v = (jax.random.normal(key, (2, seq, h, head_dim)) for key, h in zip(keys, (8, 2, 2)))
+    w = jax.random.normal(keys[3], (2, seq, 8, head_dim))
+    blocked = lambda q, k, v: causal_attention(q, k, v, impl="xla", query_block=query_block).astype(jnp.float32)
     got, pull = jax.vjp(blocked, *(x.astype(dtype) for x in (q, k, v)))
     want, pull_want = jax.vjp(naive_attention, q, k, v)
     for a, b in zip((got, *pull(w)), (want, *pull_want(w))):

@@ -92,8 +92,34 @@ def test_a_model_dimension_equal_to_the_sequence_is_not_taken_for_attention_scor
     scores = [i for i in square if work._ATTENTION_SCOPE.search(i.attrs)]
     others = [i for i in square if not work._ATTENTION_SCOPE.search(i.attrs)]
     assert scores and others
-    assert all(work._scaled_bytes(i, 4, (64,), 64) is None for i in scores)
-    assert all(work._scaled_bytes(i, 4, (64,), 64) > 0 for i in others)
+    blocks = work.attention_blocks(64, query_block=512)
+    assert all(work._scaled_bytes(i, 4, blocks) is None for i in scores)
+    assert all(work._scaled_bytes(i, 4, blocks) > 0 for i in others)
+
+
+def test_causal_blocks_are_attention_priced_as_one_causal_kernel(a100):
+    """Causal attention in 2 blocks of 128 queries (s = 256, one query block): every score and value
+    matmul of its forward and backward is attention, and the model charges what it charges one
+    masked S x S block (a flash kernel's causal half) although the blocks compute 3/4 of it."""
+    import jax
+    import jax.numpy as jnp
+
+    from boost_jax.analysis.perf_model import attention_seconds
+    from boost_jax.analysis.work import analyze
+    from boost_jax.layers.attention import causal_attention
+
+    q = jax.ShapeDtypeStruct((2, 256, 4, 16), jnp.float32)
+    whole = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    blocks = lambda q, k, v: causal_attention(q, k, v, impl="xla", query_block=512)
+    work = {}
+    for name, f in (("whole", whole), ("blocks", blocks)):
+        text = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2))).lower(q, q, q).compile().as_text()
+        work[name] = analyze(text, seq=256, itemsize=4, query_block=512)[0]
+    assert all(g.attention for g in work["blocks"]) and {g.causal_share for g in work["blocks"]} == {0.5, 0.75}
+    flops = {name: sum(g.flops * g.trip_count for g in gemms) for name, gemms in work.items()}
+    assert flops["blocks"] == 3 / 4 * flops["whole"]
+    seconds = {name: sum(attention_seconds(g, a100) * g.trip_count for g in gemms) for name, gemms in work.items()}
+    assert seconds["blocks"] == pytest.approx(seconds["whole"], rel=1e-12)
 
 
 def test_btp_moves_less_and_sends_a_residual_shard(measured):

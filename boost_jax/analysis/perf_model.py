@@ -123,8 +123,8 @@ def gemm_seconds(g: Gemm, hw: Hardware, itemsize: int) -> float:
 
 
 def attention_seconds(g: Gemm, hw: Hardware) -> float:
-    # Causal: a flash kernel skips the blocks above the diagonal, half of the S x S work.
-    return g.flops / 2 / (hw.peak_flops * hw.attention_efficiency)
+    # Causal: a flash kernel skips the blocks above the diagonal (of a full S x S block, half).
+    return g.flops * g.causal_share / (hw.peak_flops * hw.attention_efficiency)
 
 
 _RING_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,

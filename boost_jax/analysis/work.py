@@ -4,11 +4,11 @@ it runs, and the bytes moved by the memory-bound instructions around them. The p
 
 GEMMs: each `dot` (standalone or inside a fusion) as (batch, m, n, k), FLOPs = 2 * batch * m * n * k,
 run trip_count times (the scanned decoder stack is one while loop, attention's query blocks a loop
-inside it). A batched dot over a block of queries and the keys (m, n, k include `rows` and the
-sequence length, or under context parallelism's ring one device's 1/cp of it; `rows` is the
-device's queries when attention runs in one block) is attention's score or value matmul
-(`attention=True`): a GPU runs those inside a flash-attention kernel, so the model prices them
-separately.
+inside it). A batched dot over a block of queries and its keys (m, n, k include one of
+`attention_blocks`: a query block and the sequence length, or under context parallelism's ring one
+device's 1/cp of it, or a causal block and the keys up to its end) is attention's score or value
+matmul (`attention=True`): a GPU runs those inside a flash-attention kernel, so the model prices
+them separately, at the share of their FLOPs a causal kernel does.
 
 Memory-bound traffic: for each executed instruction that is not a GEMM, a collective or pure
 bookkeeping, the bytes it reads plus the bytes it writes. Floating-point values are counted at the
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, parse_module, users
-from boost_jax.layers.attention import query_rows
+from boost_jax.layers.attention import causal_blocks, query_rows
 
 # Instructions that move no data of their own (or whose cost is accounted elsewhere).
 # `copy` is a layout change or a copy XLA:CPU inserts around loop-carried scan stacks; a GPU's
@@ -42,6 +42,7 @@ SLICES = ("dynamic-slice", "slice", "gather")  # ops that read only the part of 
 _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
 _ATTENTION_SCOPE = re.compile(r'op_name="[^"]*/attention/')  # layers/attention.py's name scope
 _ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # its loop over query blocks
+_IN_ATTENTION = re.compile(r'op_name="[^"]*[/(]attention[/)]')  # under it, autodiff's jvp(...) included
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Gemm:
     in_loop: bool  # inside the scanned decoder stack
     attention: bool  # attention's S x S score / value matmul
     op: str = ""  # the instruction that runs it (the dot, or the fusion it is in): a profile trace's op name
+    causal_share: float = 0.5  # of an attention matmul's FLOPs, what a causal flash kernel does
 
     @property
     def flops(self) -> int:
@@ -72,7 +74,7 @@ def _dims(attrs: str, key: str) -> tuple[int, ...]:
     return tuple(int(v) for v in m.group(1).split(",") if v) if m else ()
 
 
-def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, keys: tuple[int, ...], rows: int, trips: int,
+def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, blocks: dict[tuple[int, int], float], trips: int,
           depth: int, op: str) -> Gemm:
     lb, lc, rb, rc = (_dims(attrs, k) for k in ("lhs_batch_dims", "lhs_contracting_dims",
                                                     "rhs_batch_dims", "rhs_contracting_dims"))
@@ -80,10 +82,13 @@ def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, keys: tuple[in
     k = math.prod(lhs[i] for i in lc)
     m = math.prod(s for i, s in enumerate(lhs) if i not in lb + lc)
     n = math.prod(s for i, s in enumerate(rhs) if i not in rb + rc)
-    # Attention's matmuls (QK^T, PV and their gradients) pair a block of queries with every key:
-    # m, n, k hold the block's rows and the sequence length (the sequence twice without blocks).
-    attention = batch > 1 and any(kl > 1 and Counter((m, n, k)) >= Counter((rows, kl)) for kl in keys)
-    return Gemm(batch, m, n, k, trips, depth > 0, attention, op)
+    # Attention's matmuls (QK^T, PV and their gradients) pair a block of queries with its keys:
+    # m, n, k hold one of `attention_blocks`.
+    share = next((share for block, share in blocks.items() if Counter((m, n, k)) >= Counter(block)), None)
+    named = "op_name=" in attrs  # XLA drops the name of a dot it rewrites
+    if batch > 1 and share is not None and (not named or _IN_ATTENTION.search(attrs)):
+        return Gemm(batch, m, n, k, trips, depth > 0, True, op, causal_share=share)
+    return Gemm(batch, m, n, k, trips, depth > 0, False, op)
 
 
 def _fusion_callers(comps) -> dict[str, tuple[str, str]]:
@@ -99,14 +104,14 @@ def _executed(callers: dict[str, tuple[str, str]], comp: str, name: str) -> str:
     return name
 
 
-def _scaled_bytes(ins, itemsize: int, keys: tuple[int, ...], rows: int) -> int | None:
+def _scaled_bytes(ins, itemsize: int, blocks: dict[tuple[int, int], float]) -> int | None:
     """Bytes of an instruction's value with floats at `itemsize`; None for attention's scores: a
     [.., rows, keys] value made under the `attention` name scope (a model dimension can equal the
     sequence length or the block, so the shape alone does not tell)."""
     scores = _ATTENTION_SCOPE.search(ins.attrs) is not None
     total = 0
     for dt, dims in arrays(ins.shape):
-        if scores and len(dims) >= 2 and any(kl > 1 and sorted(dims[-2:]) == sorted((rows, kl)) for kl in keys):
+        if scores and len(dims) >= 2 and any(sorted(dims[-2:]) == sorted(block) for block in blocks):
             return None
         total += math.prod(dims) * itemsize if dt in ("f32", "bf16", "f16", "f64") else nbytes(dt, dims)
     return total
@@ -126,6 +131,19 @@ def operand_bytes(comp, ins, body, index: int, value_bytes: Callable) -> int | N
     return full
 
 
+def attention_blocks(seq: int, query_block: int, cp: int = 1) -> dict[tuple[int, int], float]:
+    """The (queries, keys) of attention's score blocks as layers/attention.py runs them, each with
+    the share of its FLOPs a causal flash kernel does: a block of `query_rows` queries against every
+    key (or round a ring, 1/cp of them) half; plain causal block i of `causal_blocks`, against the
+    keys up to its end, all but its diagonal square's upper half."""
+    rows = query_rows(seq // cp, query_block)
+    blocks = {(rows, kl): 0.5 for kl in {seq, seq // cp} if kl > 1}
+    if cp == 1 and rows == seq:
+        r = seq // causal_blocks(seq)
+        blocks.update({(r, end): 1 - r / (2 * end) for end in range(r, seq + 1, r)})
+    return blocks
+
+
 def _attention_loops(comps) -> set[str]:
     """The computations attention's query-block loop runs, and everything they call."""
     todo = [c for comp in comps.values() for ins in comp.instrs.values()
@@ -143,8 +161,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
     """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`);
     `query_block`: the program's `model.attention_query_block`; `cp`: its context parallelism
     (a device's queries are 1/cp of the sequence, its keys all of it or, round a ring, 1/cp)."""
-    rows = query_rows(seq // cp, query_block)  # queries per attention block, as layers/attention.py runs them
-    keys = tuple(sorted({seq, seq // cp}))
+    blocks = attention_blocks(seq, query_block, cp)
     comps, entry, _ = parse_module(hlo_text)
     ctx = loop_contexts(comps, entry)
     fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
@@ -158,7 +175,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
             if ins.op == "dot":
                 lhs, rhs = (arrays(comp.instrs[o].shape)[0][1] for o in ins.operands[:2])
                 op = _executed(callers, comp.name, ins.name)
-                gemms.append(_gemm(lhs, rhs, ins.attrs, keys, rows, trips, depth, op))
+                gemms.append(_gemm(lhs, rhs, ins.attrs, blocks, trips, depth, op))
                 has_dot.add(comp.name)
     on_chip = _attention_loops(comps)
     for comp in comps.values():
@@ -178,13 +195,13 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
                 ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
-            out = _scaled_bytes(ins, itemsize, keys, rows)
-            scaled = lambda v: _scaled_bytes(v, itemsize, keys, rows)
+            out = _scaled_bytes(ins, itemsize, blocks)
+            scaled = lambda v: _scaled_bytes(v, itemsize, blocks)
             reads = [operand_bytes(comp, ins, body, i, scaled) for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
             if dus is not None:  # in place into a scan stack: reads and writes the update only
-                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, keys, rows) or 0)
+                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, blocks) or 0)
             elif ins.op in SLICES:
                 moved = 2 * out
             else:
