@@ -69,26 +69,40 @@ def causal_blocks(seq: int) -> int:
     return seq // CAUSAL_BLOCK if seq > CAUSAL_BLOCK and seq % CAUSAL_BLOCK == 0 else 1
 
 
+_UNSEEN = -0.7 * float(jnp.finfo(jnp.float32).max)  # an unseen key's score, as jax.nn.dot_product_attention's
+
+
+def _heads_first(x: jax.Array, kv_heads: int) -> jax.Array:
+    """[B, S, H, D] -> [B, Hkv, H / Hkv, S, D]: each head's rows one matrix for the batched matmuls."""
+    b, s, h, d = x.shape
+    return jnp.transpose(x.reshape(b, s, kv_heads, h // kv_heads, d), (0, 2, 3, 1, 4))
+
+
+def _tokens_first(x: jax.Array) -> jax.Array:
+    """[B, Hkv, G, S, D] -> [B, S, Hkv * G, D]."""
+    b, kvh, g, s, d = x.shape
+    return jnp.transpose(x, (0, 3, 1, 2, 4)).reshape(b, s, kvh * g, d)
+
+
+def _softmax_attention(qt: jax.Array, kt: jax.Array, vt: jax.Array, seen: jax.Array) -> jax.Array:
+    """Heads-first softmax attention of qt [B, Hkv, G, Sq, D] over kt, vt [B, Hkv, 1, Sk, D] where
+    `seen` [1 or B, Sq, Sk] (as jax.nn.dot_product_attention: fp32 scores and softmax, probabilities
+    at v's dtype) -> [B, Hkv, G, Sq, D]."""
+    scores = jnp.matmul(qt, jnp.swapaxes(kt, -1, -2), preferred_element_type=jnp.float32) * qt.shape[-1] ** -0.5
+    p = jax.nn.softmax(jnp.where(seen[:, None, None], scores, _UNSEEN), axis=-1)
+    return p.astype(vt.dtype) @ vt
+
+
 def _causal_blocks_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal self-attention of q [B, S, H, D] over k, v [B, S, Hkv, D], heads first ([B, Hkv, G, S,
-    D]: each head's rows one matrix for the batched matmuls) in `causal_blocks(S)` query blocks, each
-    against the keys up to its end: the blocks above the diagonal are never computed. As
-    jax.nn.dot_product_attention: fp32 scores and softmax, probabilities at v's dtype."""
-    b, s, h, d = q.shape
-    kvh = k.shape[2]
-    n = causal_blocks(s)
-    r = s // n
-    qt = jnp.transpose(q.reshape(b, s, kvh, h // kvh, d), (0, 2, 3, 1, 4))
-    kt, vt = (jnp.transpose(x, (0, 2, 1, 3))[:, :, None] for x in (k, v))  # [B, Hkv, 1, S, D]
-    outs = []
-    for i in range(n):
-        end = (i + 1) * r
-        scores = jnp.matmul(qt[..., i * r:end, :], jnp.swapaxes(kt[..., :end, :], -1, -2),
-                            preferred_element_type=jnp.float32) * d**-0.5
-        seen = (i * r + jnp.arange(r))[:, None] >= jnp.arange(end)[None]
-        p = jax.nn.softmax(jnp.where(seen, scores, -jnp.inf), axis=-1).astype(v.dtype)
-        outs.append(p @ vt[..., :end, :])
-    return jnp.transpose(jnp.concatenate(outs, axis=3), (0, 3, 1, 2, 4)).reshape(b, s, h, d)
+    """Causal self-attention of q [B, S, H, D] over k, v [B, S, Hkv, D] in `causal_blocks(S)` query
+    blocks, each against the keys up to its end: the blocks above the diagonal are never computed."""
+    s, kvh = q.shape[1], k.shape[2]
+    r = s // causal_blocks(s)
+    qt, kt, vt = _heads_first(q, kvh), _heads_first(k, kvh), _heads_first(v, kvh)
+    outs = [_softmax_attention(qt[..., end - r:end, :], kt[..., :end, :], vt[..., :end, :],
+                               ((end - r + jnp.arange(r))[:, None] >= jnp.arange(end)[None])[None])
+            for end in range(r, s + 1, r)]
+    return _tokens_first(jnp.concatenate(outs, axis=3))
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str, query_block: int,
@@ -117,7 +131,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str, que
         keys = jnp.arange(k.shape[1])[None] if k_positions is None else k_positions  # [1 or B, Sk]
 
         def mask(first):
-            """[1 or B, 1, rows, Sk]: which keys the queries first .. first + rows - 1 see."""
+            """[1 or B, rows, Sk]: which keys the queries first .. first + rows - 1 see."""
             if q_positions is None:
                 seen = (first + jnp.arange(rows))[None, :, None] >= keys[:, None, :]
             else:
@@ -125,18 +139,21 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str, que
             if q_segments is not None:
                 mine = jax.lax.dynamic_slice_in_dim(q_segments, first, rows, axis=1)
                 seen = seen & (mine[:, :, None] == k_segments[:, None, :])
-            return seen[:, None]
+            return seen
 
+        kvh = k.shape[2]
         if rows == s:
-            return recompute(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask(0)))(q, k, v)
+            return recompute(lambda q, k, v: _tokens_first(_softmax_attention(
+                _heads_first(q, kvh), _heads_first(k, kvh), _heads_first(v, kvh), mask(0))))(q, k, v)
+        kt, vt = _heads_first(k, kvh), _heads_first(v, kvh)
 
         @recompute
         def block(q_rows, first):
-            return jax.nn.dot_product_attention(q_rows, k, v, mask=mask(first))
+            return _softmax_attention(_heads_first(q_rows, kvh), kt, vt, mask(first))
 
         blocks = jnp.moveaxis(q.reshape(b, s // rows, rows, h, d), 1, 0)
-        out = jax.lax.map(lambda xs: block(*xs), (blocks, jnp.arange(0, s, rows)))
-        return jnp.moveaxis(out, 0, 1).reshape(b, s, h, d)
+        out = jax.lax.map(lambda xs: block(*xs), (blocks, jnp.arange(0, s, rows)))  # [n, B, Hkv, G, rows, D]
+        return _tokens_first(jnp.moveaxis(out, 0, 3).reshape(b, kvh, h // kvh, s, d))
 
 
 def cached_attention(q: jax.Array, k: jax.Array, positions: jax.Array, combine, *, query_block: int) -> jax.Array:
