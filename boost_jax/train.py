@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import time
 
 import jax
@@ -31,9 +32,12 @@ def _main(args: list[str]) -> None:
         print(f"{USAGE}\n\nEvery key is documented in {BASE}. {DEBUG_HELP}")
         return
     cfg = from_args(args)
+    from boost_jax.host_memory import reuse_freed_memory
     from boost_jax.parallel import init_distributed, simulate_cpu_devices
 
     simulate_cpu_devices(cfg.parallel.cpu_devices)
+    if cfg.parallel.cpu_reuse_memory and (why := reuse_freed_memory()):
+        print(f"parallel.cpu_reuse_memory=true has no effect: {why}", file=sys.stderr)
     init_distributed(cfg.parallel)
     train(cfg)
 

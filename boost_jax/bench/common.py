@@ -12,6 +12,7 @@ import jax
 
 from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
 from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.host_memory import reuse_freed_memory
 from boost_jax.schemes import MESH_AXES
 
 
@@ -49,9 +50,13 @@ def variants(args: Sequence[str], vary: Sequence[str]) -> list[tuple[str, Config
 
 def config_of(args: Sequence[str], *more: str) -> Config:
     """The config of a command line's config arguments, with `more` overrides after them (a variant:
-    another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`)."""
+    another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`) and, with
+    parallel.cpu_reuse_memory, freed host memory reused (`host_memory.reuse_freed_memory`: not once
+    JAX has started, as in a test)."""
     cfg = from_args([*args, *more])
     simulate_mesh(cfg)
+    if cfg.parallel.cpu_reuse_memory:
+        reuse_freed_memory()
     return cfg
 
 
