@@ -109,12 +109,16 @@ def test_causal_blocks_are_attention_priced_as_one_causal_kernel(a100):
     from boost_jax.layers.attention import causal_attention
 
     q = jax.ShapeDtypeStruct((2, 256, 4, 16), jnp.float32)
-    whole = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    def whole(q, k, v):  # one masked S x S block, under the name scope the analysis reads
+        with jax.named_scope("attention"):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
     blocks = lambda q, k, v: causal_attention(q, k, v, impl="xla", query_block=512)
     work = {}
     for name, f in (("whole", whole), ("blocks", blocks)):
         text = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).sum(), argnums=(0, 1, 2))).lower(q, q, q).compile().as_text()
         work[name] = analyze(text, seq=256, itemsize=4, query_block=512)[0]
+    assert all(g.attention for g in work["whole"]) and {g.causal_share for g in work["whole"]} == {0.5}
     assert all(g.attention for g in work["blocks"]) and {g.causal_share for g in work["blocks"]} == {0.5, 0.75}
     flops = {name: sum(g.flops * g.trip_count for g in gemms) for name, gemms in work.items()}
     assert flops["blocks"] == 3 / 4 * flops["whole"]
