@@ -79,3 +79,23 @@ def test_bench_comm_of_the_paper_model_from_the_command_line(tmp_path):
     # The BOOST paper's per-layer forward volume at LLaMA-7B, b=4, s=4096, p=4, bf16: b*s*7r elements.
     assert r["analytic_layer_forward_bytes"] == 4 * 4096 * 7 * 1024 * 2
     assert r["layer_forward_collectives"] == 4 and r["forward_over_analytic"] == pytest.approx(1.0003, abs=1e-4)
+
+
+def test_bench_step_hf_is_refused_early_for_what_hugging_face_cannot_run():
+    with pytest.raises(ConfigError, match="--hf needs a model Hugging Face calls a LLaMA"):
+        step.main([*TINY, "parallel.dp=1", "--hf"])  # cola
+    with pytest.raises(ConfigError, match="--hf times one device without accumulation"):
+        step.main(["model.preset=llama-tiny", "model.arch=dense", "train.seq_len=32", "parallel.dp=2", "--hf"])
+
+
+def test_bench_step_hf_trains_the_same_model_on_the_same_batch(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    step.main(["model.preset=llama-tiny", "model.arch=dense", "train.seq_len=32", "train.batch_size=2",
+               "parallel.dp=1", "model.dtype=float32", "--hf", "--reps", "1", "--steps", "1", "--json"])
+    ours, theirs = json.loads(capsys.readouterr().out)["results"]
+    assert theirs["variant"] == "transformers+torch" and theirs["median_step_s"] > 0
+    # The same initial weights (exported), batch, optimizer and schedule: the same losses, before and
+    # after the updates (3 steps each).
+    assert theirs["first_loss"] == pytest.approx(ours["first_loss"], rel=1e-5)
+    assert theirs["last_loss"] == pytest.approx(ours["last_loss"], rel=1e-4) and ours["last_loss"] < ours["first_loss"]

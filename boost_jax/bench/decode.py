@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from boost_jax.bench import hf
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.cli import int_list
 from boost_jax.archs import ARCHS
@@ -104,40 +105,20 @@ def measure_with_bandwidth(run) -> dict:
 
 def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: int, reps: int) -> dict:
     """Hugging Face `generate` (greedy, its KV cache) on the same dense LLaMA, exported by boost_jax."""
-    import tempfile
-
     import torch
-    from transformers import LlamaForCausalLM
 
-    from boost_jax.export import export_model, is_hf_llama
-
-    if not is_hf_llama(cfg.model):
-        raise ConfigError(f"--hf needs a model Hugging Face calls a LLaMA (model.arch=dense with the gate SiLU), "
-                          f"not {cfg.model.arch}")
-    model = Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
-    torch.set_num_threads(jax.local_device_count() if jax.devices()[0].platform != "cpu" else _cores())
+    hf_model = hf.load_llama(cfg).eval()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        export_model(cfg, model, tmp)
-        hf = LlamaForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32).eval()
-        rng = np.random.default_rng(0)
-        for b in batches:
-            prompts = torch.tensor(rng.integers(3, cfg.model.vocab_size, (b, prompt_len)))
-            run = lambda: hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                                      min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
-            with torch.inference_mode():
-                run()
-                seconds = statistics.median(_timed(run) for _ in range(reps))
-            rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / seconds, "seconds": seconds})
-    import transformers
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "rows": rows}
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    rng = np.random.default_rng(0)
+    for b in batches:
+        prompts = torch.tensor(rng.integers(3, cfg.model.vocab_size, (b, prompt_len)))
+        run = lambda: hf_model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                                        min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+        with torch.inference_mode():
+            run()
+            seconds = statistics.median(_timed(run) for _ in range(reps))
+        rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / seconds, "seconds": seconds})
+    return {**hf.versions(), "rows": rows}
 
 
 def main(argv: list[str]) -> None:

@@ -6,6 +6,9 @@ as is: `bench step recipe.yaml`).
 in interleaved repetitions (so machine noise hits all three alike), then prints the ratios;
 `--vary section.key=V1,V2,...` does the same for any config key's values, each variant's time also
 as a ratio to the first's (`--vary parallel.cp=1,2,4`: the cost of context parallelism here).
+`--hf` times, in the same interleaved repetitions, the training step a PyTorch user would write for
+the (first) config's dense LLaMA in Hugging Face transformers, on the same initial weights and batch
+(`boost_jax/bench/hf.py`), and prints both sides' first and last losses: the two train the same model.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import jax
 import numpy as np
 
 from boost_jax.analysis.program import peak_bytes
+from boost_jax.bench import hf
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
 from boost_jax.flops import count, datasheet_peak_flops, measure_matmul_peak
@@ -38,12 +42,14 @@ class Runner:
         t = cfg.train
         tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)
         # With data.document_mask: one document per row (the mask's cost, not a particular corpus's).
-        self.batch = device_batch({k: np.zeros_like(tokens) if k == "segment_ids" else tokens for k in batch_keys(cfg)},
-                                  run.batch_sharding)
+        self.host_batch = {k: np.zeros_like(tokens) if k == "segment_ids" else tokens for k in batch_keys(cfg)}
+        self.batch = device_batch(self.host_batch, run.batch_sharding)
         self.compiled = run.train_step.lower(self.state, self.batch).compile()
         self.cfg, self.tokens, self.peak = cfg, t.batch_size * t.seq_len, peak_bytes(self.compiled)
         self.times: list[float] = []
-        self.steps(2)  # warm up
+        self.steps(1)
+        self.first_loss = float(self.metrics["loss"])  # of the initial weights (`--hf` compares it)
+        self.steps(1)  # warm up
 
     def steps(self, n: int) -> float:
         t0 = time.perf_counter()
@@ -61,7 +67,8 @@ class Runner:
                 "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
                 "model_flops_per_s": flops / med,  # analytic training FLOPs (flops.py), all devices together
-                "peak_bytes_per_device": self.peak, "last_loss": float(self.metrics["loss"])}
+                "peak_bytes_per_device": self.peak, "first_loss": self.first_loss,
+                "last_loss": float(self.metrics["loss"])}
 
 
 def time_runners(runners: list[Runner], reps: int, steps: int) -> list[dict]:
@@ -108,6 +115,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--compare", action="store_true", help="dense/megatron vs <arch>/vanilla vs <arch>/btp")
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (the median is reported)")
     p.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
+    p.add_argument("--hf", action="store_true",
+                   help="also time the same dense LLaMA's training step in Hugging Face transformers + PyTorch "
+                        "(same weights and batch; needs torch and transformers)")
     add_vary(p)
     a = parse(p, argv)
     if a.reps < 1 or a.steps < 1:
@@ -116,13 +126,19 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--compare and --vary each make the variants: give one")
     labelled = variants(a.config, a.vary) if not a.compare else [("", c) for c in compare_configs(a.config)]
     cfgs = [c for _, c in labelled]
-    results, peak = measure_with_peak([Runner(c) for c in cfgs], a.reps, a.steps)
+    if a.hf:
+        hf.check_train(cfgs[0])
+    runners = [Runner(c) for c in cfgs]
+    if a.hf:  # timed beside the others, on the first one's weights and batch
+        runners.append(hf.TrainStep(cfgs[0], runners[0].host_batch["inputs"], runners[0].host_batch["targets"]))
+        labelled.append((hf.NAME, cfgs[0]))
+    results, peak = measure_with_peak(runners, a.reps, a.steps)
     for r, (label, _) in zip(results, labelled):
         r["variant"] = label
         r["time_vs_first"] = r["median_step_s"] / results[0]["median_step_s"]
     sheet = datasheet_peak_flops(jax.devices()[0], cfgs[0].model.dtype)
     if a.compare:
-        dense, vanilla, btp = (r["median_step_s"] for r in results)
+        dense, vanilla, btp = (r["median_step_s"] for r in results[:3])
         ratios = {"btp_speedup_vs_dense": dense / btp, "btp_speedup_vs_vanilla": vanilla / btp,
                   "vanilla_speedup_vs_dense": dense / vanilla}
     if a.json:
@@ -138,7 +154,14 @@ def main(argv: list[str]) -> None:
     for r in results:
         name = r["variant"] or f"{r['arch']}/{r['scheme']} tp={r['tp']}"
         mfu = f" {100 * r['mfu']:5.1f}%" if sheet else ""
+        peak_mib = f"{r['peak_bytes_per_device'] / 2**20:13.1f}" if r["peak_bytes_per_device"] else f"{'-':>13s}"
         print(f"{name:{width}s} {1e3 * r['median_step_s']:10.1f} {r['time_vs_first']:7.2f}x {r['tokens_per_s']:10,.0f} "
-              f"{100 * r['fraction_of_peak']:7.1f}%{mfu} {r['peak_bytes_per_device'] / 2**20:13.1f}")
+              f"{100 * r['fraction_of_peak']:7.1f}%{mfu} {peak_mib}")
+    if a.hf:
+        ours, theirs = results[0], results[-1]
+        print(f"{hf.NAME} (transformers {theirs['transformers']}, torch {theirs['torch']}, {theirs['threads']} threads): "
+              f"its step takes {theirs['median_step_s'] / ours['median_step_s']:.2f}x boost_jax's; the same weights, batch "
+              f"and optimizer: loss {ours['first_loss']:.5f} -> {ours['last_loss']:.5f} (boost_jax), "
+              f"{theirs['first_loss']:.5f} -> {theirs['last_loss']:.5f}")
     if a.compare:
         print("  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))

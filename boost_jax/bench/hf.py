@@ -1,0 +1,122 @@
+"""Hugging Face transformers + PyTorch on the same dense LLaMA as boost_jax (its weights exported by
+`boost_jax/export.py`), for the benchmarks' `--hf` figures: what a user would otherwise run on
+this machine, side by side. Needs torch and transformers (neither is a dependency)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from boost_jax.config import Config, ConfigError
+from boost_jax.export import export_model, is_hf_llama
+from boost_jax.flops import count
+from boost_jax.model import Model
+from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.step import lr_schedule
+
+NAME = "transformers+torch"
+
+
+def check_llama(cfg: Config) -> None:
+    if not is_hf_llama(cfg.model):
+        raise ConfigError(f"--hf needs a model Hugging Face calls a LLaMA (model.arch=dense with the gate SiLU), "
+                          f"not model.arch={cfg.model.arch}")
+
+
+def check_train(cfg: Config) -> None:
+    """What `TrainStep` needs of cfg, checked before anything is compiled."""
+    check_llama(cfg)
+    devices = len(mesh_devices(cfg.parallel))
+    if devices > 1 or cfg.train.microbatches > 1:
+        raise ConfigError(f"--hf times one device without accumulation, not {devices} devices and "
+                          f"train.microbatches={cfg.train.microbatches}: give parallel.dp=1 (and tp, pp, cp, fsdp 1)")
+
+
+def load_llama(cfg: Config):
+    """cfg's model at its seed's initial weights (those `step.init_params` makes), as a
+    `transformers.LlamaForCausalLM` in fp32 on the CPU, with torch using every core here."""
+    check_llama(cfg)
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.set_num_threads(jax.local_device_count() if jax.devices()[0].platform != "cpu" else cores())
+    model = Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
+    with tempfile.TemporaryDirectory() as tmp:
+        export_model(cfg, model, tmp)
+        hf = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        for p in hf.parameters():  # own the weights: the exported file goes with the directory
+            p.data = p.data.clone()
+    return hf
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads()}
+
+
+class TrainStep:
+    """The training step a PyTorch user writes for cfg (one device, no accumulation): eager
+    transformers LLaMA, cross-entropy over every position against the batch's targets, global-norm
+    clipping, `torch.optim.AdamW` with cfg's betas and weight decay (none on the norm scales) on
+    boost_jax's learning-rate schedule; under model.dtype=bfloat16, CPU autocast to bf16 over fp32
+    weights. Times like `bench.step.Runner`: `steps(n)`, `times`, `result()`."""
+
+    def __init__(self, cfg: Config, inputs: np.ndarray, targets: np.ndarray):
+        check_train(cfg)
+        import torch
+
+        t, m = cfg.train, cfg.model
+
+        self.torch, self.cfg, self.mesh_shape = torch, cfg, {}
+        self.model = load_llama(cfg).train()
+        params = [q for q in self.model.parameters() if q.requires_grad]
+        groups = [{"params": [q for q in params if q.ndim > 1], "weight_decay": t.weight_decay},
+                  {"params": [q for q in params if q.ndim <= 1], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=t.lr, betas=(t.b1, t.b2))
+        schedule = lr_schedule(t)
+        self.lr = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: float(schedule(s)) / t.lr)
+        self.inputs, self.targets = torch.from_numpy(inputs).long(), torch.from_numpy(targets).long()
+        self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=m.dtype == "bfloat16")
+        self.tokens, self.times = inputs.size, []
+        self.first_loss = self._step()
+        self.steps(1)  # warm up
+
+    def _step(self) -> float:
+        torch, t = self.torch, self.cfg.train
+        self.opt.zero_grad(set_to_none=True)
+        with self.autocast:
+            logits = self.model(input_ids=self.inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+        loss.backward()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+        self.opt.step()
+        self.lr.step()
+        return float(loss.detach())
+
+    def steps(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.loss = self._step()
+        return (time.perf_counter() - t0) / n
+
+    def result(self) -> dict:
+        med = statistics.median(self.times)
+        m, t = self.cfg.model, self.cfg.train
+        flops = count(m, t.seq_len).train_flops_per_token * self.tokens
+        return {"model": m.preset, "arch": m.arch, "scheme": NAME, "tp": 1, "dp": 1, "fsdp": 1, "pp": 1, "cp": 1,
+                "batch": t.batch_size, "seq": t.seq_len, "dtype": m.dtype, "median_step_s": med,
+                "step_times_s": self.times, "tokens_per_s": self.tokens / med, "model_flops_per_s": flops / med,
+                "peak_bytes_per_device": None, "first_loss": self.first_loss, "last_loss": self.loss, **versions()}
