@@ -126,6 +126,54 @@ def test_causal_blocks_are_attention_priced_as_one_causal_kernel(a100):
     assert seconds["blocks"] == pytest.approx(seconds["whole"], rel=1e-12)
 
 
+def _attention_work(*overrides: str) -> tuple[int, float, int]:
+    """(attention dots, their causal-priced FLOPs, FLOPs of every dot) of llama-tiny's compiled
+    loss and gradient (dense, 2 sequences, fp32, 8 query heads of 16), as the planner analyzes it."""
+    import jax
+
+    from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS
+    from boost_jax.analysis.program import build
+    from boost_jax.analysis.work import analyze
+    from boost_jax.config import from_args
+    from boost_jax.layers.attention import query_group
+
+    cfg = from_args(["model.preset=llama-tiny", "model.arch=dense", "model.n_heads=8", "model.d_model=128",
+                     "parallel.dp=1", "train.batch_size=2", "model.dtype=float32", *overrides])  # later keys win
+    prog = build(cfg)
+    text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile(
+        ANALYSIS_COMPILER_OPTIONS).as_text()
+    gemms = analyze(text, seq=cfg.train.seq_len, itemsize=4, query_block=cfg.model.attention_query_block,
+                    cp=cfg.parallel.cp, group=query_group(prog.plan, cfg.model))[0]
+    attention = [g for g in gemms if g.attention]
+    return (len(attention), sum(g.flops * g.trip_count * g.causal_share for g in attention),
+            sum(g.flops * g.trip_count for g in gemms))
+
+
+@pytest.mark.parametrize("layout, twice", [
+    (("train.seq_len=256",), 1),  # causal blocks of 128 queries, 4 query heads per kv head folded into their rows
+    pytest.param(("train.seq_len=1024", "model.attention_query_block=256"), 1, marks=pytest.mark.slow),  # the loop
+    pytest.param(("train.seq_len=256", "parallel.tp=4"), 1, marks=pytest.mark.slow),  # kv heads replicated: 2 per device
+    pytest.param(("train.seq_len=256", "parallel.tp=2", "parallel.cp=2"), 1, marks=pytest.mark.slow),  # over cp, kv split
+    pytest.param(("train.seq_len=256", "parallel.tp=4", "parallel.cp=2"), 1, marks=pytest.mark.slow),  # cp's kv slice
+    # 12 heads, 6 kv heads over tp = 4: GSPMD splits the kv heads 2 ways only and keeps each one's 2
+    # query heads whole, so every device computes 6 heads' attention, twice its 3: priced as run.
+    pytest.param(("train.seq_len=256", "parallel.tp=4", "model.n_heads=12", "model.d_model=192"), 2,
+                 marks=pytest.mark.slow),
+])
+def test_grouped_query_attention_is_priced_as_its_heads(layout, twice):
+    """GQA (a quarter or half as many kv heads as query heads) does the score and value matmuls of
+    MHA over the same query heads, which XLA lays out with each kv head's query heads folded into
+    the rows: the analysis finds every one of them (as many dots as MHA's) at MHA's causal FLOPs
+    (`twice` that where the partitioner duplicates heads). Before the query group was passed in, a
+    folded block went unrecognised (priced as a GEMM, whole-square) or matched another block's shape
+    and causal share."""
+    heads = next((int(o.split("=")[1]) for o in layout if o.startswith("model.n_heads=")), 8)
+    gqa = _attention_work(*layout, f"model.n_kv_heads={heads // 2 if twice > 1 else 2}")
+    mha = _attention_work(*layout, f"model.n_kv_heads={heads}")
+    assert gqa[0] == mha[0] > 0
+    assert gqa[1] == pytest.approx(twice * mha[1], rel=1e-12)
+
+
 def test_btp_moves_less_and_sends_a_residual_shard(measured):
     btp, vanilla = measured("cola/btp")[0], measured("cola/vanilla")[0]
     assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3

@@ -131,16 +131,17 @@ def operand_bytes(comp, ins, body, index: int, value_bytes: Callable) -> int | N
     return full
 
 
-def attention_blocks(seq: int, query_block: int, cp: int = 1) -> dict[tuple[int, int], float]:
-    """The (queries, keys) of attention's score blocks as layers/attention.py runs them, each with
-    the share of its FLOPs a causal flash kernel does: a block of `query_rows` queries against every
-    key (or round a ring, 1/cp of them) half; plain causal block i of `causal_blocks`, against the
-    keys up to its end, all but its diagonal square's upper half."""
+def attention_blocks(seq: int, query_block: int, cp: int = 1, group: int = 1) -> dict[tuple[int, int], float]:
+    """The (rows, keys) of attention's score blocks as layers/attention.py runs them, each with the
+    share of its FLOPs a causal flash kernel does: a block of `query_rows` queries against every key
+    (or round a ring, 1/cp of them) half; plain causal block i of `causal_blocks`, against the keys
+    up to its end, all but its diagonal square's upper half. `group`: a device's query heads per kv
+    head (`attention.query_group`), which the matmuls fold into a block's rows."""
     rows = query_rows(seq // cp, query_block)
-    blocks = {(rows, kl): 0.5 for kl in {seq, seq // cp} if kl > 1}
+    blocks = {(group * rows, kl): 0.5 for kl in {seq, seq // cp} if kl > 1}
     if cp == 1 and rows == seq:
         r = seq // causal_blocks(seq)
-        blocks.update({(r, end): 1 - r / (2 * end) for end in range(r, seq + 1, r)})
+        blocks.update({(group * r, end): 1 - r / (2 * end) for end in range(r, seq + 1, r)})
     return blocks
 
 
@@ -157,11 +158,15 @@ def _attention_loops(comps) -> set[str]:
     return inside
 
 
-def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int = 1) -> tuple[list[Gemm], list[Traffic]]:
+def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int = 1,
+            group: int = 1) -> tuple[list[Gemm], list[Traffic]]:
     """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`);
     `query_block`: the program's `model.attention_query_block`; `cp`: its context parallelism
-    (a device's queries are 1/cp of the sequence, its keys all of it or, round a ring, 1/cp)."""
-    blocks = attention_blocks(seq, query_block, cp)
+    (a device's queries are 1/cp of the sequence, its keys all of it or, round a ring, 1/cp);
+    `group`: a device's query heads per kv head (`attention.query_group`; 1 without GQA)."""
+    blocks = attention_blocks(seq, query_block, cp, group)  # the dots' (G x rows, keys)
+    # A score value keeps G apart ([.., G, rows, keys]) or, inside a fusion, folds it like the dots.
+    scores = {**attention_blocks(seq, query_block, cp), **blocks}
     comps, entry, _ = parse_module(hlo_text)
     ctx = loop_contexts(comps, entry)
     fusion_bodies = {attr(ins.attrs, "calls") for c in comps.values() for ins in c.instrs.values() if ins.op == "fusion"}
@@ -195,13 +200,13 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
                 ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
-            out = _scaled_bytes(ins, itemsize, blocks)
-            scaled = lambda v: _scaled_bytes(v, itemsize, blocks)
+            out = _scaled_bytes(ins, itemsize, scores)
+            scaled = lambda v: _scaled_bytes(v, itemsize, scores)
             reads = [operand_bytes(comp, ins, body, i, scaled) for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
             if dus is not None:  # in place into a scan stack: reads and writes the update only
-                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, blocks) or 0)
+                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, scores) or 0)
             elif ins.op in SLICES:
                 moved = 2 * out
             else:

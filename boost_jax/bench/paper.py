@@ -40,6 +40,7 @@ from boost_jax.analysis.program import build, peak_bytes
 from boost_jax.bench.common import parse, parser
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.flops import count
+from boost_jax.layers.attention import query_group
 
 GIB = 2**30
 # The paper's table: GPUs as (TP, PP), seconds per iteration of full-rank Megatron TP / vanilla
@@ -88,7 +89,8 @@ def measure(cfg: Config, variant: str) -> tuple[dict, Work, list]:
     both = collectives(text)
     fwd = forward(both)
     itemsize = jnp.dtype(m.dtype).itemsize
-    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize, query_block=m.attention_query_block)
+    gemms, traffic = analyze(text, seq=seq, itemsize=itemsize, query_block=m.attention_query_block,
+                             group=query_group(prog.plan, m))
     params = prog.params_per_device
     tokens = batch * microbatches * seq  # per iteration
     work = Work(gemms, traffic, both, itemsize, params)

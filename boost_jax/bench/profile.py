@@ -41,6 +41,7 @@ from boost_jax.bench.step import Runner
 from boost_jax.config import Config
 from boost_jax.errors import ConfigError
 from boost_jax.flops import measure_matmul_peak, measure_read_bandwidth
+from boost_jax.layers.attention import query_group
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.paths import check_writable_dir
@@ -102,18 +103,14 @@ def profile(cfg: Config, steps: int, trace_dir: Path, top: int, runner: Runner |
             "trace_dir": str(trace_dir), "trace_file": str(trace_file)}
 
 
-def layer_tokens(cfg: Config) -> int:
-    """The rows a layer sees per device: its share of the batch and of the sequence."""
-    plan = make_plan(cfg, mesh_devices(cfg.parallel))
-    return cfg.train.batch_size // plan.size("batch") * cfg.train.seq_len // plan.size("seq")
-
-
 def gemm_work(hlo: str, cfg: Config, ops: dict[str, Op]) -> tuple[dict[str, int], dict[str, str]]:
     """FLOPs per program run and layout (its first dot's: XLA:CPU fuses one) of each executed
     instruction that runs dots; `ops`: the module's `classify`."""
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
     gemms, _ = analyze(hlo, seq=cfg.train.seq_len, itemsize=jnp.dtype(cfg.model.dtype).itemsize,
-                       query_block=cfg.model.attention_query_block, cp=cfg.parallel.cp)
-    tokens = layer_tokens(cfg)
+                       query_block=cfg.model.attention_query_block, cp=cfg.parallel.cp, group=query_group(plan, cfg.model))
+    # The rows a layer sees per device: its share of the batch and of the sequence.
+    tokens = cfg.train.batch_size // plan.size("batch") * cfg.train.seq_len // plan.size("seq")
     flops: dict[str, int] = defaultdict(int)
     layouts: dict[str, str] = {}
     for g in gemms:

@@ -78,6 +78,25 @@ def _heads_first(x: jax.Array, kv_heads: int) -> jax.Array:
     return jnp.transpose(x.reshape(b, s, kv_heads, h // kv_heads, d), (0, 2, 3, 1, 4))
 
 
+def query_group(plan, m: ModelConfig) -> int:
+    """Query heads per kv head in one device's attention matmuls: the G of `_heads_first`'s
+    [B, Hkv, G, S, D], which XLA folds into the rows (k and v are broadcast over G), so a block of r
+    queries is a matmul of G x r rows; the work analysis needs G to know attention's dots
+    (analysis/work.py). Kv heads split like the query heads keep the model's G. Replicated ones
+    (fewer kv heads than tp): under context parallelism `local_kv_heads` slices them (parallel/
+    context.py); else GSPMD splits [Hkv, G] over the heads' devices, G where Hkv cannot take them
+    all, and where it splits Hkv only partly it keeps G whole (computing some heads twice)."""
+    m = m.resolved()
+    n_heads, n_kv_heads = m.n_heads, m.n_kv_heads
+    g, split = n_heads // n_kv_heads, plan.size("act_heads")
+    if plan.size("act_kv_heads") == split:
+        return g
+    local = n_heads // split
+    if plan.size("seq") > 1:
+        return g if local % g == 0 else local if g % local == 0 else 1
+    return g * n_kv_heads // split if split % n_kv_heads == 0 and g % (split // n_kv_heads) == 0 else g
+
+
 def _tokens_first(x: jax.Array) -> jax.Array:
     """[B, Hkv, G, S, D] -> [B, S, Hkv * G, D]."""
     b, kvh, g, s, d = x.shape

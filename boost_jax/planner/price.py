@@ -34,6 +34,7 @@ from boost_jax.config import Config
 from boost_jax.parallel import abstract_plan
 from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
+from boost_jax.layers.attention import query_group
 from boost_jax.planner.workers import Workers
 
 
@@ -102,7 +103,7 @@ def measure_work(cfg: Config) -> dict:
     text = lowered.compile(ANALYSIS_COMPILER_OPTIONS).as_text()
     itemsize = jnp.dtype(cfg.model.dtype).itemsize
     gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=cfg.model.attention_query_block,
-                             cp=cfg.parallel.cp)
+                             cp=cfg.parallel.cp, group=query_group(prog.plan, cfg.model))
     return {"gemms": [dataclasses.asdict(g) for g in gemms], "traffic": [dataclasses.asdict(t) for t in traffic],
             "collectives": [dataclasses.asdict(c) for c in collectives(text)], "itemsize": itemsize,
             "params_per_device": prog.params_per_device}
@@ -222,7 +223,8 @@ def measure_layer_work(layer_cfg: Config) -> dict:
     p, t = layer_cfg.parallel, layer_cfg.train
     layer = measure_layer(layer_cfg)
     itemsize = jnp.dtype(layer_cfg.model.dtype).itemsize
-    gemms = [g for text in layer.hlo for g in analyze(text, seq=t.seq_len, itemsize=itemsize, cp=p.cp,
+    group = query_group(abstract_plan(layer_cfg), layer_cfg.model)
+    gemms = [g for text in layer.hlo for g in analyze(text, seq=t.seq_len, itemsize=itemsize, cp=p.cp, group=group,
                                                      query_block=layer_cfg.model.attention_query_block)[0]]
     return {"bytes": list(layer.bytes), "gemms": [dataclasses.asdict(g) for g in gemms],
             "collectives": [dataclasses.asdict(c) for text in layer.hlo for c in collectives(text)]}
