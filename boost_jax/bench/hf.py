@@ -24,6 +24,7 @@ NAME = "transformers+torch"
 
 
 def check_llama(cfg: Config) -> None:
+    """Hugging Face runs the dense LLaMA (what `export` writes in its layout), nothing else."""
     if not is_hf_llama(cfg.model):
         raise ConfigError(f"--hf needs a model Hugging Face calls a LLaMA (model.arch=dense with the gate SiLU), "
                           f"not model.arch={cfg.model.arch}")
@@ -56,6 +57,7 @@ def load_llama(cfg: Config):
 
 
 def cores() -> int:
+    """The cores this process may run on (torch's threads, as JAX's CPU client uses them all)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -78,7 +80,6 @@ class TrainStep:
         import torch
 
         t, m = cfg.train, cfg.model
-
         self.torch, self.cfg, self.mesh_shape = torch, cfg, {}
         self.model = load_llama(cfg).train()
         params = [q for q in self.model.parameters() if q.requires_grad]
