@@ -12,7 +12,7 @@ caller may keep the rank-r latents (a latent cache) and project them later.
 
 - megatron (dense): the GEMMs as written, sharded by the layouts alone (XLA derives the two
   all-reduces per layer); with `model.grouping`, projections of one input and equal width as one
-  stacked GEMM (Megatron's fused QKV).
+  stacked GEMM (Megatron's fused QKV) where their outputs are split over devices.
 - vanilla (low-rank): every pair (A, B) as written, split on r by the layouts: XLA all-reduces each
   full-width output.
 - btp (low-rank): BOOST's fused path (`parallel/blocks.py`): norm + grouped down-projection and
@@ -106,13 +106,17 @@ class MegatronProjections(Projections):
 
     def normed(self, x, norm, linears, out_axes):
         x = norm(x)
-        if not self.cfg.grouping:
-            return {name: linear(x, flat=self.flat) for name, linear in linears.items()}
         # Projections of one input and equal width as one stacked GEMM: under column parallelism the
         # input's gradient is then ONE partial sum, all-reduced once, where separate GEMMs leave XLA
-        # one all-reduce per projection.
+        # one all-reduce per projection. With their outputs whole on every device there is no
+        # all-reduce to save, only the weights' copy into the stack (and its gradient's out of it):
+        # llama-60m dense fp32 b4 x 256 trains 1.11-1.17x faster on 2 CPU cores without it.
         out = {}
         for names in _by_width(linears).values():
+            split = any(self.plan.size(out_axes[n][1]) > 1 for n in names)
+            if not (self.cfg.grouping and split and len(names) > 1):
+                out.update({n: linears[n](x, flat=self.flat) for n in names})
+                continue
             w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
             rows = x.reshape(-1, x.shape[-1]) if self.flat else x  # one tokens axis, as lowrank.matmul
             y = jnp.einsum("...d,dcn->...cn", rows, w).reshape(*x.shape[:-1], *w.shape[1:])
