@@ -88,6 +88,20 @@ def test_bench_step_hf_is_refused_early_for_what_hugging_face_cannot_run():
         step.main(["model.preset=llama-tiny", "model.arch=dense", "train.seq_len=32", "parallel.dp=2", "--hf"])
 
 
+def test_bench_hf_without_torch_names_the_packages_before_any_work(monkeypatch):
+    import importlib.util
+
+    from boost_jax.bench import decode
+    from boost_jax.errors import PackageError
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find(name, *a))
+    dense = ["model.preset=llama-tiny", "model.arch=dense", "train.seq_len=32", "parallel.dp=1", "--hf"]
+    for command in (step, decode):
+        with pytest.raises(PackageError, match=r"--hf needs torch and transformers; not installed: torch \(pip"):
+            command.main(dense)
+
+
 def test_bench_step_hf_trains_the_same_model_on_the_same_batch(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -137,6 +137,8 @@ def main(argv: list[str]) -> None:
     if a.prompt_len < 1 or a.new_tokens < 2 or a.reps < 1 or not a.batches or min(a.batches) < 1:
         raise ConfigError("--prompt-len, --reps and --batches must be at least 1 and --new-tokens at least 2")
     cfg = config_of(a.config)
+    if a.hf:
+        hf.check_llama(cfg)
     low_rank = ARCHS[cfg.model.arch].low_rank
     caches = [c for c in a.caches.split(",") if c] or [c for c in CACHES if low_rank or not c.startswith("latent")]
     if bad := [c for c in caches if c not in CACHES]:

@@ -4,6 +4,7 @@ this machine, side by side. Needs torch and transformers (neither is a dependenc
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -14,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from boost_jax.config import Config, ConfigError
+from boost_jax.errors import PackageError
 from boost_jax.export import export_model, is_hf_llama
 from boost_jax.flops import count
 from boost_jax.model import Model
@@ -24,10 +26,14 @@ NAME = "transformers+torch"
 
 
 def check_llama(cfg: Config) -> None:
-    """Hugging Face runs the dense LLaMA (what `export` writes in its layout), nothing else."""
+    """Hugging Face runs the dense LLaMA (what `export` writes in its layout), nothing else, and
+    only where torch and transformers are installed: both checked before any work."""
     if not is_hf_llama(cfg.model):
         raise ConfigError(f"--hf needs a model Hugging Face calls a LLaMA (model.arch=dense with the gate SiLU), "
                           f"not model.arch={cfg.model.arch}")
+    if missing := [p for p in ("torch", "transformers") if importlib.util.find_spec(p) is None]:
+        raise PackageError(f"--hf needs torch and transformers; not installed: {', '.join(missing)} "
+                           "(pip install torch transformers)")
 
 
 def check_train(cfg: Config) -> None:
