@@ -94,11 +94,13 @@ def test_bench_hf_without_torch_names_the_packages_before_any_work(monkeypatch):
     from boost_jax.bench import decode
     from boost_jax.errors import PackageError
 
-    find = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find(name, *a))
+    find = importlib.util.find_spec  # neither installed, whatever this machine has
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "transformers") else find(name, *a))
     dense = ["model.preset=llama-tiny", "model.arch=dense", "train.seq_len=32", "parallel.dp=1", "--hf"]
     for command in (step, decode):
-        with pytest.raises(PackageError, match=r"--hf needs torch and transformers; not installed: torch \(pip"):
+        with pytest.raises(PackageError, match=r"--hf needs torch and transformers; not installed: torch, transformers "
+                                               r"\(pip install torch transformers\)"):
             command.main(dense)
 
 

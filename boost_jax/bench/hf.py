@@ -37,12 +37,13 @@ def check_llama(cfg: Config) -> None:
 
 
 def check_train(cfg: Config) -> None:
-    """What `TrainStep` needs of cfg, checked before anything is compiled."""
-    check_llama(cfg)
+    """What `TrainStep` needs of cfg, checked before anything is compiled (the config before the
+    packages)."""
     devices = len(mesh_devices(cfg.parallel))
     if devices > 1 or cfg.train.microbatches > 1:
         raise ConfigError(f"--hf times one device without accumulation, not {devices} devices and "
                           f"train.microbatches={cfg.train.microbatches}: give parallel.dp=1 (and tp, pp, cp, fsdp 1)")
+    check_llama(cfg)
 
 
 def load_llama(cfg: Config):
