@@ -20,6 +20,12 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     # recomputation never repeats a collective) and the residual at chunk boundaries.
     "lowrank": jax.checkpoint_policies.save_only_these_names(LATENT, RESIDUAL),
 }
+# Presets never faster than others on the same layout, only smaller: full remat recomputes every
+# GEMM of a layer's forward, of which the others save at least the rank-r latents (the planner sizes
+# it only where those do not fit; tests/test_planner.py checks the performance model agrees). Not
+# so between "none" and "lowrank": saving an activation costs a write and a read, recomputing an
+# elementwise one can cost less, and the performance model prices lowrank faster at llama-mini.
+SLOWER_THAN = {"full": ("none", "lowrank")}
 
 
 def remat(fn: Callable, mode: str) -> Callable:

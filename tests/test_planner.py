@@ -138,3 +138,60 @@ def test_workers_plan_the_same_and_compile_only_what_is_sized():
     assert any(c.why.startswith("not priced: dp=") for c in serial)
     expected = {Layers.key(one_layer_config(c.cfg)) for c in sized} | {program_key(c.cfg) for c in serial if c.step}
     assert len(cache.memory) == len(expected)
+
+
+def test_sizing_skips_each_layout_a_fitting_one_beats(monkeypatch):
+    """Full remat is sized only where the other presets do not fit, and more micro-batches only where
+    fewer do not (the memory model replaced by a table, so only the decisions are tested)."""
+    from boost_jax.planner import search
+    from boost_jax.planner.workers import Workers
+
+    need = {"none": 3, "lowrank": 2, "full": 1}  # GiB; unsharded weights (fsdp = 1) need one more
+    monkeypatch.setattr(search, "breakdown", lambda cfg, _: {"total": (need[cfg.train.remat] + (cfg.parallel.fsdp == 1))
+                                                                      * 2**30})
+
+    class EveryLayerAtHand:
+        bytes = None  # read by the replaced memory model only
+
+        def has(self, _):
+            return True
+
+    layouts = [Layout("btp", 1, 1, 1, dp, 4 // dp, 1, m, remat) for dp in (1, 4) for m in (1, 2)
+               for remat in ("full", "lowrank", "none")]
+    cands = [search.Candidate(l, layout_config(["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=8"], l))
+             for l in layouts]
+    search._size(sorted(cands, key=search._sizing_order), EveryLayerAtHand(), 2.5 * 2**30, Workers(1, 0), print,
+                 keep=lambda l: False)
+    why = {(c.layout.fsdp, c.layout.microbatches, c.layout.remat): c.why for c in cands}
+    assert {k for k, c in zip(why, cands) if c.fits} == {(4, 1, "lowrank"), (1, 1, "full")}
+    assert why[(4, 1, "full")] == why[(4, 2, "full")] == "not priced: remat=lowrank fits and recomputes less"
+    assert why[(4, 2, "lowrank")] == why[(1, 2, "full")] == "not priced: M=1 fits with fewer, larger micro-batches"
+    sized = {k for k, c in zip(why, cands) if c.memory}  # the rest decided without the memory model
+    assert sized == {(4, 1, "none"), (4, 1, "lowrank"), (4, 2, "none"), (1, 1, "none"), (1, 1, "lowrank"),
+                     (1, 1, "full"), (1, 2, "none"), (1, 2, "lowrank")}
+
+
+@pytest.mark.parametrize("layout", [
+    Layout("btp", 1, 1, 1, 1, 1, 1, 1, ""),
+    pytest.param(Layout("btp", 2, 2, 1, 1, 1, 1, 4, ""), marks=pytest.mark.slow),  # a pipeline
+    pytest.param(Layout("vanilla", 2, 1, 1, 1, 1, 1, 1, ""), marks=pytest.mark.slow),
+])
+def test_recomputing_more_is_never_priced_faster(layout):
+    """What lets the planner skip full remat where another preset fits (remat.SLOWER_THAN): on the same
+    layout, the performance model charges it more than each of them."""
+    import dataclasses
+
+    from boost_jax.analysis.memory_model import param_elems
+    from boost_jax.bench.planner import paper_hardware
+    from boost_jax.parallel import abstract_plan
+    from boost_jax.planner.price import DiskCache, step_seconds
+    from boost_jax.remat import REMAT_POLICIES, SLOWER_THAN
+
+    config = ["model.preset=llama-mini", "model.arch=cola", "train.batch_size=4", "train.seq_len=256"]
+    seconds = {}
+    for remat in REMAT_POLICIES:
+        cfg = layout_config(config, dataclasses.replace(layout, remat=remat))
+        seconds[remat] = step_seconds(cfg, paper_hardware(), param_elems(cfg, abstract_plan(cfg)), DiskCache(None))["seconds"]
+    assert SLOWER_THAN
+    for slow, faster in SLOWER_THAN.items():
+        assert all(seconds[slow] > seconds[f] for f in faster), seconds

@@ -5,7 +5,8 @@ meanings: model, train.batch_size as the global batch of an iteration, train.seq
 model.dtype, ...) is fixed; the planner chooses the layout keys (parallel.scheme, tp, pp,
 pp_repeats, dp, fsdp, cp, train.microbatches, train.remat) over every layout of --gpus devices that
 divides the model and the batch (--schemes/--tp/--pp/--pp-repeats/--cp/--remat narrow the search;
-context parallelism is sized only where the same devices as data parallelism do not fit),
+context parallelism is sized only where the same devices as data parallelism do not fit, full
+remat only where the lighter presets do not),
 sized per device by the memory model (analysis/memory_model.py; fp32 master weights and AdamW
 moments, activations at model.dtype) against the GPU's memory less --headroom, priced by the
 performance model (analysis/perf_model.py) on an abstract compile of each per-device program

@@ -18,6 +18,7 @@ from boost_jax.flops import count
 from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, raw_layout_config
 from boost_jax.planner.price import DiskCache, Layers, compile_programs, lower_bound, program_key, step_seconds
 from boost_jax.planner.workers import Workers
+from boost_jax.remat import SLOWER_THAN
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 
@@ -61,8 +62,8 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
         except ConfigError as e:
             c.why = f"does not divide: {e}"
     layers = Layers(cache)
-    _size(sorted((c for c in out if c.cfg), key=lambda c: (c.layout.microbatches, c.layout.cp)), layers,
-          hw.hbm_bytes * (1 - headroom), workers, log)
+    _size(sorted((c for c in out if c.cfg), key=_sizing_order), layers, hw.hbm_bytes * (1 - headroom), workers, log,
+          keep=must_price)
     # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound, from
     # the layer compiled for its memory), and stop where the next bound exceeds the fastest priced so
     # far; `must_price` layouts are priced regardless (e.g. one to compare with).
@@ -97,25 +98,31 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
     return priced + rest
 
 
-def _size(cands: list[Candidate], layers: Layers, budget: float, workers: Workers, log) -> None:
-    """Sizes by the memory model each candidate worth sizing (`_not_worth_sizing`: that depends on
-    which others fit, so `cands` come fewest micro-batches and cp = 1 first), setting its memory and
-    fit, or why not. In waves: each decides what the layers compiled so far can decide, and compiles
-    at once on the workers the layers of those left open; the last compiles nothing and decides as
-    one pass in this order with every layer at hand would."""
+def _size(cands: list[Candidate], layers: Layers, budget: float, workers: Workers, log,
+          keep: Callable[[Layout], bool]) -> None:
+    """Sizes by the memory model each candidate worth sizing (`_not_worth_sizing`, or `keep`: that
+    depends on which others fit, so `cands` come in `_sizing_order`), setting its memory and fit, or
+    why not. In waves: each decides what the layers compiled so far can decide, and compiles at once
+    on the workers the layers of those left open; the last compiles nothing and decides as one pass
+    in this order with every layer at hand would."""
     for wave in itertools.count(1):
         fewest: dict[tuple, int] = {}  # per layout without a pipeline (M aside): the fewest micro-batches that fit
         fitting: set = set()  # the layouts without context parallelism that fit (`_fold`)
+        lighter: dict[Layout, set] = {}  # per layout with remat "": the remats that fit (or are beaten)
         open_m: set = set()  # `_without_m` keys whose fewest fitting M is not known yet
         open_fold: set = set()  # `_fold` keys not known to fit yet
+        open_remat: set = set()  # `_without_remat` keys with a remat not known to fit yet
         todo: list[Config] = []
         for c in cands:
             l = c.layout
-            c.why = _not_worth_sizing(l, fewest, fitting)
+            c.why, beaten = ("", False) if keep(l) else _not_worth_sizing(l, fewest, fitting, lighter)
+            if beaten:  # a layout at least as fast fits: so it does for each remat slower than this one
+                lighter.setdefault(_without_remat(l), set()).add(l.remat)
             if c.why:
                 continue
             layer_cfg = one_layer_config(c.cfg)
-            blocked = (l.pp == 1 and _without_m(l) in open_m) or (l.cp > 1 and _fold(l) in open_fold)
+            blocked = ((l.pp == 1 and _without_m(l) in open_m) or (l.cp > 1 and _fold(l) in open_fold)
+                       or (l.remat in SLOWER_THAN and _without_remat(l) in open_remat))
             if blocked or not layers.has(layer_cfg):  # open: decided in a later wave
                 if not blocked:
                     todo.append(layer_cfg)
@@ -123,6 +130,7 @@ def _size(cands: list[Candidate], layers: Layers, budget: float, workers: Worker
                     open_m.add(_without_m(l))
                 if l.cp == 1:
                     open_fold.add(_fold(l))
+                open_remat.add(_without_remat(l))
                 continue
             if c.memory is None:
                 c.memory = breakdown(c.cfg, layers.bytes)
@@ -134,6 +142,7 @@ def _size(cands: list[Candidate], layers: Layers, budget: float, workers: Worker
                 fewest[_without_m(l)] = l.microbatches
             if l.cp == 1:
                 fitting.add(_fold(l))
+            lighter.setdefault(_without_remat(l), set()).add(l.remat)
         if not todo:
             return
         layers.compile(todo, workers, _Progress(log, f"sizing layouts by the memory model (wave {wave}, "
@@ -165,6 +174,11 @@ def _ahead(cands: list[Candidate], bounds: dict, best: float, must_price, cache:
     return list(picked.values())
 
 
+def _sizing_order(c: Candidate) -> tuple:
+    """Fewest micro-batches, then cp = 1, then remats slower than others last (`_not_worth_sizing`)."""
+    return c.layout.microbatches, c.layout.cp, c.layout.remat in SLOWER_THAN
+
+
 def _without_m(l: Layout) -> tuple:
     return (l.scheme, l.tp, l.pp, l.pp_repeats, l.dp, l.fsdp, l.cp, l.remat)
 
@@ -176,17 +190,27 @@ def _fold(l: Layout) -> tuple:
     return _without_m(folded) if l.pp == 1 else folded
 
 
-def _not_worth_sizing(l: Layout, fewest: dict[tuple, int], fitting: set) -> str:
-    """Why a layout is not worth sizing or compiling ("" if it is). Without a pipeline, micro-batches
+def _without_remat(l: Layout) -> Layout:
+    return dataclasses.replace(l, remat="")
+
+
+def _not_worth_sizing(l: Layout, fewest: dict[tuple, int], fitting: set,
+                      lighter: dict[Layout, set]) -> tuple[str, bool]:
+    """Why a layout is not worth sizing or compiling ("" if it is), and whether that is because a
+    layout at least as fast fits. Without a pipeline, micro-batches
     only trade memory for smaller GEMMs: the fewest that fit win (layouts come fewest first). Under
     one, more micro-batches shrink the bubble and grow the buffers: pp x 1, 2, 4, 8 of them. Context
     parallelism trades memory for attention's collectives: the same devices as data parallelism
     (cp folded into dp) do the same work per device without them, so cp > 1 is sized only where that
-    layout does not fit (layouts come cp = 1 first)."""
+    layout does not fit (layouts come cp = 1 first). Full remat only trades memory for recomputed
+    GEMMs (remat.SLOWER_THAN): it is sized only where the other presets do not fit (they come
+    first)."""
     if l.cp > 1 and _fold(l) in fitting:
-        return f"not priced: dp={l.dp * l.cp} without context parallelism fits"
+        return f"not priced: dp={l.dp * l.cp} without context parallelism fits", True
     if l.pp == 1 and _without_m(l) in fewest:
-        return f"not priced: M={fewest[_without_m(l)]} fits with fewer, larger micro-batches"
+        return f"not priced: M={fewest[_without_m(l)]} fits with fewer, larger micro-batches", True
+    if faster := sorted(lighter.get(_without_remat(l), set()) & set(SLOWER_THAN.get(l.remat, ()))):
+        return f"not priced: remat={faster[0]} fits and recomputes less", True
     if l.pp > 1 and l.microbatches not in [l.pp * k for k in PIPELINE_MICROBATCHES]:
-        return f"not priced: pipelines are priced at M = pp x {PIPELINE_MICROBATCHES}"
-    return ""
+        return f"not priced: pipelines are priced at M = pp x {PIPELINE_MICROBATCHES}", False
+    return "", False
