@@ -396,6 +396,8 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # no key means anything by inf or nan (0 is what disables)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if typ is str:
         if not isinstance(value, str):

@@ -41,6 +41,8 @@ def test_yaml_file_then_overrides(tmp_path):
     ("model.achr=svd", "'model.achr' (did you mean 'model.arch'?)"),
     ("modle.arch=svd", "'modle'"),
     ("train.lr=fast", "train.lr: expected a number"),
+    ("train.lr=inf", "train.lr: expected a finite number, got inf"),
+    ("train.grad_clip=.nan", "train.grad_clip: expected a finite number, got nan"),
     ("train.steps=1.5", "train.steps: expected an integer"),
     ("model.arch=mamba", "model.arch: 'mamba' is not one of"),
     ("model.preset=llama-9b", "model.preset: unknown preset 'llama-9b'"),
