@@ -294,6 +294,7 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     (plan,) = result["planner"]["rows"]
     assert plan["model"] == "llama-1b" and plan["choice"]["step_s"] <= plan["paper_layout"]["step_s"]
     assert "## 3. The planner on the paper's rows" in page and "| llama-1b | 1 | 4 x 4096 |" in page
+    assert f"| {plan['seconds_to_plan']:.0f} s |" in page and result["planner"]["settings"]["cold_cache"]
     dense, cola = result["decode"]["runs"]
     assert [r["batch"] for r in cola["rows"]] == [1, 8, 32] * 3 and "## 5. Decoding on this machine" in page
     assert all(r["decode_tokens_per_s"] > 0 and r["floor_s"] > 0 for r in dense["rows"] + cola["rows"])

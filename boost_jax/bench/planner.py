@@ -95,11 +95,13 @@ def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), sch
 
     first = row_config(models[0], f"{ARCH}/{SCHEME}", overrides)
     cache = DiskCache(cache_root(first.data.cache_dir) / "plan")
+    cold = not any(cache.root.glob("*.json"))  # the rows' wall times then include every compile
     with Workers(default_workers(), jax.device_count()) as workers:
         rows = [compare(m, hw, overrides=overrides, schemes=schemes, pp_repeats=pp_repeats, headroom=headroom,
                         max_priced=max_priced, cache=cache, workers=workers, log=log) for m in models]
     return {"settings": {"hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "headroom": headroom, "arch": ARCH,
                          "schemes": list(schemes), "pp_repeats": list(pp_repeats), "max_priced": max_priced,
+                         "workers": workers.n, "cold_cache": cold,
                          "batch": first.train.batch_size // first.train.microbatches, "seq": first.train.seq_len,
                          "dtype": first.model.dtype, "overrides": list(overrides)},
             "rows": rows}
@@ -113,8 +115,8 @@ def _layout(l: dict) -> str:
 def table(result: dict) -> list[str]:
     """Markdown: per paper row, the paper's layout and the planner's choice, both priced on the same model."""
     lines = ["| model | GPUs | batch | paper's layout (fastest remat that fits) | s/iter | GiB/GPU "
-             "| planner's choice | s/iter | GiB/GPU | speedup of the choice | layouts (priced) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| planner's choice | s/iter | GiB/GPU | speedup of the choice | layouts (priced) | time to plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         c, p = r["choice"], r["paper_layout"]
         if p:
@@ -124,7 +126,8 @@ def table(result: dict) -> list[str]:
             need = min(v["memory_bytes_per_gpu"] for v in r["paper_layout_by_remat"].values())
             theirs, speed = f"does not fit in any remat mode (least {need / GIB:.1f} GiB) | - | -", "-"
         lines.append(f"| {r['model']} | {r['gpus']} | {r['global_batch']} x {r['seq']} | {theirs} | {_layout(c['layout'])} "
-                     f"| {c['step_s']:.3f} | {c['memory_bytes_per_gpu'] / GIB:.1f} | {speed} | {r['layouts']} ({r['priced']}) |")
+                     f"| {c['step_s']:.3f} | {c['memory_bytes_per_gpu'] / GIB:.1f} | {speed} | {r['layouts']} ({r['priced']}) "
+                     f"| {r['seconds_to_plan']:.0f} s |")
     return lines
 
 
