@@ -197,14 +197,13 @@ def _without_remat(l: Layout) -> Layout:
 def _not_worth_sizing(l: Layout, fewest: dict[tuple, int], fitting: set,
                       lighter: dict[Layout, set]) -> tuple[str, bool]:
     """Why a layout is not worth sizing or compiling ("" if it is), and whether that is because a
-    layout at least as fast fits. Without a pipeline, micro-batches
-    only trade memory for smaller GEMMs: the fewest that fit win (layouts come fewest first). Under
-    one, more micro-batches shrink the bubble and grow the buffers: pp x 1, 2, 4, 8 of them. Context
-    parallelism trades memory for attention's collectives: the same devices as data parallelism
-    (cp folded into dp) do the same work per device without them, so cp > 1 is sized only where that
-    layout does not fit (layouts come cp = 1 first). Full remat only trades memory for recomputed
-    GEMMs (remat.SLOWER_THAN): it is sized only where the other presets do not fit (they come
-    first)."""
+    layout at least as fast fits. Without a pipeline, micro-batches only trade memory for smaller
+    GEMMs: the fewest that fit win (layouts come fewest first). Under one, more micro-batches shrink
+    the bubble and grow the buffers: pp x 1, 2, 4, 8 of them. Context parallelism trades memory for
+    attention's collectives: the same devices as data parallelism (cp folded into dp) do the same
+    work per device without them, so cp > 1 is sized only where that layout does not fit (layouts
+    come cp = 1 first). Full remat only trades memory for recomputed GEMMs (remat.SLOWER_THAN): it
+    is sized only where the other presets do not fit (they come first)."""
     if l.cp > 1 and _fold(l) in fitting:
         return f"not priced: dp={l.dp * l.cp} without context parallelism fits", True
     if l.pp == 1 and _without_m(l) in fewest:
