@@ -5,10 +5,11 @@ frees them when the step ends. glibc serves a block that large with a fresh mmap
 munmap, so every step touches all of its pages for the first time again: 250k page faults and about
 0.8 s of kernel time per 2.8 s step on 2 cores (`getrusage` around one step). One malloc arena, no
 mmap and no trimming make the next step's blocks come from the heap the last one freed
-(docs/design.md has the measured speed-up). The price is host memory: nothing goes back to the
-system, and blocks of other sizes (compiles, eval steps, checkpoints) fragment the one heap. Max RSS
-went from 2.18 to 2.96 GB for that step alone and from 1.6 to 3.9 GB for the quickstart's run, so it
-is opt-in, as a faster allocator is for PyTorch on CPU.
+(docs/design.md has the measured speed-up: llama-60m cola steps 1.59x faster on 2 cores). The price
+is host memory: nothing goes back to the system, and blocks of other sizes (compiles, eval steps,
+checkpoints) fragment the one heap (max RSS 2.21 -> 3.06 GB for that step, 1.67 -> 2.01 GB for the
+quickstart's run). On CPU it is the default, as a faster allocator is what a PyTorch user on CPU
+would preload; `parallel.cpu_reuse_memory=false` keeps glibc's defaults.
 
 It must run before JAX's backend starts: the runtime's threads take their arenas then, and a thread
 outside the main arena still maps large blocks itself.

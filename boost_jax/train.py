@@ -32,11 +32,13 @@ def _main(args: list[str]) -> None:
         print(f"{USAGE}\n\nEvery key is documented in {BASE}. {DEBUG_HELP}")
         return
     cfg = from_args(args)
-    from boost_jax.host_memory import reuse_freed_memory
+    from boost_jax.host_memory import reuse_freed_memory, runs_on_cpu
     from boost_jax.parallel import init_distributed, simulate_cpu_devices
 
     simulate_cpu_devices(cfg.parallel.cpu_devices)
-    if cfg.parallel.cpu_reuse_memory and (why := reuse_freed_memory()):
+    # On by default, it is a CPU setting: an accelerator run keeps glibc's defaults without a word.
+    on_cpu = runs_on_cpu(jax.config.jax_platforms)
+    if cfg.parallel.cpu_reuse_memory and on_cpu and (why := reuse_freed_memory()):
         print(f"parallel.cpu_reuse_memory=true has no effect: {why}", file=sys.stderr)
     init_distributed(cfg.parallel)
     train(cfg)

@@ -639,6 +639,9 @@ def read_saved(path: str, flag: str, keys: tuple[str, ...]) -> dict:
 
 def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, dict]) -> dict:
     """Every section measured here, except those read from `saved` (--paper-json, --planner-json)."""
+    # Before the paper's compiles start JAX's backend: the timed sections' host memory setting
+    # (parallel.cpu_reuse_memory) takes effect only then (bench/common.config_of).
+    config_of(step_args(a.step_model, "cola", 4, a.step_batch, a.step_seq))
     if a.paper_json:
         pr = saved["--paper-json"]
         paper_cmd = pr["settings"].get("command", f"(paper results read from {a.paper_json})")
