@@ -204,8 +204,8 @@ class ParallelConfig:
     scheme: SchemeName = "auto"
     cpu_devices: int = 0  # >0: simulate this many host devices (set before JAX starts)
     # On CPU, each step's temporaries reuse the host memory the last step freed instead of fresh
-    # pages: faster steps, more host memory (boost_jax/host_memory.py; set before JAX starts).
-    # Nothing changes on an accelerator.
+    # pages: faster steps, more host memory (boost_jax/host_memory.py; set before JAX starts), in
+    # train, eval and bench; decoding keeps glibc's defaults. Nothing changes on an accelerator.
     cpu_reuse_memory: bool = True
     # Multi-process runs on JAX's distributed runtime: "" = one process; "auto" = JAX's cluster
     # detection (SLURM, Open MPI, ...); "host:port" = this coordinator with the two fields below.

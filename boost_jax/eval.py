@@ -70,6 +70,9 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
+    from boost_jax import api, host_memory
+
+    host_memory.apply_setting(api.run_config(a.run_dir, a.config).parallel.cpu_reuse_memory)
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens)
     if a.json:
         print(json.dumps(r, indent=1))

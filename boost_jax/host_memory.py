@@ -8,8 +8,12 @@ mmap and no trimming make the next step's blocks come from the heap the last one
 (docs/design.md has the measured speed-up: llama-60m cola steps 1.59x faster on 2 cores). The price
 is host memory: nothing goes back to the system, and blocks of other sizes (compiles, eval steps,
 checkpoints) fragment the one heap (max RSS 2.21 -> 3.06 GB for that step, 1.67 -> 2.01 GB for the
-quickstart's run). On CPU it is the default, as a faster allocator is what a PyTorch user on CPU
-would preload; `parallel.cpu_reuse_memory=false` keeps glibc's defaults.
+quickstart's run). On CPU it is the default for what runs training-sized steps (`train`, `eval`, the
+`bench` commands that time them), as a faster allocator is what a PyTorch user on CPU would preload;
+`parallel.cpu_reuse_memory=false` keeps glibc's defaults. Decoding (`generate`, `bench decode`) keeps
+them always: its steps' temporaries are small, and the one arena its threads then share makes them
+slower (llama-60m dense, `bench decode` on 2 cores: 1388 -> 1200 tokens/s at batch 32; `generate`
+on the quickstart's run 104-108 -> 91 tokens/s).
 
 It must run before JAX's backend starts: the runtime's threads take their arenas then, and a thread
 outside the main arena still maps large blocks itself.
@@ -21,6 +25,7 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import platform
+import sys
 
 import jax
 
@@ -51,6 +56,14 @@ def reuse_freed_memory() -> str:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     failed = [param for param, value in _SETTINGS if mallopt(param, value) != 1]
     return f"mallopt refused parameters {failed}" if failed else ""
+
+
+def apply_setting(enabled: bool) -> None:
+    """A command's `parallel.cpu_reuse_memory`, before JAX starts: applied where asked for and JAX
+    runs on the host (an accelerator run keeps glibc's defaults without a word); where it cannot be,
+    one line on stderr says why."""
+    if enabled and runs_on_cpu(jax.config.jax_platforms) and (why := reuse_freed_memory()):
+        print(f"parallel.cpu_reuse_memory=true has no effect: {why}", file=sys.stderr)
 
 
 def _backend_started() -> bool:

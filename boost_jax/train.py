@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 import time
 
 import jax
@@ -32,14 +31,11 @@ def _main(args: list[str]) -> None:
         print(f"{USAGE}\n\nEvery key is documented in {BASE}. {DEBUG_HELP}")
         return
     cfg = from_args(args)
-    from boost_jax.host_memory import reuse_freed_memory, runs_on_cpu
+    from boost_jax import host_memory
     from boost_jax.parallel import init_distributed, simulate_cpu_devices
 
     simulate_cpu_devices(cfg.parallel.cpu_devices)
-    # On by default, it is a CPU setting: an accelerator run keeps glibc's defaults without a word.
-    on_cpu = runs_on_cpu(jax.config.jax_platforms)
-    if cfg.parallel.cpu_reuse_memory and on_cpu and (why := reuse_freed_memory()):
-        print(f"parallel.cpu_reuse_memory=true has no effect: {why}", file=sys.stderr)
+    host_memory.apply_setting(cfg.parallel.cpu_reuse_memory)
     init_distributed(cfg.parallel)
     train(cfg)
 

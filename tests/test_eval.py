@@ -48,8 +48,11 @@ def test_eval_refuses_a_dataset_of_another_tokenizer(run_dir, tmp_path):
 
 def test_eval_cli_prints_json(run_dir, capsys):
     boost_eval.main([str(run_dir), "--split", "train", "--max-tokens", "600", "--json"])
-    r = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    r = json.loads(out.out)
     assert r["split"] == "train" and r["tokens"] == 2 * 8 * 64 and r["bits_per_byte"] > 0  # whole batches
+    # The command applies the run's parallel.cpu_reuse_memory (here too late: this process's JAX has started).
+    assert "parallel.cpu_reuse_memory=true has no effect: JAX's backend has started" in out.err
 
 
 # ----------------------------------------------------------------------------- lm-evaluation-harness

@@ -59,3 +59,16 @@ def test_a_started_backend_keeps_glibcs_defaults():
 
     jax.devices()  # the test process's backend has started: its threads have their arenas
     assert "backend has started" in reuse_freed_memory()
+
+
+def test_decoding_keeps_glibcs_defaults(monkeypatch):
+    from boost_jax.bench import common
+
+    applied = []
+    monkeypatch.setattr(common, "reuse_freed_memory", lambda: applied.append(True) or "")
+    common.config_of(["model.preset=llama-tiny"], decoding=True)  # bench decode's
+    assert applied == []
+    common.config_of(["model.preset=llama-tiny", "parallel.cpu_reuse_memory=false"])
+    assert applied == []
+    common.config_of(["model.preset=llama-tiny"])  # the timed training steps'
+    assert applied == [True]

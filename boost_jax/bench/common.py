@@ -48,14 +48,15 @@ def variants(args: Sequence[str], vary: Sequence[str]) -> list[tuple[str, Config
     return [(" ".join(combo), config_of(args, *combo)) for combo in itertools.product(*axes)]
 
 
-def config_of(args: Sequence[str], *more: str) -> Config:
+def config_of(args: Sequence[str], *more: str, decoding: bool = False) -> Config:
     """The config of a command line's config arguments, with `more` overrides after them (a variant:
     another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`) and, with
     parallel.cpu_reuse_memory, freed host memory reused (`host_memory.reuse_freed_memory`: not once
-    JAX has started, as in a test)."""
+    JAX has started, as in a test), but not for `decoding`, which keeps glibc's defaults as
+    `generate` does (host_memory.py says why)."""
     cfg = from_args([*args, *more])
     simulate_mesh(cfg)
-    if cfg.parallel.cpu_reuse_memory:
+    if cfg.parallel.cpu_reuse_memory and not decoding:
         reuse_freed_memory()
     return cfg
 

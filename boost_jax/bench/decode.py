@@ -136,7 +136,7 @@ def main(argv: list[str]) -> None:
     a = parse(p, argv)
     if a.prompt_len < 1 or a.new_tokens < 2 or a.reps < 1 or not a.batches or min(a.batches) < 1:
         raise ConfigError("--prompt-len, --reps and --batches must be at least 1 and --new-tokens at least 2")
-    cfg = config_of(a.config)
+    cfg = config_of(a.config, decoding=True)
     if a.hf:
         hf.check_llama(cfg)
     low_rank = ARCHS[cfg.model.arch].low_rank

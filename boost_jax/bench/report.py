@@ -693,7 +693,21 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
             "single_device": sd, "profile": prof, "decode": dec, **quality}
 
 
+# The child process `decode_runs` measures in.
+_DECODE_CHILD = ("import json, sys; from boost_jax.bench.report import measure_decode; "
+                 "print(json.dumps(measure_decode(sys.argv[1], int(sys.argv[2]))))")
+
+
 def decode_runs(model: str, reps: int) -> dict:
+    """`measure_decode` in a fresh Python process: decoding keeps glibc's malloc defaults
+    (host_memory.py), which this one gave up before timing the training steps."""
+    out = subprocess.run([sys.executable, "-c", _DECODE_CHILD, model, str(reps)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench report: the decode measurement failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_decode(model: str, reps: int) -> dict:
     """`bench decode` of `model` dense (beside Hugging Face generate when torch and transformers are
     installed) and cola, batches 1, 8 and 32."""
     from boost_jax.bench import decode
@@ -701,7 +715,7 @@ def decode_runs(model: str, reps: int) -> dict:
     def measure(bandwidth: float) -> dict:
         runs = []
         for arch in ("dense", "cola"):
-            cfg = config_of([f"model.preset={model}", f"model.arch={arch}", "parallel.dp=1"])
+            cfg = config_of([f"model.preset={model}", f"model.arch={arch}", "parallel.dp=1"], decoding=True)
             caches = ["full", "latent_v", "latent"] if arch != "dense" else ["full"]
             run = decode.measure(cfg, caches, [1, 8, 32], 64, 64, reps, bandwidth)
             if arch == "dense":
