@@ -61,25 +61,19 @@ def step_args(model: str, arch: str, tp: int, batch: int, seq: int, scheme: str 
             f"parallel.tp={tp}", "parallel.dp=1", f"train.batch_size={batch}", f"train.seq_len={seq}", "model.dtype=float32"]
 
 
-class Profiles:
-    """`bench profile` of the step model's PROFILED variants (traces in a temporary directory). The
-    report profiles the runners it has just timed (`offer`), so no variant is compiled twice, and
-    compiles only the variants it did not time."""
-
-    def __init__(self, model: str, batch: int, seq: int, steps: int, trace_root: Path):
-        self.model, self.batch, self.seq, self.steps, self.root = model, batch, seq, steps, trace_root
-        self.done: dict[tuple, dict] = {}
-
-    def offer(self, runners: list[Runner]) -> None:
-        for r in runners:
-            key = (r.cfg.model.arch, r.cfg.parallel.scheme, r.cfg.parallel.tp)
-            if r.cfg.model.preset == self.model and key in PROFILED and key not in self.done:
-                self.done[key] = profile(r.cfg, self.steps, self.root / f"{key[0]}-tp{key[2]}", top=5, runner=r)
-
-    def rows(self) -> list[dict]:
-        self.offer([Runner(config_of(step_args(self.model, arch, tp, self.batch, self.seq, scheme)))
-                    for arch, scheme, tp in PROFILED if (arch, scheme, tp) not in self.done])
-        return [self.done[k] for k in PROFILED]
+def profiles(runners: list[Runner], model: str, steps: int, trace_root: Path) -> dict[str, dict]:
+    """{"arch/scheme/tpN": `bench profile`} of `model`'s PROFILED variants at the runners' tp and
+    batch (traces under `trace_root`): of the runners just timed where they hold one, so that no
+    variant is compiled twice, else compiled here."""
+    cfg = runners[0].cfg
+    tp, batch, seq = cfg.parallel.tp, cfg.train.batch_size, cfg.train.seq_len
+    timed = {(r.cfg.model.arch, r.cfg.parallel.scheme): r for r in runners if r.cfg.model.preset == model}
+    done = {}
+    for arch, scheme, t in PROFILED:
+        if t == tp:
+            runner = timed.get((arch, scheme)) or Runner(config_of(step_args(model, arch, t, batch, seq, scheme)))
+            done[f"{arch}/{scheme}/tp{t}"] = profile(runner.cfg, steps, trace_root / f"{arch}-tp{t}", top=5, runner=runner)
+    return done
 
 
 def machine() -> dict:
@@ -337,7 +331,10 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "## 4. Measured on this machine",
         "",
         f"`bench step --compare`: {sc['model']}, fp32, batch {sc['batch']} x {sc['seq']}, TP={sc['tp']} on simulated CPU "
-        f"devices, the three variants interleaved in {sc['reps']} repetitions of {sc['steps']} steps (machine noise hits all alike).",
+        f"devices, the three variants interleaved in {sc['reps']} repetitions of {sc['steps']} steps (machine noise hits all alike). "
+        "Each timed section (this one and its profiles, the single-device one and its profiles, decoding) ran in a fresh "
+        "process, as its own `bench` command does: JAX with only the devices its configs simulate, and their host memory "
+        "setting (`parallel.cpu_reuse_memory`).",
         "",
         "| variant | median ms/step | repetitions (ms) | tokens/s | model TFLOP/s (all devices) | peak MiB/device |",
         "|---|---|---|---|---|---|",
@@ -639,9 +636,6 @@ def read_saved(path: str, flag: str, keys: tuple[str, ...]) -> dict:
 
 def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, dict]) -> dict:
     """Every section measured here, except those read from `saved` (--paper-json, --planner-json)."""
-    # Before the paper's compiles start JAX's backend: the timed sections' host memory setting
-    # (parallel.cpu_reuse_memory) takes effect only then (bench/common.config_of).
-    config_of(step_args(a.step_model, "cola", 4, a.step_batch, a.step_seq))
     if a.paper_json:
         pr = saved["--paper-json"]
         paper_cmd = pr["settings"].get("command", f"(paper results read from {a.paper_json})")
@@ -660,20 +654,13 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
                for arch in ("dense", "cola")]
     timing = f"--reps {a.reps} --steps {a.steps}"
     with tempfile.TemporaryDirectory() as traces:
-        profiles = Profiles(a.step_model, a.step_batch, a.step_seq, a.steps, Path(traces))
         log(f"bench step --compare: {a.step_model}, TP=4, {a.reps} interleaved repetitions; then bench profile")
-        runners = [Runner(c) for c in compare_configs(compared)]
-        sc = step_compare(runners, a.reps, a.steps)
-        profiles.offer(runners)
-        del runners  # each set of compiled steps is freed before the next is built
+        sc, tp_profiles = in_fresh_process("compare_section", compared, a.reps, a.steps, a.step_model, traces)
         log(f"single device: {a.single_models}; then bench profile")
-        runners = [Runner(config_of(args)) for args in singles]
-        sd = single_device(runners, a.reps, a.steps)
-        profiles.offer(runners)
-        del runners
-        prof = profiles.rows()
+        sd, one_profiles = in_fresh_process("single_device_section", singles, a.reps, a.steps, a.step_model, traces)
+        prof = [{**one_profiles, **tp_profiles}[f"{arch}/{scheme}/tp{tp}"] for arch, scheme, tp in PROFILED]
     log(f"bench decode: {a.decode_model} dense and cola, batches 1, 8, 32")
-    dec = decode_runs(a.decode_model, a.reps)
+    dec = in_fresh_process("measure_decode", a.decode_model, a.reps)
     commands = [
         paper_cmd,
         pl["settings"]["command"],
@@ -693,18 +680,33 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
             "single_device": sd, "profile": prof, "decode": dec, **quality}
 
 
-# The child process `decode_runs` measures in.
-_DECODE_CHILD = ("import json, sys; from boost_jax.bench.report import measure_decode; "
-                 "print(json.dumps(measure_decode(sys.argv[1], int(sys.argv[2]))))")
+# The child process of `in_fresh_process`: one of this module's sections, its result as JSON.
+_CHILD = ("import json, sys; from boost_jax.bench import report; "
+          "print(json.dumps(getattr(report, sys.argv[1])(*json.loads(sys.argv[2]))))")
 
 
-def decode_runs(model: str, reps: int) -> dict:
-    """`measure_decode` in a fresh Python process: decoding keeps glibc's malloc defaults
-    (host_memory.py), which this one gave up before timing the training steps."""
-    out = subprocess.run([sys.executable, "-c", _DECODE_CHILD, model, str(reps)], capture_output=True, text=True)
+def in_fresh_process(section: str, *args):
+    """`section(*args)` (a function of this module, JSON in and out) in a fresh Python process. A
+    timed section runs as its own `bench` command would: JAX with the devices its configs simulate
+    (this process has the paper's 16, and a single-device step here ran 1.3x slower beside them) and
+    the host memory setting of what it times (bench/common.config_of: decoding keeps glibc's
+    defaults, which the training steps give up for good)."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, section, json.dumps(args)], stdout=subprocess.PIPE, text=True)
     if out.returncode != 0:
-        raise RuntimeError(f"bench report: the decode measurement failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"bench report: the {section} measurement failed (exit {out.returncode}; its error is above)")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare_section(compared: list[str], reps: int, steps: int, profiled: str, traces: str) -> tuple[dict, dict]:
+    """`bench step --compare` of `compared`, then `profiles` of model `profiled` at its tp."""
+    runners = [Runner(c) for c in compare_configs(compared)]
+    return step_compare(runners, reps, steps), profiles(runners, profiled, steps, Path(traces))
+
+
+def single_device_section(singles: list[list[str]], reps: int, steps: int, profiled: str, traces: str) -> tuple[dict, dict]:
+    """`bench step` of each of `singles` on one device, then `profiles` of model `profiled` at tp 1."""
+    runners = [Runner(config_of(args)) for args in singles]
+    return single_device(runners, reps, steps), profiles(runners, profiled, steps, Path(traces))
 
 
 def measure_decode(model: str, reps: int) -> dict:
