@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from boost_jax.cli import run_dir_args, run_dir_parser, run_main
+from boost_jax.cli import prepare_jax, run_dir_args, run_dir_parser, run_main
 from boost_jax.errors import ConfigError
 
 
@@ -70,9 +70,9 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
-    from boost_jax import api, host_memory
+    from boost_jax import api
 
-    host_memory.apply_setting(api.run_config(a.run_dir, a.config).parallel.cpu_reuse_memory)
+    prepare_jax(api.run_config(a.run_dir, a.config).parallel)
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens)
     if a.json:
         print(json.dumps(r, indent=1))

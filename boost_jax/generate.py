@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from boost_jax.cli import run_dir_args, run_dir_parser, run_main
+from boost_jax.cli import prepare_jax, run_dir_args, run_dir_parser, run_main
 from boost_jax.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES
 
@@ -80,7 +80,8 @@ def _main(argv: list[str]) -> None:
     from boost_jax.parallel.mesh import mesh_devices
 
     tokenizer_path = a.run_dir / "tokenizer.json"
-    api.run_config(a.run_dir, a.config)  # the run dir and its config.yaml first: what a damaged one names
+    # The run dir and its config.yaml first: what a damaged one names.
+    prepare_jax(api.run_config(a.run_dir, a.config).parallel, decoding=True)
     if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     cfg, model, step = api.restore(a.run_dir, a.step, a.config)

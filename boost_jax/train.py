@@ -13,7 +13,7 @@ import time
 
 import jax
 
-from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax.cli import DEBUG_HELP, prepare_jax, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
 from boost_jax.errors import PackageError
@@ -31,11 +31,9 @@ def _main(args: list[str]) -> None:
         print(f"{USAGE}\n\nEvery key is documented in {BASE}. {DEBUG_HELP}")
         return
     cfg = from_args(args)
-    from boost_jax import host_memory
-    from boost_jax.parallel import init_distributed, simulate_cpu_devices
+    from boost_jax.parallel import init_distributed
 
-    simulate_cpu_devices(cfg.parallel.cpu_devices)
-    host_memory.apply_setting(cfg.parallel.cpu_reuse_memory)
+    prepare_jax(cfg.parallel)
     init_distributed(cfg.parallel)
     train(cfg)
 

@@ -4,6 +4,9 @@ refused by name, and the harness's three requests are answered from the model's 
 
 import json
 import math
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -38,6 +41,26 @@ def test_eval_under_a_tensor_parallel_layout_equals_one_device(run_dir):
     one = boost_eval.evaluate(run_dir, max_tokens=3000)
     tp = boost_eval.evaluate(run_dir, ["parallel.tp=2", "parallel.dp=1"], max_tokens=3000)
     assert tp["tokens"] == one["tokens"] == 6 * 8 * 64 and tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
+
+
+@pytest.mark.slow  # two fresh processes: ~30 s
+def test_a_run_on_simulated_devices_is_evaluated_and_decoded_on_its_layout(tmp_path, tiny_overrides):
+    from boost_jax.config import load_config
+    from boost_jax.train import train
+
+    run = tmp_path / "tp2"
+    train(load_config(None, [*tiny_overrides, f"run_dir={run}", "train.steps=4", "checkpoint.every=4",
+                             "train.eval_every=0", "parallel.tp=2", "parallel.dp=1", "parallel.cpu_devices=2"]),
+          jax.devices()[:2])
+    # A fresh process sees one CPU device unless the command simulates the run's parallel.cpu_devices.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    cli = lambda *args: subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=300)
+    evaluated = cli("boost_jax.eval", str(run), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["loss"] == pytest.approx(boost_eval.evaluate(run)["loss"], rel=1e-5)
+    decoded = cli("boost_jax.generate", str(run), "--prompt", "def main(", "--max-new-tokens", "4", "--json")
+    assert decoded.returncode == 0, decoded.stderr
+    assert len(json.loads(decoded.stdout)["tokens"][0]) <= 4
 
 
 def test_eval_refuses_a_dataset_of_another_tokenizer(run_dir, tmp_path):
