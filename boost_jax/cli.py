@@ -4,8 +4,6 @@
 
 A `BoostJaxError` prints as one line or short paragraph; its traceback (and the libraries' log
 noise) only with `--debug` or `BOOST_JAX_DEBUG=1`. Any other exception is a bug and keeps its traceback.
-The commands' other shared steps are here too: run-dir arguments, and what a config sets before JAX
-starts (`prepare_jax`).
 """
 
 from __future__ import annotations
@@ -16,12 +14,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from boost_jax.errors import BoostJaxError, ConfigError
-
-if TYPE_CHECKING:
-    from boost_jax.config import ParallelConfig
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "BOOST_JAX_DEBUG"
 DEBUG_HELP = f"{DEBUG_FLAG} (or {DEBUG_ENV}=1) shows the traceback behind an error message."
@@ -84,19 +78,6 @@ def run_dir_args(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Na
     if bad := [c for c in a.config if "=" not in c]:
         raise ConfigError(f"{bad[0]!r}: after RUN_DIR only section.key=value overrides (the run's config.yaml is the config)")
     return a
-
-
-def prepare_jax(parallel: ParallelConfig, *, decoding: bool = False) -> None:
-    """What a command sets from its config before JAX's backend starts: the simulated CPU devices
-    (`parallel.cpu_devices`, so that a run trained on them is evaluated and decoded on its layout)
-    and the host memory setting (`host_memory.apply_setting`), except when `decoding`, which keeps
-    glibc's defaults."""
-    from boost_jax import host_memory
-    from boost_jax.parallel import simulate_cpu_devices
-
-    simulate_cpu_devices(parallel.cpu_devices)
-    if not decoding:
-        host_memory.apply_setting(parallel.cpu_reuse_memory)
 
 
 def at_least(a: argparse.Namespace, **bounds: float) -> None:

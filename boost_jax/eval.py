@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from boost_jax.cli import prepare_jax, run_dir_args, run_dir_parser, run_main
+from boost_jax.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.errors import ConfigError
 
 
@@ -71,6 +71,7 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
     from boost_jax import api
+    from boost_jax.parallel import prepare_jax
 
     prepare_jax(api.run_config(a.run_dir, a.config).parallel)
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens)

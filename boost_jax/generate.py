@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from boost_jax.cli import prepare_jax, run_dir_args, run_dir_parser, run_main
+from boost_jax.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES
 
@@ -76,7 +76,7 @@ def _main(argv: list[str]) -> None:
     from boost_jax import api
     from boost_jax.data.tokenizer import eos_id, load_tokenizer
     from boost_jax.decode import Decoder
-    from boost_jax.parallel import make_plan
+    from boost_jax.parallel import make_plan, prepare_jax
     from boost_jax.parallel.mesh import mesh_devices
 
     tokenizer_path = a.run_dir / "tokenizer.json"

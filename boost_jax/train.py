@@ -13,7 +13,7 @@ import time
 
 import jax
 
-from boost_jax.cli import DEBUG_HELP, prepare_jax, run_main
+from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
 from boost_jax.errors import PackageError
@@ -31,7 +31,7 @@ def _main(args: list[str]) -> None:
         print(f"{USAGE}\n\nEvery key is documented in {BASE}. {DEBUG_HELP}")
         return
     cfg = from_args(args)
-    from boost_jax.parallel import init_distributed
+    from boost_jax.parallel import init_distributed, prepare_jax
 
     prepare_jax(cfg.parallel)
     init_distributed(cfg.parallel)

@@ -4,8 +4,8 @@ block's projections (projections.py), the shard_map blocks whose collectives mus
 `boost_jax/schemes.py`; docs/design.md explains the math; the README's "Extending boost_jax" says
 where a new scheme goes."""
 
-from boost_jax.parallel.mesh import init_distributed, make_mesh, simulate_cpu_devices
+from boost_jax.parallel.mesh import init_distributed, make_mesh, prepare_jax, simulate_cpu_devices
 from boost_jax.parallel.plan import Plan, abstract_plan, make_plan, single_device_plan
 
-__all__ = ["Plan", "abstract_plan", "init_distributed", "make_mesh", "make_plan", "simulate_cpu_devices",
+__all__ = ["Plan", "abstract_plan", "init_distributed", "make_mesh", "make_plan", "prepare_jax", "simulate_cpu_devices",
            "single_device_plan"]

@@ -1,5 +1,5 @@
 """The device mesh from `parallel.*` (its axes are named in `boost_jax/schemes.py`); simulated CPU
-devices; multi-process init."""
+devices and the rest of a command's set-up before JAX starts; multi-process init."""
 
 from __future__ import annotations
 
@@ -22,7 +22,19 @@ if TYPE_CHECKING:
     from boost_jax.config import ParallelConfig
 
 __all__ = ["CP", "DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape",
-           "simulate_cpu_devices"]
+           "prepare_jax", "simulate_cpu_devices"]
+
+
+def prepare_jax(p: ParallelConfig, *, decoding: bool = False) -> None:
+    """What a command sets from its config before JAX's backend starts: the simulated CPU devices
+    (`parallel.cpu_devices`, so that a run trained on them is evaluated and decoded on its layout)
+    and the host memory setting (`host_memory.apply_setting`), except when `decoding`, which keeps
+    glibc's defaults."""
+    from boost_jax import host_memory
+
+    simulate_cpu_devices(p.cpu_devices)
+    if not decoding:
+        host_memory.apply_setting(p.cpu_reuse_memory)
 
 
 def simulate_cpu_devices(n: int) -> None:
