@@ -6,7 +6,7 @@ argument, not a failure deep inside JAX.
     cfg = api.config("llama-tiny", "model.arch=cola")        # a preset name or a YAML path, plus overrides
     model = api.build_model(cfg)                              # a Flax NNX module, initialised from train.seed
     logits = api.forward(model, tokens)                       # int[B, S] -> fp32 [B, S, vocab], on one device
-    cfg, model, step = api.restore("runs/default")            # newest checkpoint of a run dir
+    cfg, model, step = api.restore("runs/default")            # newest checkpoint of a run dir (its parameters only)
     out = api.generate(model, [[5, 9, 31]], max_new_tokens=32)   # token ids in, new token ids out
     texts = api.generate_text(model, tokenizer, ["def main("], max_new_tokens=32)
 """
@@ -57,17 +57,23 @@ def forward(model: Model, tokens: jax.Array, plan: Plan | None = None) -> jax.Ar
     return jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens, plan=plan))(params, tokens)
 
 
-def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[str] = ()) -> tuple[Config, Model, int]:
-    """(config, model with the checkpoint's parameters, step) from a run dir, on one device.
+def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[str] = (),
+            plan: Plan | None = None) -> tuple[Config, Model, int]:
+    """(config, model with the checkpoint's parameters, step) from a run dir, its parameters laid out
+    for `plan` (None: one device). Only the parameters are read (`weights.restore_params`).
     `overrides` (`section.key=value`) may change anything but what the parameters mean (a
     `model.*` key outside checkpoint.COMPUTE_ONLY): e.g. model.dtype=bfloat16, parallel.tp=2."""
+    from boost_jax.weights import abstract_model, restore_params
+
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ConfigError(f"api.restore: step must be a checkpoint's step (an int >= 0) or None, got {step!r}")
     if isinstance(overrides, str):
         raise ConfigError("api.restore: overrides is a list of 'section.key=value' strings, not one string")
+    if plan is not None and not isinstance(plan, Plan):
+        raise ConfigError(f"api.restore: plan must be a Plan (parallel.make_plan) or None, got {type(plan).__name__}")
     cfg = run_config(run_dir, overrides)
-    run, state, step = restore_state(run_dir, cfg, single_device_plan(cfg.model, cfg.parallel.scheme), step)
-    return cfg, nnx.merge(run.graphdef, state["params"]), step
+    params, step = restore_params(run_dir, cfg, plan or single_device_plan(cfg.model, cfg.parallel.scheme), step)
+    return cfg, nnx.merge(abstract_model(cfg)[0], params), step
 
 
 def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
@@ -80,32 +86,6 @@ def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
     return _run_config(run_dir / "config.yaml", overrides)
-
-
-def restore_state(run_dir: str | Path, cfg: Config, plan: Plan, step: int | None = None):
-    """(the jitted steps' Setup, the train state of checkpoint `step` (default: the newest) laid out
-    for `plan`, the step) of a run dir whose config is `cfg` (`run_config`)."""
-    from boost_jax.checkpoint import Checkpointer, model_identity
-    from boost_jax.step import OPTIONAL_STATE, setup
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "checkpoints").is_dir():
-        raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
-    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, read_only=True)
-    try:
-        steps = sorted(ckpt.all_steps())
-        if not steps:
-            raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps}")
-        run, like = setup(cfg, plan)
-        # Only the model decides what the parameters mean (data and batch keys matter to resuming).
-        state, meta = ckpt.restore(step, like, model_identity(cfg.to_dict()), optional=OPTIONAL_STATE)
-        state = run.adopt(state, meta)
-    finally:
-        ckpt.close()
-    return run, state, step
 
 
 def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:

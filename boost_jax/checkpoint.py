@@ -94,11 +94,13 @@ class Checkpointer:
             step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
         )
 
-    def restore(self, step: int, like: Any, run_identity: dict, optional: tuple[str, ...] = ()) -> tuple[Any, dict]:
+    def restore(self, step: int, like: Any, run_identity: dict, optional: tuple[str, ...] = (), *,
+                subset: bool = False) -> tuple[Any, dict]:
         """Restore `step` into arrays shaped and sharded like the `like` pytree (a dict), after
         checking the checkpoint's identity agrees on every key of `run_identity`. Top-level keys in
         `optional` may be missing from the checkpoint (they keep `like`'s values) or from `like`
-        (they are not read)."""
+        (they are not read). `subset`: `like` names only the parts to read (e.g. the parameters
+        alone); the checkpoint's other parts are never read."""
         meta = dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
         if "identity" not in meta:
             raise CheckpointError(f"checkpoint step {step} in {self.directory} records no run identity "
@@ -110,7 +112,10 @@ class Checkpointer:
                                   f"{', '.join(changed)} ({values}); use a new run_dir (nothing was changed)")
         saved = set(self._saved_keys(step))
         fresh, unread = set(like) - saved, saved - set(like)
-        if bad := sorted((fresh | unread) - set(optional)):
+        if subset and fresh:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} holds no {', '.join(sorted(fresh))} "
+                                  f"(its state parts are {sorted(saved)}); nothing was changed")
+        if bad := sorted((fresh | (set() if subset else unread)) - set(optional)):
             raise CheckpointError(f"checkpoint step {step} in {self.directory} holds state parts {sorted(saved)}, this "
                                   f"run has {sorted(like)} ({bad} differ); nothing was changed")
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),

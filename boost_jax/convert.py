@@ -179,7 +179,8 @@ def write_run(cfg, params: dict, tokenizer: Path, source: str) -> None:
 
     from boost_jax.checkpoint import Checkpointer, identity
     from boost_jax.parallel import single_device_plan
-    from boost_jax.step import abstract_model, setup
+    from boost_jax.step import setup
+    from boost_jax.weights import abstract_model
 
     run_dir = Path(cfg.run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)

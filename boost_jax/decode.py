@@ -130,10 +130,12 @@ class Decoder:
             raise ConfigError(f"--cache {cache}: {e}") from None
         self.graphdef, state = nnx.split(model, nnx.Param)
         # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
+        # Cast and placed on the devices, never through the host; weights already in that dtype and
+        # layout (api.restore onto this plan) are used as they are, not copied.
         dtype = jnp.dtype(self.cfg.dtype)
-        params = jax.tree.map(lambda w: np.asarray(w, dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w,
-                              nnx.to_pure_dict(state))
-        params = jax.device_put(params, plan.named(plan.param_specs(state)))
+        cast = lambda w: w.astype(dtype) if jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dtype else w
+        params = jax.tree.map(lambda w, s: jax.device_put(cast(w), s), nnx.to_pure_dict(state),
+                              plan.named(plan.param_specs(state)))
         # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
         # for it in the model, which never reads it while decoding.
         stacked = params.pop("layers")

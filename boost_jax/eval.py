@@ -45,7 +45,9 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
     from boost_jax.data.build import build_data, check_run_tokenizer
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
+    from boost_jax.step import evaluation
     from boost_jax.training import Evaluator
+    from boost_jax.weights import restore_params
 
     run_dir = Path(run_dir)
     cfg = api.run_config(run_dir, overrides)
@@ -56,10 +58,10 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
         raise ConfigError(f"{data.directory} has no validation split (data.val_fraction=0?); pass --split train")
     check_run_tokenizer(data.tokenizer, run_dir / "tokenizer.json")
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
-    run, state, step = api.restore_state(run_dir, cfg, plan, step)
+    params, step = restore_params(run_dir, cfg, plan, step)
     batches = math.ceil(max_tokens / (t.batch_size * t.seq_len)) if max_tokens else t.eval_batches
-    evaluator = Evaluator(cfg, run, data, (jax.process_index(), jax.process_count()), split, batches)
-    out = evaluator(state)
+    evaluator = Evaluator(cfg, evaluation(cfg, plan), data, (jax.process_index(), jax.process_count()), split, batches)
+    out = evaluator({"params": params})
     per_dataset = {name: {"loss": out[f"eval_loss/{name}"], "bits_per_byte": out[f"eval_bpb/{name}"]}
                    for name in evaluator.sets if name}
     return {"run_dir": str(run_dir), "step": step, "dataset": str(data.directory), "split": split,

@@ -84,12 +84,16 @@ def _main(argv: list[str]) -> None:
     prepare_jax(api.run_config(a.run_dir, a.config).parallel, decoding=True)
     if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
-    cfg, model, step = api.restore(a.run_dir, a.step, a.config)
+    cfg = api.run_config(a.run_dir, a.config)
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
     tok = load_tokenizer(tokenizer_path)
     ids = [tok.encode(p).ids for p in prompts]
     if empty := [i for i, x in enumerate(ids) if not x]:
         raise ConfigError(f"prompt {empty[0]} encodes to no tokens")
-    decoder = Decoder(model, make_plan(cfg, mesh_devices(cfg.parallel)), cache=a.cache, eos_id=eos_id(tok))
+    # The parameters read straight onto the plan; the decoder keeps them (no other copy is held).
+    _, model, step = api.restore(a.run_dir, a.step, a.config, plan)
+    decoder = Decoder(model, plan, cache=a.cache, eos_id=eos_id(tok))
+    del model
     streaming = len(prompts) == 1 and not a.json
     shown = [""]
 

@@ -1,14 +1,13 @@
 """Train state, optimizer, and the jitted train / eval steps.
 
 The state is a plain pytree `{params, opt_state, step, rng}` of sharded arrays, so Orbax saves it
-as is and restores it onto any mesh. Parameters are initialised from the seed alone: the mesh
-never changes the initial values (`place_params`).
+as is and restores it onto any mesh. The parameters themselves (their shapes, the seed's initial
+values, their layout on a plan) are boost_jax/weights.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +19,13 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from boost_jax.config import Config, ModelConfig, TrainConfig
+from boost_jax.config import Config, TrainConfig
 from boost_jax.health import health_norms
-from boost_jax.model import Model, loss_fn
+from boost_jax.model import loss_fn
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
+from boost_jax.weights import abstract_model, adopt_layers, in_plan_order, param_shardings, place_params
 
 TrainState = dict[str, Any]
 # Parts of the state that exist under some settings only: a checkpoint without one resumes with it
@@ -74,83 +74,11 @@ class Setup:
     def adopt(self, state: TrainState, meta: dict) -> TrainState:
         """A restored state in this run's layer order; a checkpoint records the order it was saved in
         (`checkpoint_meta`), so one saved under another pipeline layout restores here too."""
-        saved = np.asarray(meta.get("layer_order", np.arange(len(self.layer_order))))
-        if np.array_equal(saved, self.layer_order):
-            return state
-        relayout = lambda s: relayout_layers(s, saved, self.layer_order)
-        return jax.jit(relayout, out_shardings=self.state_shardings, donate_argnums=0)(state)
+        return adopt_layers(state, meta, self.layer_order, self.state_shardings)
 
     def checkpoint_meta(self) -> dict:
         """What a checkpoint records of this setup: the stored layer order."""
         return {"layer_order": self.layer_order.tolist()}
-
-
-def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:
-    """The model's structure and its parameters' shapes, dtypes and logical axes, with no arrays."""
-    graphdef, params = _abstract_model(cfg.model)
-    return graphdef, jax.tree.map(lambda x: x, params)  # a container of its own: a caller may edit it
-
-
-@functools.cache
-def _abstract_model(model_cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    # Traced once per model (shapes do not depend on the seed): planning, placing and analysing a
-    # model ask for it again and again.
-    return nnx.split(nnx.eval_shape(lambda: Model(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-
-
-def init_params(cfg: Config) -> dict:
-    """Parameters from the seed alone (jitted, on one device): identical on every mesh."""
-    return _jitted_init(cfg.model, cfg.train.seed)()
-
-
-@functools.cache
-def _jitted_init(model_cfg: ModelConfig, seed: int) -> Callable[[], dict]:
-    # One jitted initializer per (model, seed), so a process that initialises the same model again
-    # (a resume, an export, a test) reuses its trace and executable; it holds no arrays.
-    return jax.jit(_initializer(model_cfg, seed))
-
-
-def _initializer(model_cfg: ModelConfig, seed: int) -> Callable[[], dict]:
-    return lambda: nnx.to_pure_dict(nnx.state(Model(model_cfg, rngs=nnx.Rngs(seed)), nnx.Param))
-
-
-def place_params(cfg: Config, plan: Plan) -> dict:
-    """The seed's parameters laid out for `plan`: sharded, and the layers in its storage order.
-
-    On an accelerator every device computes only its own shards, so no device ever holds the whole
-    model (llama-30b in fp32: 120 GB). On the CPU (the simulated meshes of tests and analysis) the
-    parameters are computed once on one device and then placed: one compiled initializer serves
-    every mesh, where a sharded one compiles again for each. The values are the same either way
-    (JAX's threefry random bits, partitionable by default, do not depend on how an array is sharded)."""
-    if plan.mesh.devices.flat[0].platform == "cpu":
-        return jax.device_put(_in_plan_order(init_params(cfg), cfg, plan), _param_shardings(cfg, plan))
-    return sharded_init(cfg, plan)()
-
-
-def sharded_init(cfg: Config, plan: Plan) -> Callable[[], dict]:
-    """The seed's parameters computed where `plan` keeps them (each device its own shards, the
-    layers in the plan's storage order), as a jitted function of nothing."""
-    init = _initializer(cfg.model, cfg.train.seed)
-    return jax.jit(lambda: _in_plan_order(init(), cfg, plan), out_shardings=_param_shardings(cfg, plan))
-
-
-def _in_plan_order(params: dict, cfg: Config, plan: Plan) -> dict:
-    return relayout_layers(params, np.arange(cfg.model.n_layers), plan.layer_order(cfg.model.n_layers))
-
-
-def _param_shardings(cfg: Config, plan: Plan):
-    return plan.named(plan.param_specs(abstract_model(cfg)[1]))
-
-
-def relayout_layers(tree, src_order, dst_order):
-    """Every leaf under a "layers" key (parameters, optimizer moments) moved along its stacked layer
-    axis from one storage order (model layer at each position) to another."""
-    if np.array_equal(src_order, dst_order):
-        return tree
-    index = np.argsort(src_order)[np.asarray(dst_order)]
-    under_layers = lambda path: any(getattr(k, "key", None) == "layers" for k in path)
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.take(x, index, axis=0) if under_layers(path) else x, tree)
 
 
 def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, TrainState]:
@@ -160,7 +88,7 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
     if params is None:
         params = place_params(cfg, plan)
     else:  # placed as they are: no seed's parameters beside them
-        params = jax.device_put(_in_plan_order(params, cfg, plan), _param_shardings(cfg, plan))
+        params = jax.device_put(in_plan_order(params, cfg, plan), param_shardings(cfg, plan))
     pspecs = jax.tree.map(lambda p: p.sharding.spec, params)
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
@@ -218,10 +146,26 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
         train_step, in_shardings=(state_shardings, batch_shardings),
         out_shardings=(state_shardings, replicated), donate_argnums=0,
     )
-    # The eval loss is the cross-entropy alone: no z-loss term.
-    eval_of = sharded_loss(graphdef, plan, dataclasses.replace(t, z_loss=0.0))
-    jitted_eval = jax.jit(eval_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
-    return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval, order), state
+    return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, evaluation(cfg, plan).eval_step,
+                 order), state
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A plan's jitted eval step, loss(params, batch), and the layout of the batches it takes: what
+    evaluating needs, without a train state (`python -m boost_jax.eval`)."""
+
+    eval_step: Callable
+    batch_sharding: NamedSharding
+
+
+def evaluation(cfg: Config, plan: Plan) -> Evaluation:
+    """The eval step of `cfg`'s model under `plan`: the cross-entropy alone (no z-loss term)."""
+    batch_sharding = plan.sharding(("batch", None))
+    eval_of = sharded_loss(abstract_model(cfg)[0], plan, dataclasses.replace(cfg.train, z_loss=0.0))
+    jitted = jax.jit(eval_of, in_shardings=(param_shardings(cfg, plan), dict.fromkeys(batch_keys(cfg), batch_sharding)),
+                     out_shardings=NamedSharding(plan.mesh, P()))
+    return Evaluation(jitted, batch_sharding)
 
 
 def spike_window(window: dict, loss: jax.Array, finite: jax.Array, threshold: float) -> tuple[jax.Array, dict]:

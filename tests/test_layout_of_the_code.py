@@ -18,7 +18,7 @@ FLOORS = [
     {"data", "remat", "parallel", "flops", "health", "host_memory"},
     {"layers"},
     {"model"},
-    {"step", "checkpoint", "log", "decode"},
+    {"weights", "step", "checkpoint", "log", "decode"},
     {"analysis", "train", "training", "api", "export", "generate", "eval", "compress", "lm_eval"},
     {"planner", "plan", "convert"},
     {"bench", "__main__"},

@@ -50,7 +50,7 @@ from boost_jax.archs import ARCHS
 from boost_jax.model import PROJECTIONS, RESIDUAL_AXES, decoder_layer
 from boost_jax.parallel import Plan, abstract_plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.step import abstract_model
+from boost_jax.weights import abstract_model
 
 FP32 = 4
 # What the analyses read (XLA's optimized HLO, its buffer assignment) is fixed before the CPU backend

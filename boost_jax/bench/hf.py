@@ -47,7 +47,7 @@ def check_train(cfg: Config) -> None:
 
 
 def load_llama(cfg: Config):
-    """cfg's model at its seed's initial weights (those `step.init_params` makes), as a
+    """cfg's model at its seed's initial weights (those `weights.init_params` makes), as a
     `transformers.LlamaForCausalLM` in fp32 on the CPU, with torch using every core here."""
     check_llama(cfg)
     import torch
