@@ -52,13 +52,15 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
     run_dir = Path(run_dir)
     cfg = api.run_config(run_dir, overrides)
     t = cfg.train
+    # The layout and the checkpoint first: a config that is not the checkpoint's model is named as
+    # such, before its data is prepared.
+    plan = make_plan(cfg, mesh_devices(cfg.parallel))
+    params, step = restore_params(run_dir, cfg, plan, step)
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed,
                       batch_size=t.batch_size)
     if not data.eval_sets(split):
         raise ConfigError(f"{data.directory} has no validation split (data.val_fraction=0?); pass --split train")
     check_run_tokenizer(data.tokenizer, run_dir / "tokenizer.json")
-    plan = make_plan(cfg, mesh_devices(cfg.parallel))
-    params, step = restore_params(run_dir, cfg, plan, step)
     batches = math.ceil(max_tokens / (t.batch_size * t.seq_len)) if max_tokens else t.eval_batches
     evaluator = Evaluator(cfg, evaluation(cfg, plan), data, (jax.process_index(), jax.process_count()), split, batches)
     out = evaluator({"params": params})

@@ -37,10 +37,16 @@ def test_eval_is_the_training_loops_eval_at_that_step(run_dir):
     assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
 
 
-def test_eval_under_a_tensor_parallel_layout_equals_one_device(run_dir):
+@pytest.mark.parametrize("layout", [
+    ["parallel.tp=2", "parallel.dp=1"], ["parallel.fsdp=2", "parallel.dp=1"],
+    pytest.param(["parallel.dp=2"], marks=pytest.mark.slow),
+    pytest.param(["parallel.dp=2", "parallel.fsdp=2", "parallel.tp=2"], marks=pytest.mark.slow),
+])
+def test_eval_under_any_layout_equals_one_device(run_dir, layout):
+    """The checkpoint, trained on one device, evaluated under tp, fsdp and dp: the same loss."""
     one = boost_eval.evaluate(run_dir, max_tokens=3000)
-    tp = boost_eval.evaluate(run_dir, ["parallel.tp=2", "parallel.dp=1"], max_tokens=3000)
-    assert tp["tokens"] == one["tokens"] == 6 * 8 * 64 and tp["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    other = boost_eval.evaluate(run_dir, layout, max_tokens=3000)
+    assert other["tokens"] == one["tokens"] == 6 * 8 * 64 and other["loss"] == pytest.approx(one["loss"], rel=1e-5)
 
 
 @pytest.mark.slow  # two fresh processes: ~30 s

@@ -235,6 +235,25 @@ def test_cli_generates_and_reports_as_json(run_dir, capsys, tmp_path):
     assert out["tokens"][0] == greedy_by_full_forwards(model, out["prompt_ids"][:1], len(out["tokens"][0]))[0]
 
 
+@pytest.mark.parametrize("layout", [
+    ["parallel.tp=2", "parallel.dp=1"], ["parallel.fsdp=2", "parallel.dp=1"],
+    pytest.param(["parallel.dp=2"], marks=pytest.mark.slow),
+    pytest.param(["parallel.dp=2", "parallel.tp=2", "parallel.scheme=vanilla"], marks=pytest.mark.slow),
+])
+def test_cli_serves_the_checkpoint_on_any_layout_token_for_token(run_dir, capsys, tmp_path, layout):
+    """Trained on one device, served under tp, fsdp (weights sharded, gathered per layer), dp: the
+    same greedy tokens."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main(\nimport os\nclass A:\n")
+
+    def tokens(*overrides):
+        generate.main([str(run_dir), "--prompts-file", str(prompts), "--max-new-tokens", "12", "--json", *overrides])
+        return json.loads(capsys.readouterr().out)["tokens"]
+
+    one = tokens()
+    assert sum(map(len, one)) > 12 and tokens(*layout) == one
+
+
 def test_cli_streams_one_prompt(run_dir, capsys):
     generate.main([str(run_dir), "--prompt", "def main(", "--max-new-tokens", "8", "model.dtype=bfloat16"])
     assert capsys.readouterr().out.startswith("def main(")
