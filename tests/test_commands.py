@@ -115,3 +115,25 @@ def test_bench_step_hf_trains_the_same_model_on_the_same_batch(capsys):
     # after the updates (3 steps each).
     assert theirs["first_loss"] == pytest.approx(ours["first_loss"], rel=1e-5)
     assert theirs["last_loss"] == pytest.approx(ours["last_loss"], rel=1e-4) and ours["last_loss"] < ours["first_loss"]
+
+
+def test_python_m_boost_jax_lists_every_command_in_one_line_each(capsys, monkeypatch):
+    """`python -m boost_jax` lists the commands (every module run as a program, and nothing else);
+    `python -m boost_jax COMMAND ...` runs that command."""
+    from pathlib import Path
+
+    from boost_jax import __main__ as commands
+
+    root = Path(commands.__file__).parent
+    runnable = {p.stem for p in root.glob("*.py") if 'if __name__ == "__main__":' in p.read_text()} - {"__main__"}
+    runnable |= {p.parent.name for p in root.glob("*/__main__.py")} - {"planner"}  # its command is boost_jax.plan
+    assert set(commands.COMMANDS) == runnable
+    out = subprocess.run([sys.executable, "-m", "boost_jax"], capture_output=True, text=True, check=True, cwd=root.parent)
+    listed = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert listed == list(commands.COMMANDS)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the command runs with its own
+    with pytest.raises(SystemExit) as e:
+        commands.main(["eval", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m boost_jax.eval ")
+    with pytest.raises(SystemExit, match="unknown command 'config.yaml': choose one of train, data"):
+        commands.main(["config.yaml"])

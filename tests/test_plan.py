@@ -8,7 +8,7 @@ import pytest
 
 from boost_jax.archs import ARCHS
 from boost_jax.config import ConfigError, load_config
-from boost_jax.parallel import make_plan, single_device_plan
+from boost_jax.parallel import abstract_plan, make_plan, single_device_plan
 from boost_jax.parallel.projections import STRATEGIES, BTPProjections, MegatronProjections, VanillaProjections
 from boost_jax.schemes import KNOB_DEFAULTS, LOGICAL_AXES, SCHEMES
 
@@ -68,6 +68,14 @@ def test_single_device_is_a_plan_with_one_device():
     assert plan.mesh.size == 1 and plan.scheme.name == "btp" and plan.projections is BTPProjections
     assert single_device_plan(tiny("model.arch=dense").model).projections is MegatronProjections
     assert single_device_plan(cfg.model, "vanilla").projections is VanillaProjections
+
+
+def test_an_abstract_plan_takes_the_default_dp_as_one():
+    """`bench memory model.preset=llama-7b parallel.tp=4` (dp left at its default, -1: fill the
+    devices) prices one data-parallel replica, as a benchmark simulates it."""
+    cfg = load_config(None, ["model.preset=llama-7b", "parallel.tp=4", "train.batch_size=4"])
+    assert cfg.parallel.dp == -1
+    assert abstract_plan(cfg).mesh.shape == {"pp": 1, "dp": 1, "fsdp": 1, "cp": 1, "tp": 4}
 
 
 def test_no_module_state_chooses_a_code_path():

@@ -49,6 +49,7 @@ from boost_jax.config import Config
 from boost_jax.archs import ARCHS
 from boost_jax.model import PROJECTIONS, RESIDUAL_AXES, decoder_layer
 from boost_jax.parallel import Plan, abstract_plan, make_plan
+from boost_jax.parallel.plan import abstract_config
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.weights import abstract_model
 
@@ -159,6 +160,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
     """Per-device bytes of cfg's train step by part (module docstring), with `step` (what the
     compiled gradient program holds: all but the AdamW moments) and `total`. `layer` measures one
     layer (`layer_bytes`; the planner passes a cached one). Needs devices only for cfg's tp."""
+    cfg = abstract_config(cfg)  # the default parallel.dp=-1 is one replica
     plan = abstract_plan(cfg)
     m, t, mesh = cfg.model, cfg.train, plan.mesh.shape
     elems = param_elems(cfg, plan)

@@ -12,6 +12,7 @@ tensor asking for the same mesh axis raise, instead of silently replicating.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,13 +139,20 @@ def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
 
 
 def abstract_plan(cfg: Config) -> Plan:
-    """The plan of `cfg` on a device-free mesh of its `parallel.*` sizes (none may be -1), with the
+    """The plan of `cfg` (`abstract_config`) on a device-free mesh of its `parallel.*` sizes, with the
     same checks: for layouts larger than the machine (the planner, the memory model)."""
+    cfg = abstract_config(cfg)
     sizes = tuple(getattr(cfg.parallel, a) for a in MESH_AXES)
-    if -1 in sizes:
-        raise ConfigError(f"parallel: an abstract plan needs every mesh size set, got {dict(zip(MESH_AXES, sizes))}")
     return _plan(cfg, AbstractMesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)),
                  dict(zip(MESH_AXES, sizes)), None)
+
+
+def abstract_config(cfg: Config) -> Config:
+    """`cfg` for a device-free mesh: there are no devices to fill, so the default parallel.dp=-1 (all
+    devices left over) is one, as a benchmark's simulated mesh counts it (bench/common.py)."""
+    if cfg.parallel.dp != -1:
+        return cfg
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=1))
 
 
 def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Plan:
