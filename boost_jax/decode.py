@@ -111,10 +111,22 @@ def sample(logits: jax.Array, key: jax.Array, index: jax.Array, sampling: Sampli
     return jax.random.categorical(jax.random.fold_in(key, index), logits).astype(jnp.int32)
 
 
+def _served(w, sharding, dtype):
+    """A parameter as a decoder serves it: floats at the compute dtype, laid out by `sharding` (an
+    abstract one, jax.ShapeDtypeStruct, stays abstract)."""
+    if jnp.issubdtype(w.dtype, jnp.floating):
+        if isinstance(w, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(w.shape, dtype, sharding=sharding)
+        w = w.astype(dtype) if w.dtype != dtype else w
+    return jax.device_put(w, sharding)
+
+
 class Decoder:
     """A model's generation under one plan: its parameters laid out once, its programs compiled per
     shape bucket and kept (`programs` counts them). `compiler_options`: XLA's options for the
-    prefill and decode programs (None: the plan's platform's `COMPILER_OPTIONS`; {}: XLA's defaults)."""
+    prefill and decode programs (None: the plan's platform's `COMPILER_OPTIONS`; {}: XLA's defaults).
+    An abstract model (its parameters jax.ShapeDtypeStruct: weights.abstract_model) gives a decoder
+    whose programs compile (`compiled`: what `bench memory --inference` reads) but never run."""
 
     def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None,
                  compiler_options: dict | None = None):
@@ -132,9 +144,7 @@ class Decoder:
         # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
         # Cast and placed on the devices, never through the host; weights already in that dtype and
         # layout (api.restore onto this plan) are used as they are, not copied.
-        dtype = jnp.dtype(self.cfg.dtype)
-        cast = lambda w: w.astype(dtype) if jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dtype else w
-        params = jax.tree.map(lambda w, s: jax.device_put(cast(w), s), nnx.to_pure_dict(state),
+        params = jax.tree.map(lambda w, s: _served(w, s, jnp.dtype(self.cfg.dtype)), nnx.to_pure_dict(state),
                               plan.named(plan.param_specs(state)))
         # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
         # for it in the model, which never reads it while decoding.
@@ -247,6 +257,23 @@ class Decoder:
         decode_s = time.perf_counter() - t0
         result = self._rows(jax.device_get(state["out"])[:n])
         return Generation(result, prefill_s, decode_s, int(lengths[:n].sum()), sum(map(len, result)), self.programs)
+
+    def compiled(self, batch: int, prompt: int, length: int, max_new: int = CHUNK) -> dict:
+        """The programs of a generation, compiled without running: the prefill of `batch` prompts of
+        `prompt` tokens into a cache of `length` positions, and one call of the decode loop on that
+        cache (up to CHUNK steps of every row, `max_new` tokens each), greedy."""
+        rows = lambda *shape: jax.ShapeDtypeStruct((batch, *shape), jnp.int32,
+                                                   sharding=self.plan.sharding(("batch",) + (None,) * len(shape)))
+        key, sampling = jax.random.key(0), Sampling()
+        prefill = self._prefill.trace(self.params, rows(prompt), rows(), key, length=length, sampling=sampling)
+        compiled = prefill.lower().compile()
+        cache = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             prefill.out_info[1], compiled.output_shardings[1])
+        state = {"last": rows(), "position": rows(), "count": rows(), "done": rows(), "out": rows(max_new),
+                 "index": jax.ShapeDtypeStruct((), jnp.int32)}
+        state["done"] = jax.ShapeDtypeStruct((batch,), jnp.bool_, sharding=state["done"].sharding)
+        step = self._chunk.lower(self.params, cache, state, key, sampling=sampling, max_new=max_new).compile()
+        return {"prefill": compiled, "decode": step, "cache": cache}
 
     def _rows(self, out: np.ndarray) -> list[list[int]]:
         """Each row's tokens up to its first <eos> or unwritten slot."""

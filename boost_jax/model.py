@@ -144,8 +144,16 @@ class Model(nnx.Module):
 
 
 def unstack_layers(state, n_layers: int) -> list:
-    """The stacked layers' state [L, ...] as L states, one per layer."""
-    return [jax.tree.map(lambda v: v[i], state) for i in range(n_layers)]
+    """The stacked layers' state [L, ...] as L states, one per layer (of abstract arrays, abstract
+    arrays laid out as a layer of the stack is)."""
+    return [jax.tree.map(lambda v: _layer(v, i), state) for i in range(n_layers)]
+
+
+def _layer(v, i: int):
+    if not isinstance(v, jax.ShapeDtypeStruct):
+        return v[i]
+    sharding = v.sharding and jax.sharding.NamedSharding(v.sharding.mesh, jax.sharding.PartitionSpec(*v.sharding.spec[1:]))
+    return jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=sharding)
 
 
 def decoder_layer(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str):

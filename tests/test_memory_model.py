@@ -54,3 +54,27 @@ def test_bench_memory_validates_the_model_against_the_compile(monkeypatch, capsy
 def test_memory_model_within_tolerance(case):
     row = memory.validate(case)
     assert abs(row["error"]) < memory.TOLERANCE, row
+
+
+def test_bench_memory_inference_compiles_generation_beside_its_weights_and_cache(capsys):
+    """`bench memory --inference`: the decode program holds the weights and the cache (updated in
+    place: the cache is its donated, aliased argument), each counted per device as the layout splits
+    it; the prefill holds at least the weights and the cache it fills."""
+    from boost_jax.analysis.memory_model import param_elems
+    from boost_jax.config import load_config
+    from boost_jax.parallel import abstract_plan
+
+    args = ["model.preset=llama-tiny", "model.arch=cola", "parallel.tp=2", "parallel.dp=1", "train.batch_size=4",
+            "train.seq_len=64"]
+    memory.main(["--inference", *args, "--json"])
+    r = json.loads(capsys.readouterr().out)
+    cfg = load_config(None, args)
+    m = cfg.model
+    assert r["weights_bytes"] == param_elems(cfg, abstract_plan(cfg)) * 4  # fp32, the tp shards
+    # k and v of every layer: 4 rows x 64 positions x the device's kv heads (2 / tp=2) x head_dim, fp32
+    assert r["cache_bytes"] == m.n_layers * 2 * 4 * 64 * (m.n_kv_heads // 2) * m.head_dim * 4
+    decode, prefill = r["programs"]["decode"], r["programs"]["prefill"]
+    assert decode["alias_bytes"] == r["cache_bytes"]
+    state = decode["argument_bytes"] - r["weights_bytes"] - r["cache_bytes"]
+    assert 0 < state <= 4 * (4 * 4 + 16 * 4) + 16  # the rows' counters, their output slots, the key
+    assert prefill["peak_bytes"] >= r["weights_bytes"] + r["cache_bytes"]

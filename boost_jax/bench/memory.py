@@ -16,6 +16,12 @@ what context parallelism saves), each against `--budget-gib` of memory per devic
 fwd+bwd peak plus the AdamW moments); with `--time` the variants within the budget also train a few
 steps here, and those over it are not started.
 
+`--inference [--cache full|latent_v|latent]` instead compiles generation's programs (boost_jax/decode.py)
+under the config's layout: the prefill of `train.batch_size` prompts of `train.seq_len` tokens into
+a cache of as many positions, and a call of the decode loop against that cache. Per device it prints
+the weights (at the compute dtype, as served) and the cache, beside each program's compiled memory
+analysis (arguments, outputs, temporaries, peak): what serving a model of that size needs.
+
 `--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
 each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
 """
@@ -23,6 +29,7 @@ each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -34,6 +41,7 @@ from boost_jax.analysis.program import build, config_for, peak_bytes
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
+from boost_jax.layers.kv_cache import CACHES
 from boost_jax.step import accumulated_grad
 
 MODES = ("none", "full", "lowrank")
@@ -209,6 +217,42 @@ def title(cfg: Config) -> str:
             + f" b={d['batch']} s={d['seq']} {d['dtype']}")
 
 
+def inference(cfg: Config, cache: str) -> dict:
+    """Per-device bytes of the weights and cache of a generation at cfg's batch and context, and of
+    its prefill and decode programs (compiled on abstract inputs: nothing allocated)."""
+    from flax import nnx
+
+    from boost_jax.decode import Decoder
+    from boost_jax.parallel import make_plan
+    from boost_jax.parallel.mesh import mesh_devices
+    from boost_jax.weights import abstract_model
+
+    graphdef, abstract = abstract_model(cfg)
+    decoder = Decoder(nnx.merge(graphdef, abstract), make_plan(cfg, mesh_devices(cfg.parallel)), cache=cache)
+    t = cfg.train
+    out = decoder.compiled(t.batch_size, t.seq_len, t.seq_len)
+    per_device = lambda tree: sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+                                  for a in jax.tree.leaves(tree))
+    programs = {}
+    for name in ("prefill", "decode"):
+        m = out[name].memory_analysis()
+        programs[name] = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
+                          "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
+                          "peak_bytes": peak_bytes(out[name])}
+    return {**describe(cfg), "cache": cache, "weights_bytes": per_device(decoder.params),
+            "cache_bytes": per_device(out["cache"]), "programs": programs}
+
+
+def print_inference(r: dict, cfg: Config) -> None:
+    print(f"{title(cfg)}, cache {r['cache']}: per-device memory of generation (compiled memory analysis)")
+    print(f"weights {r['weights_bytes'] / MIB:.1f} MiB + cache {r['cache_bytes'] / MIB:.1f} MiB "
+          f"(batch {r['batch']} x {r['seq']} positions) = {(r['weights_bytes'] + r['cache_bytes']) / MIB:.1f} MiB")
+    print(f"{'program':8s} {'arguments MiB':>14s} {'outputs MiB':>12s} {'temp MiB':>9s} {'peak MiB':>9s}")
+    for name, p in r["programs"].items():
+        print(f"{name:8s} {p['argument_bytes'] / MIB:14.1f} {p['output_bytes'] / MIB:12.1f} {p['temp_bytes'] / MIB:9.1f} "
+              f"{p['peak_bytes'] / MIB:9.1f}")
+
+
 def main(argv: list[str]) -> None:
     p = parser("python -m boost_jax.bench memory", __doc__)
     p.add_argument("--remat", default="all", choices=["all", *MODES], help="train.remat modes compiled (none always)")
@@ -220,6 +264,8 @@ def main(argv: list[str]) -> None:
                    help="peak at each micro-batch count, train.batch_size rows per micro-batch (with parallel.pp: the pipeline)")
     p.add_argument("--validate", action="store_true",
                    help="the memory model against the compile on its validation grid (the config is not used)")
+    p.add_argument("--inference", action="store_true", help="generation's prefill and decode programs instead")
+    p.add_argument("--cache", default="full", choices=list(CACHES), help="with --inference: the decoder's cache")
     add_vary(p)
     p.add_argument("--budget-gib", type=float, default=0.0, help="with --vary: the memory each device has (0: no limit)")
     a = parse(p, argv)
@@ -230,6 +276,10 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--budget-gib sizes the --vary variants: give --vary section.key=V1,V2,...")
     if a.validate:
         return validate_all(VALIDATION, a.json)
+    if a.inference:
+        cfg = config_of(a.config, decoding=True)
+        r = inference(cfg, a.cache)
+        return print(json.dumps(r, indent=1)) if a.json else print_inference(r, cfg)
     if a.vary:
         return sweep_variants(a.config, a.vary, a.budget_gib, a.time, a.reps, a.steps, a.json)
     if a.microbatch_sweep:
