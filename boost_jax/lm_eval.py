@@ -1,8 +1,10 @@
-"""A boost_jax model as an lm-evaluation-harness model (`pip install -e ".[eval]"`):
+"""python -m boost_jax.lm_eval RUN_DIR [--step N] --tasks TASKS [lm-eval's flags]
 
-    lm_eval --model boost_jax --model_args run_dir=runs/default[,step=N][,batch_size=8] --tasks hellaswag
-
-or from Python: `lm_eval.simple_evaluate(model=BoostLM(run_dir="runs/default"), tasks=[...])`.
+A boost_jax run's checkpoint as an lm-evaluation-harness model (`pip install -e ".[eval]"`): the
+command is lm-eval's own (`lm-eval run`: --tasks, --include_path, --limit, --output_path,
+--log_samples, --batch_size, ...) with the model a run dir's, because lm-eval's `lm_eval` command
+never imports boost_jax. From Python: `lm_eval.simple_evaluate(model=BoostLM(run_dir="runs/default"),
+tasks=[...])`.
 
 The three requests the harness makes, each answered from the model's own forward (one device):
 - `loglikelihood(context, continuation)`: the summed log-probability of the continuation's tokens
@@ -22,6 +24,7 @@ is an `lm_eval.api.model.LM` registered as "boost_jax".
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jax
@@ -129,3 +132,40 @@ class BoostLM(_Harness):
 
 if register_model is not None:
     register_model("boost_jax")(BoostLM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (one message and exit 1 on a user error)."""
+    from boost_jax.cli import run_main
+
+    run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+    import argparse
+
+    from boost_jax import api
+    from boost_jax.cli import DEBUG_HELP
+    from boost_jax.errors import ConfigError, PackageError
+
+    p = argparse.ArgumentParser(prog="python -m boost_jax.lm_eval", description=__doc__, epilog=DEBUG_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
+    a, harness_args = p.parse_known_args(argv)
+    if taken := [f for f in ("--model", "--model_args") if any(x.split("=")[0] == f for x in harness_args)]:
+        raise ConfigError(f"{taken[0]}: the model is RUN_DIR's (python -m boost_jax.lm_eval RUN_DIR --tasks ...)")
+    if a.step is not None and a.step < 0:
+        raise ConfigError(f"--step must be a checkpoint's step (>= 0), got {a.step}")
+    api.run_config(a.run_dir)  # a run dir, named before the harness starts
+    if register_model is None:
+        raise PackageError("python -m boost_jax.lm_eval needs lm-eval: pip install -e \".[eval]\" (or pip install lm-eval)")
+    from lm_eval.__main__ import cli_evaluate
+
+    model_args = f"run_dir={a.run_dir}" + ("" if a.step is None else f",step={a.step}")
+    sys.argv = ["lm-eval", "run", "--model", "boost_jax", "--model_args", model_args, *harness_args]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -140,9 +140,73 @@ def test_generate_until_stops_at_the_first_stop_string(harness):
     assert cut == free[:free.find(stop)]
 
 
+def test_the_lm_eval_command_refuses_bad_input_by_name(run_dir, tmp_path):
+    from boost_jax.lm_eval import main
+
+    for argv, needle in [([str(tmp_path / "nope"), "--tasks", "x"], "run dir not found"),
+                         ([str(run_dir), "--model", "hf", "--tasks", "x"], "--model: the model is RUN_DIR's"),
+                         ([str(run_dir), "--step", "-1", "--tasks", "x"], "--step must be a checkpoint's step")]:
+        with pytest.raises(SystemExit, match=needle):
+            main(argv)
+
+
 def test_the_harness_knows_the_model_by_name():
     registry = pytest.importorskip("lm_eval.api.registry")
     assert registry.get_model("boost_jax") is BoostLM
+
+
+TASKS = {  # local lm-eval tasks over one JSON file, one per request type
+    "boost_local_choice": "output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
+                          "doc_to_target: '{{answer}}'\nmetric_list: [{metric: acc}]",
+    "boost_local_rolling": "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+                           "metric_list: [{metric: bits_per_byte}]",
+    "boost_local_generate": "output_type: generate_until\ndoc_to_text: '{{question}}'\ndoc_to_target: '{{target}}'\n"
+                            "generation_kwargs: {until: ['\\n\\n'], max_gen_toks: 8, do_sample: false}\n"
+                            "metric_list: [{metric: exact_match}]",
+}
+DOCS = [{"question": "def main(", "choices": [" return 1", " pass", "x = 2"], "answer": 1,
+         "text": "import os\nimport sys\n\ndef main():\n    return 0\n", "target": "\n"},
+        {"question": "import", "choices": [" os", " sys", " re"], "answer": 0, "text": "class A:\n    pass\n",
+         "target": " os"},
+        {"question": "for i in", "choices": [" range(3):", " x:", " []:"], "answer": 0,
+         "text": "x = [1, 2, 3]\nprint(x)\n", "target": " range"}]
+
+
+@pytest.mark.slow  # lm-eval in a fresh process: ~60 s
+def test_the_lm_eval_command_runs_local_tasks_of_every_request_type(run_dir, harness, tmp_path):
+    """`python -m boost_jax.lm_eval RUN_DIR --tasks ... --include_path DIR` end to end on local tasks
+    (a JSON file, no network): each request's answer is the in-process model's, and the scores follow."""
+    pytest.importorskip("lm_eval")
+    (tmp_path / "data.json").write_text(json.dumps(DOCS))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name, body in TASKS.items():
+        (tasks / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: json\ndataset_kwargs: {{data_files: "
+                                            f"{{test: {tmp_path / 'data.json'}}}}}\ntest_split: test\n{body}\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.lm_eval", str(run_dir), "--tasks", ",".join(TASKS),
+                           "--include_path", str(tasks), "--output_path", str(tmp_path / "out"), "--log_samples"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (out,) = (tmp_path / "out").iterdir()
+    results = json.loads(next(out.glob("results_*.json")).read_text())["results"]
+    samples = {name: [json.loads(line) for line in next(out.glob(f"samples_{name}_*.jsonl")).read_text().splitlines()]
+               for name in TASKS}
+    args = lambda sample: [tuple(a.values()) for a in sample["arguments"].values()]
+    chosen = []
+    for sample in sorted(samples["boost_local_choice"], key=lambda x: x["doc_id"]):
+        want = harness.loglikelihood([request(*a) for a in args(sample)])
+        got = [float(r[0][0]) for r in sample["resps"]]
+        assert got == pytest.approx([w for w, _ in want], rel=1e-5, abs=1e-4)
+        chosen.append(int(np.argmax(got)) == sample["doc"]["answer"])
+    assert results["boost_local_choice"]["acc,none"] == pytest.approx(np.mean(chosen))
+    texts = [d["text"] for d in DOCS]
+    log_p = harness.loglikelihood_rolling([request(t) for t in texts])
+    bits = -sum(log_p) / sum(len(t.encode()) for t in texts) / math.log(2)
+    assert results["boost_local_rolling"]["bits_per_byte,none"] == pytest.approx(bits, rel=1e-5)
+    for sample in samples["boost_local_generate"]:
+        (context, kwargs), = args(sample)
+        assert sample["resps"][0][0] == harness.generate_until([request(context, kwargs)])[0]
 
 
 @pytest.mark.slow  # eight tiny training runs and their evals: ~40 s
