@@ -104,3 +104,20 @@ def test_tables_and_data_preparation_load_no_jax(module):
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("package", sorted({p.parent for p in (ROOT / "boost_jax").rglob("__init__.py")}), ids=str)
+def test_every_package_docstring_names_what_is_in_its_folder(package):
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    names = {p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
+             if p.name not in ("__init__.py", "__pycache__") and (p.suffix in (".py", ".yaml") or p.is_dir())}
+    missing = sorted(n for n in names if n not in doc)
+    assert missing == [], f"{package}/__init__.py's docstring does not name {missing}"
+
+
+def test_the_design_docs_floor_table_is_the_one_checked_here():
+    import re
+
+    rows = re.findall(r"^\| (\d) \| (.*?) \|", (ROOT / "docs" / "design.md").read_text(), re.M)
+    table = [{name.strip("/") for name in re.findall(r"`([^`]+)`", names)} for _, names in rows]
+    assert table == FLOORS

@@ -1,4 +1,8 @@
-"""Static analyses of compiled programs: the collectives of the HLO (hlo.py), its GEMMs and memory traffic (work.py)."""
+"""Analyses of compiled programs, before anything runs: program.py builds a config's sharded loss on
+abstract inputs; hlo.py audits the collectives of its compiled HLO and issued.py counts those the
+jaxpr issues; comm.py sets them per decoder layer beside the scheme's analytic volume; work.py
+reads its GEMMs and memory traffic; timeline.py reads a profiler trace's op times by category;
+memory_model.py and perf_model.py turn them into bytes per device and seconds per step."""
 
 from boost_jax.analysis.hlo import Collective, audit, collectives, summarize
 
