@@ -272,6 +272,8 @@ def main(argv: list[str]) -> None:
     if a.reps < 1 or a.steps < 1 or a.budget_gib < 0:
         raise ConfigError(f"--reps and --steps must be at least 1 and --budget-gib >= 0, got {a.reps}, {a.steps}, "
                           f"{a.budget_gib}")
+    if a.cache != "full" and not a.inference:
+        raise ConfigError("--cache is the decoder's: it applies with --inference")
     if a.budget_gib and not a.vary:
         raise ConfigError("--budget-gib sizes the --vary variants: give --vary section.key=V1,V2,...")
     if a.validate:
