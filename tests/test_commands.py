@@ -117,6 +117,8 @@ def test_bench_step_hf_trains_the_same_model_on_the_same_batch(capsys):
     assert theirs["last_loss"] == pytest.approx(ours["last_loss"], rel=1e-4) and ours["last_loss"] < ours["first_loss"]
 
 
+# Run in this process, the command's module is already imported (by other tests): runpy says so.
+@pytest.mark.filterwarnings("ignore:'boost_jax.eval' found in sys.modules:RuntimeWarning")
 def test_python_m_boost_jax_lists_every_command_in_one_line_each(capsys, monkeypatch):
     """`python -m boost_jax` lists the commands (every module run as a program, and nothing else);
     `python -m boost_jax COMMAND ...` runs that command."""
