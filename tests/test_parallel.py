@@ -137,6 +137,15 @@ def test_norm_and_grouping_switches_keep_the_math(norm, grouping):
     assert_close(grads, ref_grads, 1e-5)
 
 
+@pytest.mark.slow  # the default (grouped) vanilla runs in the scheme x mesh cases above
+def test_ungrouped_vanilla_keeps_the_math():
+    value, logits, grads = loss_logits_grads(config("cola", "vanilla", 2, 1, 4, "model.grouping=false"), jax.devices())
+    ref_value, ref_logits, ref_grads = reference("cola")
+    assert value == pytest.approx(ref_value, rel=1e-6)
+    assert_close(logits, ref_logits, 1e-5)
+    assert_close(grads, ref_grads, 1e-5)
+
+
 @pytest.mark.slow
 def test_online_norm_equals_sync_norm_in_bf16():
     """Online RMSNorm is exact in bf16 too: same logits as sync within bf16 rounding, at tp=4."""
