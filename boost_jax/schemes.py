@@ -75,20 +75,25 @@ class Scheme:
     layer_backward_all_reduces: Callable[[ModelConfig, int, int], tuple[int, ...] | None]
     summary: str
 
-    def rules_for(self, n_kv_heads: int, tp: int) -> Rules:
-        """The rules for a model: kv heads fewer than (or not divisible by) tp are replicated (GQA)."""
-        if n_kv_heads % tp == 0:
-            return self.rules
-        return MappingProxyType({k: (None if k in ("kv_heads", "act_kv_heads") else v) for k, v in self.rules.items()})
+    def rules_for(self, n_kv_heads: int, tp: int, pp: int) -> Rules:
+        """The rules for a model and mesh: kv heads fewer than (or not divisible by) tp are replicated
+        (GQA); under a pipeline the embedding, LM head and loss split their vocabulary over pp as well
+        as tp, so each stage does 1/pp of the edges' work (docs/design.md section 9)."""
+        rules = dict(self.rules)
+        if n_kv_heads % tp:
+            rules.update(kv_heads=None, act_kv_heads=None)
+        if pp > 1:
+            rules.update(vocab=(TP, PP), act_vocab=(TP, PP))
+        return MappingProxyType(rules)
 
 
 # Every scheme splits the batch over dp and fsdp, the sequence of every activation over cp, the stacked
 # layers over pipeline stages, shards each weight over fsdp on a dimension tp leaves alone
-# (FSDP/ZeRO-3), and runs the embedding and LM head vocab-parallel over tp.
+# (FSDP/ZeRO-3), and runs the embedding and LM head vocab-parallel over tp (and pp: `Scheme.rules_for`).
 _COMMON = {"batch": (DP, FSDP), "seq": CP, "layers": PP, "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
 _COMMON_REQUIRES = (
     Requirement("train.batch_size", (DP, FSDP)),
-    Requirement("model.vocab_size", (TP,), "vocab-parallel embedding and head"),
+    Requirement("model.vocab_size", (TP, PP), "vocab-parallel embedding and head, over tp and pipeline stages"),
     Requirement("model.vocab_size", (FSDP,)),
     Requirement("model.d_model", (FSDP,)),
 )
