@@ -489,7 +489,8 @@ def planner_section(pl: dict) -> list[str]:
         f"priced, at most {st['max_priced'] or 'all'} besides the paper's layout. The paper's layout (BTP at its TP and PP, "
         "DP = FSDP = 1, M = PP) is priced in every remat mode that fits and shown at its fastest. Schemes searched: "
         f"{', '.join(st['schemes'])}; pipeline repeats {', '.join(map(str, st['pp_repeats']))}. Seconds per iteration, "
-        "predicted. Time to plan: the row's wall time on this machine"
+        "predicted with no communication overlap (the planner's default; `python -m boost_jax.plan --overlap` prices "
+        "the overlap of section 2 and the data-parallel all-reduce behind the backward pass). Time to plan: the row's wall time on this machine"
         + (f", {st['workers']} compile workers, from {'an empty' if st['cold_cache'] else 'a warm'} compile cache."
            if "workers" in st else "."),
         "",
