@@ -68,9 +68,9 @@ class Scheme:
     requires: tuple[Requirement, ...]
     # Elements all-reduced per decoder layer forward, per device, for `tokens` tokens per replica.
     layer_forward_elements: Callable[[ModelConfig, int], int]
-    # The backward's all-reduces per decoder layer (elements of each, per device, in the order the
-    # backward issues them) for `tokens` tokens per replica at a tp size: each input gradient that
-    # is a partial sum over tp (docs/design.md, "Communication per layer, backward"); None where XLA
+    # The backward's all-reduces per decoder layer (elements of each, per device, one entry per
+    # partial sum) for `tokens` tokens per replica at a tp size: each input gradient that is a
+    # partial sum over tp (docs/design.md, "Communication per layer, backward"); None where XLA
     # alone decides it (kv heads replicated because tp does not divide them).
     layer_backward_all_reduces: Callable[[ModelConfig, int, int], tuple[int, ...] | None]
     summary: str
@@ -140,7 +140,7 @@ def _megatron_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...] 
 def _vanilla_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...]:
     # Every A column-parallel (split on r): its input gradient a partial sum of the input's full width;
     # grouping stacks the A's of one input and rank (q|k|v, gate|up) into one GEMM. 3 x [T, d] +
-    # [T, d_ff] at MHA llama shapes, as the authors' baseline (docs/design.md).
+    # [T, d_ff] at MHA llama shapes, as the authors' baseline (docs/design.md section 2).
     d = tokens * m.d_model
     qkv = _partial_sums(dict.fromkeys("qkv", m.attn_rank), m.grouping)
     gate_up = _partial_sums(dict.fromkeys(("gate", "up"), m.mlp_rank), m.grouping)

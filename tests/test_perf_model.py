@@ -309,7 +309,9 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     page = (tmp_path / "results.md").read_text()
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["paper"]["rows"]
-    assert [r["variant"] for r in rows] == ["dense/megatron", "cola/vanilla", "cola/btp"]
+    trio = ["dense/megatron", "cola/vanilla", "cola/btp"]
+    assert [(r["protocol"], r["variant"]) for r in rows] == [(p, v) for p in paper.PROTOCOLS for v in trio]
+    assert "### Which reading fits the paper" in page and "| llama-1b | cola/btp | 0.59 |" in page
     assert all(r["gemm_flops_hlo"] == r["gemm_flops_analytic"] for r in rows)
     dense = rows[0]["predicted"]["a100-80gb"]["seconds"]
     assert f"| llama-1b | 1,1,1 | {dense:.2f} / 0.85" in page

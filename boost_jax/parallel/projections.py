@@ -126,7 +126,7 @@ class MegatronProjections(Projections):
 
 class VanillaProjections(Projections):
     """Each (A, B) pair split on r by the layouts (XLA all-reduces each full-width output). With
-    `model.grouping` (the authors' baseline, docs/design.md "Tensor parallelism") the A's of one
+    `model.grouping` (the authors' baseline, docs/design.md section 2) the A's of one
     input and equal rank run as one stacked column-parallel GEMM where tp splits r, so their input
     gradient is one partial sum, all-reduced once: A_q|A_k|A_v and A_gate|A_up."""
 
@@ -198,15 +198,16 @@ def stacked_matmul(x: jax.Array, weights: list[jax.Array], *, flat: bool) -> lis
 
 def _by_rank(linears: Linears) -> dict[int, list[str]]:
     """Low-rank projection names grouped by rank (q|k|v share attn_rank, gate|up mlp_rank)."""
-    groups: dict[int, list[str]] = {}
-    for name, lin in linears.items():
-        groups.setdefault(lin.a[...].shape[1], []).append(name)
-    return groups
+    return _grouped(linears, lambda lin: lin.a[...].shape[1])
 
 
 def _by_width(linears: Linears) -> dict[int, list[str]]:
     """Projection names grouped by output width (GQA: q apart from k and v)."""
+    return _grouped(linears, lambda lin: lin.d_out)
+
+
+def _grouped(linears: Linears, key) -> dict[int, list[str]]:
     groups: dict[int, list[str]] = {}
     for name, lin in linears.items():
-        groups.setdefault(lin.d_out, []).append(name)
+        groups.setdefault(key(lin), []).append(name)
     return groups
