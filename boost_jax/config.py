@@ -65,7 +65,7 @@ class ModelConfig:
     param_dtype: DType = "float32"
     # BOOST's optimizations (low-rank archs under btp; docs/design.md sections 4-5):
     norm: Literal["online", "sync"] = "online"  # online: RMSNorm statistics ride the latent all-reduce
-    grouping: bool = True  # q|k|v and gate|up as one GEMM + one all-reduce each (dense: stacked GEMMs where tp splits them)
+    grouping: bool = True  # q|k|v and gate|up as one GEMM + one all-reduce each (dense, vanilla: stacked GEMMs where tp splits them)
     kernels: Literal["xla", "pallas"] = "xla"  # fused norm+down-projection and grouped matmul as Pallas kernels
 
     def resolved(self) -> ModelConfig:

@@ -14,6 +14,7 @@ in processes that never start JAX (`python -m boost_jax.data prepare`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -67,22 +68,32 @@ class Scheme:
     requires: tuple[Requirement, ...]
     # Elements all-reduced per decoder layer forward, per device, for `tokens` tokens per replica.
     layer_forward_elements: Callable[[ModelConfig, int], int]
+    # The backward's all-reduces per decoder layer (elements of each, per device, one entry per
+    # partial sum) for `tokens` tokens per replica at a tp size: each input gradient that is a
+    # partial sum over tp (docs/design.md, "Communication per layer, backward"); None where XLA
+    # alone decides it (kv heads replicated because tp does not divide them).
+    layer_backward_all_reduces: Callable[[ModelConfig, int, int], tuple[int, ...] | None]
     summary: str
 
-    def rules_for(self, n_kv_heads: int, tp: int) -> Rules:
-        """The rules for a model: kv heads fewer than (or not divisible by) tp are replicated (GQA)."""
-        if n_kv_heads % tp == 0:
-            return self.rules
-        return MappingProxyType({k: (None if k in ("kv_heads", "act_kv_heads") else v) for k, v in self.rules.items()})
+    def rules_for(self, n_kv_heads: int, tp: int, pp: int) -> Rules:
+        """The rules for a model and mesh: kv heads fewer than (or not divisible by) tp are replicated
+        (GQA); under a pipeline the embedding, LM head and loss split their vocabulary over pp as well
+        as tp, so each stage does 1/pp of the edges' work (docs/design.md section 9)."""
+        rules = dict(self.rules)
+        if n_kv_heads % tp:
+            rules.update(kv_heads=None, act_kv_heads=None)
+        if pp > 1:
+            rules.update(vocab=(TP, PP), act_vocab=(TP, PP))
+        return MappingProxyType(rules)
 
 
 # Every scheme splits the batch over dp and fsdp, the sequence of every activation over cp, the stacked
 # layers over pipeline stages, shards each weight over fsdp on a dimension tp leaves alone
-# (FSDP/ZeRO-3), and runs the embedding and LM head vocab-parallel over tp.
+# (FSDP/ZeRO-3), and runs the embedding and LM head vocab-parallel over tp (and pp: `Scheme.rules_for`).
 _COMMON = {"batch": (DP, FSDP), "seq": CP, "layers": PP, "vocab": TP, "table_embed": FSDP, "act_vocab": TP}
 _COMMON_REQUIRES = (
     Requirement("train.batch_size", (DP, FSDP)),
-    Requirement("model.vocab_size", (TP,), "vocab-parallel embedding and head"),
+    Requirement("model.vocab_size", (TP, PP), "vocab-parallel embedding and head, over tp and pipeline stages"),
     Requirement("model.vocab_size", (FSDP,)),
     Requirement("model.d_model", (FSDP,)),
 )
@@ -102,6 +113,52 @@ def _btp_elements(m: ModelConfig, tokens: int) -> int:
     return tokens * (4 * m.attn_rank + 3 * m.mlp_rank)  # the rank-r latents only
 
 
+def _partial_sums(split: dict[str, int], grouping: bool) -> int:
+    """How many partial sums the GEMMs of one input leave, given each split projection's output width:
+    one each, or with grouping one per width (the GEMMs stacked: q|k|v, GQA's q apart from k|v)."""
+    return len(set(split.values())) if grouping else len(split)
+
+
+def _attention_split(m: ModelConfig, tp: int) -> dict[str, int] | None:
+    """The output widths of q/k/v, column-parallel on heads; None where tp does not divide the kv
+    heads: they are replicated (Scheme.rules_for) and the gradient of k and v, read by split q
+    heads, is a partial sum XLA places itself (on k|v, or on their latents: no one analytic)."""
+    if m.n_kv_heads % tp:
+        return None
+    return {"q": m.n_heads * m.head_dim, "k": m.n_kv_heads * m.head_dim, "v": m.n_kv_heads * m.head_dim}
+
+
+def _megatron_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...] | None:
+    # Column-parallel q/k/v and gate/up: each GEMM's input gradient a partial sum of [T, d].
+    if (split := _attention_split(m, tp)) is None:
+        return None
+    attention = _partial_sums(split, m.grouping)
+    mlp = _partial_sums({"gate": m.d_ff, "up": m.d_ff}, m.grouping)
+    return (tokens * m.d_model,) * (attention + mlp)
+
+
+def _vanilla_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...]:
+    # Every A column-parallel (split on r): its input gradient a partial sum of the input's full width;
+    # grouping stacks the A's of one input and rank (q|k|v, gate|up) into one GEMM. 3 x [T, d] +
+    # [T, d_ff] at MHA llama shapes, as the authors' baseline (docs/design.md section 2).
+    d = tokens * m.d_model
+    qkv = _partial_sums(dict.fromkeys("qkv", m.attn_rank), m.grouping)
+    gate_up = _partial_sums(dict.fromkeys(("gate", "up"), m.mlp_rank), m.grouping)
+    return (d,) * qkv + (tokens * m.n_heads * m.head_dim,) + (d,) * gate_up + (tokens * m.d_ff,)
+
+
+def _btp_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...] | None:
+    # The latents' gradients, each a partial sum at its column-parallel B; grouping batches the B's of
+    # equal width (GQA: B_q apart from B_k|B_v), one partial sum of their stacked latents.
+    r, q = m.attn_rank, m.mlp_rank
+    if (split := _attention_split(m, tp)) is None:
+        return None
+    if not m.grouping:
+        return (tokens * r,) * (len(split) + 1) + (tokens * q,) * 3
+    stacked = Counter(split.values()).values()  # B's per width
+    return (*(tokens * n * r for n in stacked), tokens * r, tokens * 2 * q, tokens * q)
+
+
 SCHEMES: dict[str, Scheme] = {
     "megatron": Scheme(
         "megatron", archs=("dense",), knobs=("grouping",),
@@ -111,19 +168,22 @@ SCHEMES: dict[str, Scheme] = {
                                 "act_heads": TP, "act_kv_heads": TP, "act_mlp": TP}),
         requires=(*_COMMON_REQUIRES, Requirement("model.n_heads", (TP,)), Requirement("model.d_ff", (TP,))),
         layer_forward_elements=_megatron_elements,
+        layer_backward_all_reduces=_megatron_backward,
         summary="q/k/v/gate/up column-parallel, o/down row-parallel: 2 all-reduces of [T, d] per layer",
     ),
     "vanilla": Scheme(
-        "vanilla", archs=_LOW_RANK, knobs=(),
+        "vanilla", archs=_LOW_RANK, knobs=("grouping",),
         # Megatron applied to each (A, B) pair: A split on r, B split on r, an all-reduce of the full
-        # width output after every B; attention and the MLP product run replicated.
+        # width output after every B; attention and the MLP product run replicated. With grouping
+        # (the authors' baseline) A_q|A_k|A_v and A_gate|A_up run as one column-parallel GEMM each.
         rules=MappingProxyType({**_COMMON, "rank": TP, "embed": FSDP, "heads": FSDP, "kv_heads": FSDP, "mlp": FSDP,
                                 "act_latent": TP}),
         requires=(*_COMMON_REQUIRES, Requirement("model.attn_rank", (TP,)), Requirement("model.mlp_rank", (TP,)),
                   Requirement("model.n_heads*head_dim", (FSDP,)), Requirement("model.n_kv_heads*head_dim", (FSDP,)),
                   Requirement("model.d_ff", (FSDP,))),
         layer_forward_elements=_vanilla_elements,
-        summary="each (A, B) a Megatron chunk split on r: 7 all-reduces of [T, d or d_ff] per layer",
+        layer_backward_all_reduces=_vanilla_backward,
+        summary="each (A, B) a Megatron chunk split on r: 7 all-reduces of [T, d or d_ff] per layer forward",
     ),
     "btp": Scheme(
         "btp", archs=_LOW_RANK, knobs=("norm", "grouping", "kernels"),
@@ -135,6 +195,7 @@ SCHEMES: dict[str, Scheme] = {
                   Requirement("model.d_model", (TP,), "the residual is split on d"),
                   Requirement("model.attn_rank", (FSDP,)), Requirement("model.mlp_rank", (FSDP,))),
         layer_forward_elements=_btp_elements,
+        layer_backward_all_reduces=_btp_backward,
         summary="residual split on d, A row-parallel, B column-parallel: 4 all-reduces of rank-r latents per layer",
     ),
 }

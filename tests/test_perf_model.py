@@ -238,6 +238,43 @@ def test_predict_adds_up_its_parts(a100):
     assert sum(one["parts"].values()) == pytest.approx(one["seconds"])
 
 
+def test_overlap_hides_backward_tp_collectives_up_to_the_weight_gradient_gemms(a100):
+    """perf_model's overlap: the layers' backward all-reduces hide behind a third of the layers' GEMM
+    time (dW), never more than themselves; forward and edge collectives stay exposed."""
+    layer = Gemm(1, 4096, 4096, 4096, 3, True, False)
+    ar = lambda shape, backward, depth: Collective("all-reduce", "bf16", shape, math.prod(shape) * 2, "{{0,1,2,3}}", 4,
+                                                   "c", depth, 3 if depth else 1, None, backward=backward)
+    for shape in ((4096, 4096), (64, 64)):  # more than dW can hide, and less
+        cols = [ar(shape, True, 1), ar(shape, False, 1), ar(shape, True, 0)]
+        work = Work([layer], [], cols, 2, 10**6)
+        plain, hidden = predict(work, a100), predict(work, a100, overlap=True)
+        backward_tp = 3 * collective_seconds(cols[0], a100)
+        want = min(backward_tp, 3 * gemm_seconds(layer, a100, 2) / 3)
+        assert plain["overlap_hidden_s"] == 0 < want and hidden["overlap_hidden_s"] == pytest.approx(want)
+        assert hidden["seconds"] == pytest.approx(plain["seconds"] - want)
+
+
+def test_the_authors_protocol_runs_their_configs_and_prices_the_iteration():
+    """`bench paper --protocol authors`: 7B at micro-batch 1 x 4 accumulation steps, tied, their norm;
+    1B at 2 x 16 with the sync norm; 13B (no config of theirs: 7B's) as one pipelined program of its 4
+    micro-batches. An iteration is every micro-batch and one optimizer step; ours is per micro-batch."""
+    seven = paper.row_config("llama-7b", "cola/btp", protocol="authors")
+    assert (seven.train.batch_size, seven.train.microbatches, seven.model.tie_embeddings, seven.model.norm) == (1, 1, True, "online")
+    assert paper.row_config("llama-7b", "cola/vanilla", protocol="authors").model.norm == "online"  # the default: untouched
+    one = paper.row_config("llama-1b", "cola/btp", protocol="authors")
+    assert (one.train.batch_size, one.model.norm, paper.runs_per_iteration("llama-1b", "authors")) == (2, "sync", 16)
+    thirteen = paper.row_config("llama-13b", "dense/megatron", protocol="authors")
+    assert (thirteen.train.batch_size, thirteen.train.microbatches, thirteen.parallel.pp) == (4, 4, 2)
+    assert paper.runs_per_iteration("llama-13b", "authors") == paper.runs_per_iteration("llama-7b", "micro") == 1
+    pred = {"seconds": 1.0, "with_overlap_s": 0.8, "parts": {"optimizer": 0.1}}
+    row = lambda protocol, runs, m: {"protocol": protocol, "runs_per_iteration": runs, "microbatches": m, "predicted": {"x": pred}}
+    assert paper.model_seconds(row("authors", 4, 1), "x") == pytest.approx(4 * 0.9 + 0.1)
+    assert paper.model_seconds(row("authors", 4, 1), "x", overlap=True) == pytest.approx(4 * 0.7 + 0.1)
+    assert paper.model_seconds(row("micro", 1, 2), "x") == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match=r"--protocol: unknown 'theirs'"):
+        paper.row_config("llama-7b", "cola/btp", protocol="theirs")
+
+
 def test_permutes_cross_the_network_only_between_nodes(a100):
     assert a100.gpus_per_node == 4
     send = lambda pairs: Collective("collective-permute", "bf16", (1,), 10**9, pairs, 2, "c", 1, 1, None)
@@ -272,7 +309,9 @@ def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
     page = (tmp_path / "results.md").read_text()
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["paper"]["rows"]
-    assert [r["variant"] for r in rows] == ["dense/megatron", "cola/vanilla", "cola/btp"]
+    trio = ["dense/megatron", "cola/vanilla", "cola/btp"]
+    assert [(r["protocol"], r["variant"]) for r in rows] == [(p, v) for p in paper.PROTOCOLS for v in trio]
+    assert "### Which reading fits the paper" in page and "| llama-1b | cola/btp | 0.59 |" in page
     assert all(r["gemm_flops_hlo"] == r["gemm_flops_analytic"] for r in rows)
     dense = rows[0]["predicted"]["a100-80gb"]["seconds"]
     assert f"| llama-1b | 1,1,1 | {dense:.2f} / 0.85" in page

@@ -12,7 +12,9 @@ from flax import nnx
 
 from boost_jax.analysis.comm import measure
 from boost_jax.analysis.program import build, config_for
+from boost_jax.analysis.work import analyze
 from boost_jax.config import ConfigError, load_config
+from boost_jax.layers.attention import query_group
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.pipeline import Schedule, merge_microbatches, run_pipeline, split_microbatches
 from boost_jax.weights import abstract_model, place_params, relayout_layers
@@ -103,22 +105,24 @@ def loss_and_grads(cfg, devices=None):
 
 
 @functools.cache
-def reference(arch):
-    cfg = config(arch, "megatron" if arch == "dense" else "btp", 1, 1, 1)
+def reference(arch, *extra):
+    cfg = config(arch, "megatron" if arch == "dense" else "btp", 1, 1, 1, 1, *extra)
     return loss_and_grads(cfg, jax.devices()[:1])
 
 
-@pytest.mark.parametrize("arch, scheme, pp, tp, micro, repeats, remat", [
-    ("cola", "btp", 2, 4, 2, 1, "none"),
+@pytest.mark.parametrize("arch, scheme, pp, tp, micro, repeats, remat, extra", [
+    ("cola", "btp", 2, 4, 2, 1, "none", ()),
     # The rest of the grid (megatron, pp 4, R 2, LaX, full and lowrank remat) runs in the full suite.
-    pytest.param("dense", "megatron", 2, 4, 4, 1, "full", marks=pytest.mark.slow),
-    pytest.param("lax", "btp", 2, 2, 4, 2, "lowrank", marks=pytest.mark.slow),  # dp=2; LaX; circular
-    pytest.param("dense", "megatron", 4, 2, 4, 2, "none", marks=pytest.mark.slow),
-    pytest.param("cola", "btp", 4, 2, 8, 1, "lowrank", marks=pytest.mark.slow),
+    pytest.param("dense", "megatron", 2, 4, 4, 1, "full", (), marks=pytest.mark.slow),
+    pytest.param("lax", "btp", 2, 2, 4, 2, "lowrank", (), marks=pytest.mark.slow),  # dp=2; LaX; circular
+    pytest.param("dense", "megatron", 4, 2, 4, 2, "none", (), marks=pytest.mark.slow),
+    pytest.param("cola", "btp", 4, 2, 8, 1, "lowrank", (), marks=pytest.mark.slow),
+    # Tied embeddings: one table for the lookup and the head, its vocabulary split over tp x pp.
+    pytest.param("cola", "vanilla", 2, 2, 2, 1, "none", ("model.tie_embeddings=true",), marks=pytest.mark.slow),
 ])
-def test_pipelined_model_equals_one_device(arch, scheme, pp, tp, micro, repeats, remat):
-    value, grads = loss_and_grads(config(arch, scheme, pp, tp, micro, repeats, f"train.remat={remat}"))
-    ref_value, ref_grads = reference(arch)
+def test_pipelined_model_equals_one_device(arch, scheme, pp, tp, micro, repeats, remat, extra):
+    value, grads = loss_and_grads(config(arch, scheme, pp, tp, micro, repeats, f"train.remat={remat}", *extra))
+    ref_value, ref_grads = reference(arch, *extra)
     assert value == pytest.approx(ref_value, rel=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-7
@@ -136,6 +140,30 @@ def test_pipeline_shapes_that_do_not_divide_fail_early(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         make_plan(load_config(None, ["model.preset=llama-tiny", "model.n_layers=8", "train.batch_size=8",
                                      *overrides]))
+
+
+def head_flops(model, pp, seq, tp=4, **kw):
+    """The GEMM FLOPs outside the compiled train step's loops, per device: the LM head's forward and
+    backward (the embedding is a lookup), and the model's config."""
+    cfg = config_for(model, "cola", "btp", tp=tp, pp=pp, microbatches=pp, batch_size=pp, seq=seq, dtype="bfloat16", **kw)
+    prog = build(cfg)
+    text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
+    gemms, _ = analyze(text, seq=seq, itemsize=2, query_block=cfg.model.attention_query_block,
+                       group=query_group(prog.plan, cfg.model))
+    return sum(g.flops * g.trip_count for g in gemms if not g.in_loop and not g.attention), cfg.model
+
+
+@pytest.mark.parametrize("model, pp, tp, seq", [
+    ("llama-tiny", 2, 4, 32),
+    # The paper's 13B layout; 30B at pp=4 on the tests' 8 devices with tp=2 (the paper's tp=4 needs 16).
+    *(pytest.param(*c, marks=pytest.mark.slow) for c in [("llama-13b", 2, 4, 512), ("llama-30b", 4, 2, 512)])])
+def test_each_stage_runs_1_over_pp_of_the_head(model, pp, tp, seq):
+    """The embedding, head and loss split their vocabulary over tp x pp: each device's head GEMMs
+    (forward, and the backward's two) do 1/pp of the 6 T d V / tp FLOPs every stage did when the
+    edges ran the same on each (pp micro-batches of one sequence: T = pp x seq)."""
+    flops, m = head_flops(model, pp, seq, tp, **({"overrides": ["model.n_layers=4"]} if model == "llama-tiny" else {}))
+    every_stage_before = 6 * pp * seq * m.d_model * m.vocab_size / tp
+    assert flops == every_stage_before / pp
 
 
 @pytest.mark.slow  # the inner loop checks the stage-to-stage bytes in tests/test_perf_model.py

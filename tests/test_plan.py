@@ -48,8 +48,8 @@ def test_scheme_table_is_consistent():
     (["model.arch=cola", "parallel.scheme=vanilla", "model.kernels=pallas"],
      "model.kernels: 'pallas' has no effect under parallel.scheme=vanilla"),
     (["model.arch=dense", "model.norm=sync"], "model.norm: 'sync' has no effect under parallel.scheme=megatron"),
-    (["model.arch=svd", "parallel.scheme=vanilla", "model.grouping=false"],
-     "model.grouping: False has no effect under parallel.scheme=vanilla"),
+    (["model.arch=svd", "parallel.scheme=vanilla", "model.norm=sync"],
+     "model.norm: 'sync' has no effect under parallel.scheme=vanilla"),
     (["model.attn_rank=0"], "model.attn_rank: must be a positive integer, got 0 (null means the default"),
     (["model.mlp_rank=0"], "model.mlp_rank: must be a positive integer, got 0"),
 ])

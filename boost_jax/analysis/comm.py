@@ -15,7 +15,7 @@ import jax
 
 import numpy as np
 
-from boost_jax.analysis.hlo import Collective, audit, canonical_groups, summarize
+from boost_jax.analysis.hlo import Collective, audit, canonical_groups, nbytes, summarize
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import Program
 from boost_jax.parallel import Plan
@@ -72,6 +72,8 @@ def measure(prog: Program) -> dict:
               // (pipe.microbatches if pipe else 1))
     itemsize = 2 if m.dtype == "bfloat16" else 4
     analytic = prog.plan.scheme.layer_forward_elements(m, tokens) * itemsize
+    backward_elements = prog.plan.scheme.layer_backward_all_reduces(m, tokens, shape["tp"])
+    analytic_bwd = None if backward_elements is None else sorted(n * itemsize for n in backward_elements)
     upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in layers(cols) if c.upcast_from)
     fwd_ops = [_describe(c) for c in layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
@@ -85,6 +87,11 @@ def measure(prog: Program) -> dict:
         "layer_forward_issued": layer_issued,
         "analytic_layer_forward_bytes": analytic,
         "forward_over_analytic": layer_fwd["bytes"] / analytic,
+        # The backward's all-reduces per layer, one entry per partial sum (combined or not by XLA).
+        "analytic_layer_backward_all_reduces": analytic_bwd,
+        "analytic_layer_backward_bytes": None if analytic_bwd is None else sum(analytic_bwd),
+        "layer_backward_all_reduce_parts": sorted(nbytes(dt, dims) for c in layers(bwd) if c.kind == "all-reduce"
+                                                  for dt, dims in c.parts),
         "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},

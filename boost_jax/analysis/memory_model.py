@@ -21,9 +21,9 @@ Parts (docs/design.md, "Memory model"):
                     stage's weight-only residuals once; with R > 1 each iteration keeps its chunk's
                     weights (picked by a traced index) and what is computed from them.
   pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop (input, inbox and
-                    outbox, merged output, cotangents) as 5 x M full-width [rows, seq / cp, d] values:
+                    outbox, merged output, cotangents) as 3.5 x M full-width [rows, seq / cp, d] values:
                     the one fitted constant of the model
-  loss              the fp32 logits [rows, seq (or train.loss_chunk) / cp, V / tp] and their cotangent (rows:
+  loss              the fp32 logits [rows, seq (or train.loss_chunk) / cp, V / (tp pp)] and their cotangent (rows:
                     one micro-batch's, or under a pipeline all M, which the head sees merged)
   transient         the largest working set on top: one layer's backward (its recomputed forward
                     and cotangents), or the loss's
@@ -183,9 +183,9 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
         if chunk > 1:  # one iteration's [Lc, ...] residuals, copied between the loop's [T, ...]
             activations += chunk * one.activations  # stacks and the chunk's layer scan (XLA's buffers)
         # The M micro-batches' hidden states around the loop (embedded input, inbox and outbox, the
-        # merged output the final norm reads, their cotangents): 5 x M full-width [rows, seq, d]
+        # merged output the final norm reads, their cotangents): 3.5 x M full-width [rows, seq, d]
         # values, a one-constant fit (bench/memory.py VALIDATION says where it was fitted).
-        buffers = 5 * t.microbatches * rows * t.seq_len // cp * m.d_model * jnp.dtype(m.dtype).itemsize
+        buffers = int(3.5 * t.microbatches * rows * t.seq_len // cp * m.d_model * jnp.dtype(m.dtype).itemsize)
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
     # The head and loss run once per micro-batch under accumulation, but once on all M merged

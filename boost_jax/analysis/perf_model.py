@@ -5,7 +5,7 @@ GEMMs and memory-bound traffic (`analysis/work.py`) and its collectives (`analys
 Hardware constants come from `boost_jax/configs/hardware.yaml`. Nothing is fitted to the paper.
 
 The model, per device, with no overlap of compute and tensor-parallel communication (Megatron,
-vanilla TP and BOOST all block on their all-reduces):
+vanilla TP and BOOST all block on their all-reduces) unless `overlap` is asked for (below):
 
   GEMM        max(FLOPs / (peak * gemm_efficiency * wave), bytes / (HBM * memory_efficiency)) + overhead
               wave = tiles / (ceil(tiles / SMs) * SMs): the last partial wave of output tiles idles SMs
@@ -14,6 +14,13 @@ vanilla TP and BOOST all block on their all-reduces):
   collective  latency + f(group) * bytes / (link * collective_efficiency), ring algorithms:
               all-reduce f = 2(g-1)/g; all-gather, reduce-scatter, all-to-all f = (g-1)/g; permute f = 1
   optimizer   AdamW over this device's fp32 parameters: 28 bytes per parameter through HBM
+
+With `overlap=True` (what Nanotron does: its async column-linear issues each backward input-gradient
+all-reduce and computes the weight gradient meanwhile) the decoder layers' backward tensor-parallel
+collectives are hidden behind their weight-gradient GEMMs, up to those GEMMs' time: taken as a third
+of the layers' GEMM seconds (dW does the forward's FLOPs), summed over the step, so an upper bound on
+what per-GEMM pairing would hide. The planner adds the data-parallel gradient reduction's overlap
+with the backward pass (planner/price.py).
 
 Pipeline parallelism (the paper's 13B and 30B runs) is not assumed: the program compiled is the
 pipelined train step itself (`parallel/pipeline.py`), so its iteration loop (M * R + S - 1 trips,
@@ -174,10 +181,12 @@ def _in_loop(x) -> bool:
     return x.loop_depth > 0 if isinstance(x, Collective) else x.in_loop
 
 
-def predict(work: Work, hw: Hardware) -> dict:
+def predict(work: Work, hw: Hardware, overlap: bool = False) -> dict:
     """Seconds per iteration (one run of the compiled step, then the optimizer), its parts, and the
     seconds inside loops (decoder layers; under a pipeline, its iterations) and outside them (edge:
-    embedding, head, loss). Stage-to-stage permutes are reported apart as `pipeline_p2p`."""
+    embedding, head, loss). Stage-to-stage permutes are reported apart as `pipeline_p2p`. `overlap`:
+    the layers' backward TP collectives hide behind their weight-gradient GEMMs (module docstring);
+    what is hidden is reported as `overlap_hidden_s` and taken off the loop's seconds."""
     gemms = [g for g in work.gemms if not g.attention]
     p2p = [c for c in work.collectives if c.kind == "collective-permute"]
     parts = {
@@ -190,8 +199,12 @@ def predict(work: Work, hw: Hardware) -> dict:
     optimizer = work.params_per_device * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
     gemm_flops = sum(g.flops * g.trip_count for g in gemms)
     seconds = {k: sum(v) for k, v in parts.items()} | {"optimizer": optimizer}
+    hidden = 0.0
+    if overlap:
+        backward_tp = _split([c for c in work.collectives if c.backward and c not in p2p], lambda c: collective_seconds(c, hw))[0]
+        hidden = min(backward_tp, parts["gemm"][0] / 3)  # dW: a third of the layers' GEMM time
     return {
-        "seconds": sum(seconds.values()), "parts": seconds,
-        "loop_s": sum(v[0] for v in parts.values()), "edge_s": sum(v[1] for v in parts.values()),
+        "seconds": sum(seconds.values()) - hidden, "parts": seconds, "overlap_hidden_s": hidden,
+        "loop_s": sum(v[0] for v in parts.values()) - hidden, "edge_s": sum(v[1] for v in parts.values()),
         "gemm_utilization": gemm_flops / (sum(parts["gemm"]) * hw.peak_flops) if gemm_flops else 0.0,
     }

@@ -23,6 +23,9 @@ def print_table(r: dict) -> None:
         print(f"    {phase:8s} {r[f'layer_{phase}_collectives']:3d} collectives {r[f'layer_{phase}_bytes'] / GIB:8.4f} GiB  ({kinds})")
     print(f"    analytic forward          {r['analytic_layer_forward_bytes'] / GIB:8.4f} GiB  "
           f"(measured / analytic = {r['forward_over_analytic']:.4f})")
+    if (bwd := r["analytic_layer_backward_bytes"]) is not None:
+        print(f"    analytic backward         {bwd / GIB:8.4f} GiB  ({len(r['analytic_layer_backward_all_reduces'])} "
+              f"all-reduces; measured parts equal: {r['layer_backward_all_reduce_parts'] == r['analytic_layer_backward_all_reduces']})")
     for op in r["layer_forward_ops"]:
         print(f"      fwd: {op}")
     if r["layer_forward_issued"]:

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -63,15 +65,51 @@ VARIANTS = ("dense/megatron", "cola/vanilla", "cola/btp", "svd/vanilla", "svd/bt
 MICROBATCH_ROWS = 4  # the paper's micro-batch: 4 sequences of 4096 tokens, in bf16
 
 
-def row_config(model: str, variant: str, overrides: tuple[str, ...] = ()) -> Config:
-    """One row of the paper's table as a config: its (TP, PP), an iteration of PP micro-batches of
-    MICROBATCH_ROWS x 4096 tokens in bf16, then `overrides`."""
+@dataclass(frozen=True)
+class AuthorsRun:
+    """How the authors' configs run a model (Arcana-2236/BOOST `examples/cola/config_cola_llama_*.yaml`,
+    timed by `run_iter_compare.sh`): rows per micro-batch, micro-batches per iteration (accumulation),
+    tied embeddings, and our nearest `model.norm` for BTP."""
+
+    rows: int
+    accumulation: int
+    tied: bool
+    norm: str  # 7B's default per-shard norm issues no statistic all-reduce: nearest is online
+
+
+# Their 7B and 1B configs; models without one of theirs (3B, 13B, 30B) take 7B's, the model their
+# timing script runs (docs/design.md, "Presets against the references").
+AUTHORS = {"llama-1b": AuthorsRun(2, 16, True, "sync"), "llama-7b": AuthorsRun(1, 4, True, "online")}
+# micro: ours (micro-batch 4 x 4096, M = PP, the time per micro-batch); authors: their configs, the
+# time per iteration (every micro-batch and the optimizer step), as their script measures it.
+PROTOCOLS = ("micro", "authors")
+
+
+def row_config(model: str, variant: str, overrides: tuple[str, ...] = (), protocol: str = "micro") -> Config:
+    """One row of the paper's table as a config at its (TP, PP), in bf16 at 4096 tokens, then
+    `overrides`. micro: an iteration of PP micro-batches of MICROBATCH_ROWS sequences. authors: the
+    authors' micro-batch, tying and norm; under a pipeline all their micro-batches in one program,
+    without one a single micro-batch (`runs_per_iteration` prices the rest)."""
     arch, scheme = variant.split("/")
     tp, pp = PAPER[model]["tp"], PAPER[model]["pp"]
+    if protocol == "micro":
+        rows, micro, extra = MICROBATCH_ROWS, pp, []
+    elif protocol == "authors":
+        run = AUTHORS.get(model, AUTHORS["llama-7b"])
+        rows, micro = run.rows, (run.accumulation if pp > 1 else 1)
+        extra = [f"model.tie_embeddings={str(run.tied).lower()}", *([f"model.norm={run.norm}"] if scheme == "btp" else [])]
+    else:
+        raise ConfigError(f"--protocol: unknown {protocol!r}; choose from {list(PROTOCOLS)}")
     return load_config(None, [
         f"model.preset={model}", f"model.arch={arch}", f"parallel.scheme={scheme}", f"parallel.tp={tp}", "parallel.dp=1",
-        f"parallel.pp={pp}", f"train.microbatches={pp}", f"train.batch_size={MICROBATCH_ROWS * pp}", "train.seq_len=4096",
-        "model.dtype=bfloat16", *overrides])
+        f"parallel.pp={pp}", f"train.microbatches={micro}", f"train.batch_size={rows * micro}", "train.seq_len=4096",
+        "model.dtype=bfloat16", *extra, *overrides])
+
+
+def runs_per_iteration(model: str, protocol: str) -> int:
+    """Runs of the compiled program per iteration of the protocol: the authors' accumulation steps
+    where no pipeline holds them; 1 otherwise."""
+    return AUTHORS.get(model, AUTHORS["llama-7b"]).accumulation if protocol == "authors" and PAPER[model]["pp"] == 1 else 1
 
 
 def measure(cfg: Config, variant: str) -> tuple[dict, Work, list]:
@@ -125,39 +163,57 @@ def paper_variants(model: str) -> list[str]:
 
 
 def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, overrides: tuple[str, ...] = (),
-        log=print) -> dict:
-    """`variants=None`: each model's `paper_variants`; each row `row_config(model, variant, overrides)`."""
+        log=print, protocols: tuple[str, ...] = ("micro",)) -> dict:
+    """`variants=None`: each model's `paper_variants`; each row `row_config(model, variant, overrides,
+    protocol)` for each protocol, priced with and without the performance model's overlap."""
     rows = []
-    for model in models:
-        setting = PAPER[model]
-        for variant in variants or paper_variants(model):
-            t0 = time.perf_counter()
-            row, work, layer_fwd = measure(row_config(model, variant, overrides), variant)
-            row["predicted"] = {name: predict(work, hw)
-                                | {"layer_forward_comm_s": sum(collective_seconds(c, hw) for c in layer_fwd)}
-                                for name, hw in hardware.items()}
-            row["paper_seconds"] = setting.get(variant)
-            row["compile_s"] = time.perf_counter() - t0
-            rows.append(row)
-            log(f"  {model} {variant}: compiled and analysed in {row['compile_s']:.0f} s")
+    for protocol in protocols:
+        for model in models:
+            setting = PAPER[model]
+            for variant in variants or paper_variants(model):
+                t0 = time.perf_counter()
+                row, work, layer_fwd = measure(row_config(model, variant, overrides, protocol), variant)
+                row["protocol"], row["runs_per_iteration"] = protocol, runs_per_iteration(model, protocol)
+                row["predicted"] = {name: predict(work, hw)
+                                    | {"layer_forward_comm_s": sum(collective_seconds(c, hw) for c in layer_fwd),
+                                       "with_overlap_s": predict(work, hw, overlap=True)["seconds"]}
+                                    for name, hw in hardware.items()}
+                row["paper_seconds"] = setting.get(variant)
+                row["compile_s"] = time.perf_counter() - t0
+                rows.append(row)
+                log(f"  {protocol} {model} {variant}: compiled and analysed in {row['compile_s']:.0f} s")
     first = rows[0] if rows else {}
     return {"settings": {"batch": first.get("batch"), "seq": first.get("seq"), "dtype": first.get("dtype"),
-                         "overrides": list(overrides), "jax": jax.__version__, "backend": jax.default_backend()},
+                         "overrides": list(overrides), "protocols": list(protocols), "jax": jax.__version__,
+                         "backend": jax.default_backend()},
             "hardware": {name: vars(hw) for name, hw in hardware.items()}, "rows": rows}
 
 
-def find_row(result: dict, model: str, variant: str) -> dict | None:
-    return next((r for r in result["rows"] if r["model"] == model and r["variant"] == variant), None)
+def find_row(result: dict, model: str, variant: str, protocol: str = "micro") -> dict | None:
+    return next((r for r in result["rows"] if r["model"] == model and r["variant"] == variant
+                 and r["protocol"] == protocol), None)
+
+
+def model_seconds(row: dict, hw: str, overlap: bool = False) -> float:
+    """The model's reading of the paper's figure under the row's protocol on `hw`: micro, the time per
+    micro-batch (an iteration over M); authors, the time per iteration (every micro-batch's forward
+    and backward, then one optimizer step). `overlap`: priced with perf_model's overlap."""
+    pred = row["predicted"][hw]
+    seconds, optimizer = (pred["with_overlap_s"] if overlap else pred["seconds"]), pred["parts"]["optimizer"]
+    if row["protocol"] == "authors":
+        return row["runs_per_iteration"] * (seconds - optimizer) + optimizer
+    return seconds / row["microbatches"]
 
 
 def measured_table(result: dict) -> list[str]:
     """Markdown: what was measured per variant (per device: its pipeline stage, all micro-batches)."""
-    lines = ["| model | variant | TP,PP,M | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic "
+    lines = ["| model | variant | protocol: TP,PP,M x rows | layer fwd GiB (ops) | layer bwd GiB (ops) | GEMM TFLOP HLO / analytic "
              "| attention TFLOP HLO / analytic causal | XLA cost_analysis TFLOP | CPU compile: peak GiB + AdamW GiB "
              "| memory model GiB (GPU, AdamW included) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | {r['variant']} | {_layout(r)} | {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
+        lines.append(f"| {r['model']} | {r['variant']} | {r['protocol']}: {_layout(r)} x {r['batch']} "
+                     f"| {r['layer_forward_bytes'] / GIB:.4f} ({r['layer_forward_collectives']}) "
                      f"| {r['layer_backward_bytes'] / GIB:.4f} ({r['layer_backward_collectives']}) "
                      f"| {r['gemm_flops_hlo'] / 1e12:.2f} / {r['gemm_flops_analytic'] / 1e12:.2f} "
                      f"| {r['attention_flops_hlo'] / 1e12:.2f} / {r['attention_flops_analytic_causal'] / 1e12:.2f} "
@@ -167,29 +223,67 @@ def measured_table(result: dict) -> list[str]:
 
 
 def _layout(r: dict) -> str:
-    return f"{r['tp']},{r['pp']},{r['microbatches']}"
+    return f"{r['tp']},{r['pp']},{r['microbatches'] * r['runs_per_iteration']}"
 
 
-def per_microbatch(row: dict, hw: str) -> float:
-    """Predicted seconds per micro-batch of `batch` sequences: an iteration of M of them, over M. The
-    paper's figure is read as this (its micro-batch is 4 x 4096; docs/results.md discusses why)."""
-    return row["predicted"][hw]["seconds"] / row["microbatches"]
+def _rows(result: dict, protocol: str) -> list[dict]:
+    return [r for r in result["rows"] if r["protocol"] == protocol]
 
 
-def prediction_table(result: dict, hw: str) -> list[str]:
-    """Markdown: predicted seconds per micro-batch on `hw` beside the paper's, with BOOST's speedups."""
+def prediction_table(result: dict, hw: str, protocol: str = "micro", overlap: bool = False) -> list[str]:
+    """Markdown: the model's reading of the paper's figure on `hw` under `protocol` (`model_seconds`)
+    beside the paper's, with BOOST's speedups."""
     lines = ["| model | TP,PP,M | full: model / paper | vanilla: model / paper | BOOST: model / paper "
              "| BOOST vs full: model / paper | BOOST vs vanilla: model / paper |",
              "|---|---|---|---|---|---|---|"]
-    for model in dict.fromkeys(r["model"] for r in result["rows"]):
-        trio = [find_row(result, model, v) for v in COLUMNS]
+    for model in dict.fromkeys(r["model"] for r in _rows(result, protocol)):
+        trio = [find_row(result, model, v, protocol) for v in COLUMNS]
         if None in trio:
             continue
-        p = [per_microbatch(t, hw) for t in trio]
+        p = [model_seconds(t, hw, overlap) for t in trio]
         q = [t["paper_seconds"] for t in trio]
         cells = [f"{a:.2f} / {b:.2f} ({a / b:.2f}x)" for a, b in zip(p, q)]
         lines.append(f"| {model} | {_layout(trio[0])} | " + " | ".join(cells)
                      + f" | {p[0] / p[2]:.2f}x / {q[0] / q[2]:.2f}x | {p[1] / p[2]:.2f}x / {q[1] / q[2]:.2f}x |")
+    return lines
+
+
+READINGS = tuple((protocol, overlap) for protocol in PROTOCOLS for overlap in (False, True))
+
+
+def reading_name(protocol: str, overlap: bool) -> str:
+    return protocol + (" + overlap" if overlap else "")
+
+
+def best_reading(result: dict, model: str, variant: str, hw: str) -> tuple[str, float] | None:
+    """The protocol and overlap setting whose model seconds lie closest to the paper's figure for one
+    paper row (in ratio, either way), and that ratio; None without the paper's figure or any reading."""
+    found = []
+    for protocol, overlap in READINGS:
+        r = find_row(result, model, variant, protocol)
+        if r and r["paper_seconds"]:
+            found.append((reading_name(protocol, overlap), model_seconds(r, hw, overlap) / r["paper_seconds"]))
+    return min(found, key=lambda x: abs(math.log(x[1]))) if found else None
+
+
+def fit_table(result: dict, hw: str) -> list[str]:
+    """Markdown: per paper row, the model's seconds under each protocol, without and with overlap, as
+    a ratio to the paper's figure, and the reading that fits it best."""
+    present = [rd for rd in READINGS if _rows(result, rd[0])]
+    lines = ["| model | variant | paper s | " + " | ".join(reading_name(*rd) for rd in present) + " | fits best |",
+             "|---|---|---|" + "---|" * len(present) + "---|"]
+    for model in dict.fromkeys(r["model"] for r in result["rows"]):
+        for variant in dict.fromkeys(r["variant"] for r in result["rows"] if r["model"] == model):
+            best = best_reading(result, model, variant, hw)
+            if best is None:
+                continue
+            cells = []
+            for protocol, overlap in present:
+                r = find_row(result, model, variant, protocol)
+                cells.append(f"{model_seconds(r, hw, overlap):.2f} ({model_seconds(r, hw, overlap) / r['paper_seconds']:.2f}x)"
+                             if r else "-")
+            lines.append(f"| {model} | {variant} | {PAPER[model][variant]:.2f} | " + " | ".join(cells)
+                         + f" | {best[0]} ({best[1]:.2f}x) |")
     return lines
 
 
@@ -201,13 +295,14 @@ def pipeline_table(result: dict, hw: str) -> list[str]:
     rows = [r for r in result["rows"] if r["pp"] > 1]
     if not rows:
         return []
-    lines = ["| model | variant | TP,PP,M | iterations | bubble | p2p MiB/iteration measured / analytic | p2p s "
+    lines = ["| model | variant | protocol: TP,PP,M x rows | iterations | bubble | p2p MiB/iteration measured / analytic | p2p s "
              "| model s/iteration | model s/micro-batch | model s/micro-batch, M large | paper s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pipe, pred, m = r["pipeline"], r["predicted"][hw], r["microbatches"]
         paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
-        lines.append(f"| {r['model']} | {r['variant']} | {_layout(r)} | {pipe['iterations']} | {100 * pipe['bubble_fraction']:.0f}% "
+        lines.append(f"| {r['model']} | {r['variant']} | {r['protocol']}: {_layout(r)} x {r['batch']} | {pipe['iterations']} "
+                     f"| {100 * pipe['bubble_fraction']:.0f}% "
                      f"| {pipe['p2p_bytes_per_iteration'] / 2**20:.1f} / {pipe['analytic_p2p_bytes_per_iteration'] / 2**20:.1f} "
                      f"| {pred['parts']['pipeline_p2p']:.3f} | {pred['seconds']:.2f} | {pred['seconds'] / m:.2f} "
                      f"| {pred['loop_s'] / pipe['iterations'] + pred['edge_s'] / m:.2f} | {paper_s} |")
@@ -215,25 +310,27 @@ def pipeline_table(result: dict, hw: str) -> list[str]:
 
 
 def breakdown_table(result: dict, hw: str) -> list[str]:
-    """Markdown: llama-7b's predicted seconds by part on `hw` (empty without llama-7b rows)."""
-    seven = [r for r in result["rows"] if r["model"] == "llama-7b"]
+    """Markdown: llama-7b's predicted seconds by part on `hw` under our protocol (one compiled run;
+    empty without those rows)."""
+    seven = [r for r in _rows(result, "micro") if r["model"] == "llama-7b"]
     if not seven:
         return []
     parts = list(seven[0]["predicted"][hw]["parts"])
-    lines = ["| variant | model | paper | " + " | ".join(parts) + " | GEMM utilization (paper) |",
-             "|---|---|---|" + "---|" * len(parts) + "---|"]
+    lines = ["| variant | model | paper | " + " | ".join(parts) + " | hidden by overlap | GEMM utilization (paper) |",
+             "|---|---|---|" + "---|" * len(parts) + "---|---|"]
     for r in seven:
         p = r["predicted"][hw]
         paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
         lines.append(f"| {r['variant']} | {p['seconds']:.3f} | {paper_s} | "
                      + " | ".join(f"{p['parts'][k]:.3f}" for k in parts)
+                     + f" | {p['seconds'] - p['with_overlap_s']:.3f}"
                      + f" | {100 * p['gemm_utilization']:.0f}% ({PAPER_GEMM_UTILIZATION_7B.get(r['variant'], '-')}) |")
     return lines
 
 
 def layer_comm_table(result: dict, hw: str) -> list[str]:
     """Markdown: llama-7b's per-layer forward communication time on `hw` beside the paper's measurement."""
-    rows = [r for r in result["rows"] if r["model"] == "llama-7b" and r["variant"] in PAPER_LAYER_COMM_7B_S]
+    rows = [r for r in _rows(result, "micro") if r["model"] == "llama-7b" and r["variant"] in PAPER_LAYER_COMM_7B_S]
     if not rows:
         return []
     return ["| variant | measured GiB (ops) | model ms | paper ms |", "|---|---|---|---|"] + [
@@ -242,14 +339,22 @@ def layer_comm_table(result: dict, hw: str) -> list[str]:
         for r in rows]
 
 
+PROTOCOL_TITLES = {
+    "micro": "seconds per micro-batch of 4 x 4096 (an iteration of M = PP of them, over M)",
+    "authors": "seconds per iteration at the authors' configs (their micro-batch x accumulation, tied embeddings; "
+               "every micro-batch and the optimizer step)",
+}
+
+
 def print_report(result: dict) -> None:
-    s, first = result["settings"], next(iter(result["hardware"]))
+    first = next(iter(result["hardware"]))
     print("\nMeasured here, per device, from the compiled train step (M micro-batches per iteration):",
           *measured_table(result), sep="\n")
     for hw in result["hardware"]:
-        print(f"\nPredicted seconds per micro-batch of {s['batch']} x {s['seq']} on {hw} ({result['hardware'][hw]['description']}) "
-              "(an iteration of M of them, over M), next to the paper (A100):",
-              *prediction_table(result, hw), sep="\n")
+        for protocol in result["settings"]["protocols"]:
+            print(f"\nPredicted {PROTOCOL_TITLES[protocol]} on {hw} ({result['hardware'][hw]['description']}), "
+                  "next to the paper (A100):", *prediction_table(result, hw, protocol), sep="\n")
+    print(f"\nWhich reading fits the paper on {first} (model / paper):", *fit_table(result, first), sep="\n")
     if table := pipeline_table(result, first):
         print(f"\nThe pipelined rows on {first}, as compiled:", *table, sep="\n")
     if table := breakdown_table(result, first):
@@ -265,6 +370,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated arch/scheme pairs from {', '.join(VARIANTS)}, or paper: those the paper measured per model")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
     p.add_argument("--hardware", default="all", help="comma-separated names from the hardware file, or all")
+    p.add_argument("--protocol", default=",".join(PROTOCOLS),
+                   help="comma-separated: micro (micro-batch 4 x 4096, M = PP, the time per micro-batch) and/or "
+                        "authors (the authors' configs, the time per iteration: docs/design.md)")
 
 
 def from_flags(a: argparse.Namespace, log=print) -> dict:
@@ -274,12 +382,16 @@ def from_flags(a: argparse.Namespace, log=print) -> dict:
     variants = None if a.variants == "paper" else tuple(a.variants.split(","))
     if bad := [v for v in variants or () if v not in VARIANTS]:
         raise ConfigError(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+    protocols = tuple(a.protocol.split(","))
+    if bad := [p for p in protocols if p not in PROTOCOLS]:
+        raise ConfigError(f"--protocol: unknown {bad}; choose from {list(PROTOCOLS)}")
     hardware = select_hardware(a.hardware_file, a.hardware)
     overrides = tuple(a.config)
-    for model in models:  # every row's config is valid before the first compile
-        for variant in variants or paper_variants(model):
-            row_config(model, variant, overrides)
-    return run(models, variants, hardware, overrides, log=log)
+    for protocol in protocols:  # every row's config is valid before the first compile
+        for model in models:
+            for variant in variants or paper_variants(model):
+                row_config(model, variant, overrides, protocol)
+    return run(models, variants, hardware, overrides, log=log, protocols=protocols)
 
 
 def main(argv: list[str]) -> None:

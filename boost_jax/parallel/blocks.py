@@ -27,25 +27,27 @@ def embed_lookup(plan: Plan, table: jax.Array, tokens: jax.Array) -> jax.Array:
     """Vocab-parallel embedding: each rank looks up the tokens in its slice of the vocabulary
     (zeros elsewhere), then one reduction over the vocab axis combines them. When the residual is
     split on d (btp) that reduction is a reduce-scatter, so each rank receives only its d/p slice:
-    half the bytes of the paper's all-reduce + slice."""
-    vocab_axis = plan.axis("vocab")
+    half the bytes of the paper's all-reduce + slice. Under a pipeline the vocabulary is split over
+    pp too (`Scheme.rules_for`): the reduction over pp follows, on the d/p slice."""
     if plan.size("vocab") == 1:
         # The whole table on each device (FSDP's gather, as the shard_map below takes its rows): a
         # lookup in a table split on d would leave the rows split on d and the backward's
         # scatter-add a [B, S, d] cotangent to move from split on batch to split on d, which XLA
         # does by gathering the global batch onto every device (tests/test_resharding.py).
         return plan.constrain(table, ("vocab", None))[tokens]
+    vocab_axes = jax.tree.leaves(tuple(plan.spec(("vocab",))))  # tp, or tp and pp
     out_spec = plan.spec(("batch", "seq", "act_embed"))
-    scatter = vocab_axis in jax.tree.leaves(tuple(out_spec))
+    scatter = [a for a in vocab_axes if a in jax.tree.leaves(tuple(out_spec))]  # the residual's d split
+    rest = tuple(a for a in vocab_axes if a not in scatter)
 
     def local(table_shard, tokens_shard):
         rows = table_shard.shape[0]
-        ids = tokens_shard - jax.lax.axis_index(vocab_axis) * rows
+        ids = tokens_shard - jax.lax.axis_index(tuple(vocab_axes)) * rows
         mine = (ids >= 0) & (ids < rows)
         x = jnp.where(mine[..., None], table_shard[jnp.clip(ids, 0, rows - 1)], 0)
-        if scatter:
-            return jax.lax.psum_scatter(x, vocab_axis, scatter_dimension=2, tiled=True)
-        return jax.lax.psum(x, vocab_axis)
+        for axis in scatter:
+            x = jax.lax.psum_scatter(x, axis, scatter_dimension=2, tiled=True)
+        return jax.lax.psum(x, rest) if rest else x
 
     return jax.shard_map(
         local, mesh=plan.mesh, in_specs=(plan.spec(("vocab", None)), plan.spec(("batch", "seq"))),

@@ -169,7 +169,7 @@ def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Pla
     if rows % shards:
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {shape})")
-    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP]), _schedule(cfg, shape[PP]),
+    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP], shape[PP]), _schedule(cfg, shape[PP]),
                 resolve_attention(cfg.model.attention, platform), cfg.parallel.cp_attention)
 
 
@@ -195,7 +195,7 @@ def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
     device = jax.devices()[0]
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=[device])
-    return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1), None, resolve_attention(model.attention, device.platform))
+    return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1, 1), None, resolve_attention(model.attention, device.platform))
 
 
 def _flat(mesh_axes) -> tuple[str, ...]:

@@ -13,8 +13,8 @@ caller may keep the rank-r latents (a latent cache) and project them later.
 - megatron (dense): the GEMMs as written, sharded by the layouts alone (XLA derives the two
   all-reduces per layer); with `model.grouping`, projections of one input and equal width as one
   stacked GEMM (Megatron's fused QKV) where their outputs are split over devices.
-- vanilla (low-rank): every pair (A, B) as written, split on r by the layouts: XLA all-reduces each
-  full-width output.
+- vanilla (low-rank): every pair (A, B) split on r by the layouts: XLA all-reduces each full-width
+  output; with `model.grouping` the A's of one input as one stacked GEMM (the authors' baseline).
 - btp (low-rank): BOOST's fused path (`parallel/blocks.py`): norm + grouped down-projection and
   one all-reduce of the latents (and the norm's statistics), grouped up-projections.
 
@@ -117,10 +117,7 @@ class MegatronProjections(Projections):
             if not (self.cfg.grouping and split and len(names) > 1):
                 out.update({n: linears[n](x, flat=self.flat) for n in names})
                 continue
-            w = jnp.stack([linears[n].w[...].astype(x.dtype) for n in names], axis=1)  # [d, c, n]
-            rows = x.reshape(-1, x.shape[-1]) if self.flat else x  # one tokens axis, as lowrank.matmul
-            y = jnp.einsum("...d,dcn->...cn", rows, w).reshape(*x.shape[:-1], *w.shape[1:])
-            out.update({n: y[:, :, i] for i, n in enumerate(names)})
+            out.update(zip(names, stacked_matmul(x, [linears[n].w[...] for n in names], flat=self.flat)))
         return out
 
     def __call__(self, name, linear, x, x_axes):
@@ -128,12 +125,21 @@ class MegatronProjections(Projections):
 
 
 class VanillaProjections(Projections):
-    """Each (A, B) pair as written, split on r by the layouts (XLA all-reduces each output)."""
+    """Each (A, B) pair split on r by the layouts (XLA all-reduces each full-width output). With
+    `model.grouping` (the authors' baseline, docs/design.md section 2) the A's of one
+    input and equal rank run as one stacked column-parallel GEMM where tp splits r, so their input
+    gradient is one partial sum, all-reduced once: A_q|A_k|A_v and A_gate|A_up."""
 
     def latents(self, x, norm, linears):
         x = norm(x)
-        return {name: self._cross(name, self._activate(lin, lin.down(x, flat=self.flat), tag=True))
-                for name, lin in linears.items()}
+        pre = {}
+        for names in _by_rank(linears).values():
+            if self.cfg.grouping and len(names) > 1 and self.plan.size("act_latent") > 1:
+                xd = x.astype(linears[names[0]].dtype)  # as Linear.down casts it
+                pre.update(zip(names, stacked_matmul(xd, [linears[n].a[...] for n in names], flat=self.flat)))
+            else:
+                pre.update({n: linears[n].down(x, flat=self.flat) for n in names})
+        return {name: self._cross(name, self._activate(lin, pre[name], tag=True)) for name, lin in linears.items()}
 
     def up(self, hs, linears, out_axes):
         return {name: linears[name].up(h, flat=self.flat) for name, h in hs.items()}
@@ -180,9 +186,28 @@ STRATEGIES: dict[str, type[Projections]] = {
 }
 
 
+def stacked_matmul(x: jax.Array, weights: list[jax.Array], *, flat: bool) -> list[jax.Array]:
+    """[x @ w for w in weights] as one GEMM on the weights stacked on a new axis [k, c, n]: with n
+    split over devices the input's gradient is one partial sum (one all-reduce), where a
+    concatenation on the split n would make XLA regather the weights."""
+    w = jnp.stack([w.astype(x.dtype) for w in weights], axis=1)
+    rows = x.reshape(-1, x.shape[-1]) if flat else x  # one tokens axis, as lowrank.matmul
+    y = jnp.einsum("...d,dcn->...cn", rows, w).reshape(*x.shape[:-1], *w.shape[1:])
+    return [y[..., i, :] for i in range(len(weights))]
+
+
+def _by_rank(linears: Linears) -> dict[int, list[str]]:
+    """Low-rank projection names grouped by rank (q|k|v share attn_rank, gate|up mlp_rank)."""
+    return _grouped(linears, lambda lin: lin.a[...].shape[1])
+
+
 def _by_width(linears: Linears) -> dict[int, list[str]]:
     """Projection names grouped by output width (GQA: q apart from k and v)."""
+    return _grouped(linears, lambda lin: lin.d_out)
+
+
+def _grouped(linears: Linears, key) -> dict[int, list[str]]:
     groups: dict[int, list[str]] = {}
     for name, lin in linears.items():
-        groups.setdefault(lin.d_out, []).append(name)
+        groups.setdefault(key(lin), []).append(name)
     return groups

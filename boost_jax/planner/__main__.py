@@ -53,6 +53,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=5, help="candidates printed")
     p.add_argument("--out", default="", help="write the best layout as a config YAML")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--overlap", action="store_true",
+                   help="price with communication overlapped: the backward's TP all-reduces behind their weight-gradient "
+                        "GEMMs and the data-parallel gradient all-reduce behind the backward pass (default: none)")
     p.add_argument("--max-priced", type=int, default=0,
                    help="compile at most this many layouts, lowest lower bound first (default 0: every one that can "
                         "win, exact; a cap is faster but can miss the best where overheads dominate the bound's FLOPs)")
@@ -127,14 +130,14 @@ def _main(argv: list[str]) -> None:
     log = lambda s: print(s, file=sys.stderr, flush=True)
     with Workers(a.workers or default_workers(), devices) as workers:
         cands = plan(a.config, gpus=a.gpus, hw=hw, space=space, headroom=a.headroom, cache=DiskCache(root), log=log,
-                     max_priced=a.max_priced or None, workers=workers)
+                     max_priced=a.max_priced or None, workers=workers, overlap=a.overlap)
     priced = [c for c in cands if c.step]
     if not priced:
         raise ConfigError(no_layout(a, cfg, hw, cands))
     if a.out:
         write_recipe(a.out, a.config, priced[0].layout)
     if a.json:
-        print(json.dumps({"candidates": [c.row(hw, a.gpus) for c in priced]}, indent=1))
+        print(json.dumps({"overlap": a.overlap, "candidates": [c.row(hw, a.gpus) for c in priced]}, indent=1))
         return
     print_plan(a, cfg, hw, cands)
 
@@ -178,7 +181,10 @@ def print_plan(a: argparse.Namespace, cfg, hw, cands) -> None:
         for same in kinds.values():
             print(f"  {len(same):4d} x  {same[0].layout}: {same[0].why}")
     print("\nPriced on abstract compiles at dp = fsdp = 1 (data-parallel and FSDP collectives added analytically; "
-          "without a pipeline, M micro-batches = M x one).")
+          "without a pipeline, M micro-batches = M x one); "
+          + ("communication overlap assumed (--overlap: the backward's TP all-reduces behind their weight-gradient GEMMs, "
+             "the data-parallel all-reduce behind the backward)." if a.overlap else
+             "no communication overlap assumed (--overlap assumes it)."))
     if a.out:
         print(f"wrote {a.out}: python -m boost_jax.train {a.out}")
 

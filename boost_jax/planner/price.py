@@ -138,13 +138,17 @@ def compile_programs(cfgs: list[Config], cache: DiskCache, workers: Workers) -> 
     return len(todo)
 
 
-def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache) -> dict:
+def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache, overlap: bool = False) -> dict:
     """Predicted seconds per iteration of cfg's train step on `hw` and its parts; `param_elems`:
-    the parameters on one device (the memory model's count, FSDP shards included)."""
+    the parameters on one device (the memory model's count, FSDP shards included). `overlap`: the
+    performance model's (perf_model.predict), and the data-parallel gradient all-reduce running
+    beside the backward pass, hidden up to its time (two thirds of the program's: dX and dW)."""
     p, t = cfg.parallel, cfg.train
-    pred = predict(_work(cache.get(program_key(cfg), lambda: measure_work(device_program(cfg)))), hw)
+    pred = predict(_work(cache.get(program_key(cfg), lambda: measure_work(device_program(cfg)))), hw, overlap)
     repeat = 1 if p.pp > 1 else t.microbatches
     parts = {"program": (pred["seconds"] - pred["parts"]["optimizer"]) * repeat, **_analytic_parts(cfg, hw, param_elems)}
+    if overlap:
+        parts["dp_all_reduce"] = max(0.0, parts["dp_all_reduce"] - 2 / 3 * parts["program"])
     return {"seconds": sum(parts.values()), "parts": parts}
 
 
@@ -181,7 +185,7 @@ class LayerWork(NamedTuple):
     collectives: list[Collective]
 
 
-def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork) -> float:
+def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork, overlap: bool = False) -> float:
     """Seconds that `step_seconds` cannot undercut, without compiling the step: the GEMMs (but
     attention's score and value matmuls) and collectives of one decoder layer's forward and backward
     as compiled alone (`layer`, from the memory model's compile of the layer) priced as the
@@ -192,7 +196,8 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork) -
     carry (forward and backward loops); plus the analytic parts exactly (memory-bound traffic and
     copies are left out). The train step runs every GEMM and collective of the layer in each layer
     run, so a layout whose bound exceeds a priced layout's seconds cannot be faster
-    (tests/test_planner.py checks the bound under the price on a grid)."""
+    (tests/test_planner.py checks the bound under the price on a grid). With `overlap` the layer's
+    backward collectives and the data-parallel all-reduce, which overlap may hide whole, are left out."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     c = count(m, t.seq_len)
     itemsize = jnp.dtype(m.dtype).itemsize
@@ -202,7 +207,7 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork) -
         stretch = (runs + p.pp - 1) / runs
     layer_runs = t.microbatches * m.n_layers // p.pp * stretch  # a pipeline's bubble iterations run too
     layer_s = (sum(_either_way(g, hw, itemsize) * g.trip_count for g in layer.gemms if not g.attention)
-               + sum(collective_seconds(x, hw) * x.trip_count for x in layer.collectives))
+               + sum(collective_seconds(x, hw) * x.trip_count for x in layer.collectives if not (overlap and x.backward)))
     tokens = t.batch_size * t.seq_len / (p.dp * p.fsdp * p.cp * p.tp * p.pp)
     rows = t.batch_size // (p.dp * p.fsdp * t.microbatches)  # of one micro-batch on one device
     head_runs = 1 if p.pp > 1 else t.microbatches  # a pipeline's head sees its micro-batches merged
@@ -215,7 +220,8 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork) -
         carry = rows * t.seq_len // p.cp * pipeline_carry_width(abstract_plan(cfg), m.resolved()) * itemsize
         shift = ring_seconds("collective-permute", 2, carry, p.pp * p.cp * p.tp > hw.gpus_per_node, hw)
         program += 2 * (t.microbatches * p.pp_repeats + p.pp - 1) * shift
-    return program + sum(_analytic_parts(cfg, hw, param_elems).values())
+    analytic = _analytic_parts(cfg, hw, param_elems)
+    return program + sum(v for k, v in analytic.items() if not (overlap and k == "dp_all_reduce"))
 
 
 def measure_layer_work(layer_cfg: Config) -> dict:

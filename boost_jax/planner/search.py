@@ -45,12 +45,13 @@ class Candidate:
 
 def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
          cache: DiskCache, log=lambda s: None, must_price: Callable[[Layout], bool] = lambda layout: False,
-         max_priced: int | None = None, workers: Workers | None = None) -> list[Candidate]:
+         max_priced: int | None = None, workers: Workers | None = None, overlap: bool = False) -> list[Candidate]:
     """All candidates for the config of `args` (an optional YAML file, then overrides; no layout
     key), priced ones first (fastest first), then the rest with their reasons. At most `max_priced`
     (None: all that can win) are priced besides the `must_price` ones, in order of their lower bound.
     `workers` compile several layers or programs at once (None: one at a time, in this process);
-    the answer is the same for any number of them."""
+    the answer is the same for any number of them. `overlap`: priced with the performance model's
+    overlap of communication with the backward pass (price.step_seconds)."""
     workers = workers or Workers(1, 0)
     raw = raw_args(args)
     first = from_dict(raw)
@@ -67,7 +68,7 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
     # Branch and bound: price in order of a bound no compile can undercut (price.lower_bound, from
     # the layer compiled for its memory), and stop where the next bound exceeds the fastest priced so
     # far; `must_price` layouts are priced regardless (e.g. one to compare with).
-    bounds = {id(c): lower_bound(c.cfg, hw, c.memory["param_elems"], layers.work(one_layer_config(c.cfg)))
+    bounds = {id(c): lower_bound(c.cfg, hw, c.memory["param_elems"], layers.work(one_layer_config(c.cfg)), overlap)
               for c in out if c.fits}
     worth = sorted((c for c in out if c.fits), key=lambda c: (not must_price(c.layout), bounds[id(c)]))
     best, optional, started, compiled = math.inf, 0, time.monotonic(), 0
@@ -89,7 +90,7 @@ def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom
         could = sum(1 for d in worth[i + 1:] if must_price(d.layout) or bounds[id(d)] < best)
         left = "" if not compiled else f", at most ~{(time.monotonic() - started) / compiled * could:.0f} s left"
         log(f"pricing {i + 1}/{len(worth)} (lower bound {bound:.3g} s, best so far {best:.3g} s{left}): {c.layout}")
-        c.step = step_seconds(c.cfg, hw, c.memory["param_elems"], cache)
+        c.step = step_seconds(c.cfg, hw, c.memory["param_elems"], cache, overlap)
         best = min(best, c.step["seconds"])
     priced = sorted((c for c in worth if c.step), key=lambda c: c.step["seconds"])
     for c in priced[1:]:
