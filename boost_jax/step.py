@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from boost_jax.config import Config, ModelConfig, TrainConfig
 from boost_jax.health import health_norms
 from boost_jax.model import Model, loss_fn
+from boost_jax.optimizers import lr_schedule, make_optimizer
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
@@ -37,26 +38,6 @@ def batch_keys(cfg: Config) -> tuple[str, ...]:
     """The arrays of a batch, each int32 [B, S] laid out on the batch axes: the tokens, their next
     tokens, and with `data.document_mask` each token's document (data/loader.py)."""
     return ("inputs", "targets", *(("segment_ids",) if cfg.data.document_mask else ()))
-
-
-def lr_schedule(t: TrainConfig) -> optax.Schedule:
-    """Linear warmup, then cosine decay to lr * min_lr_ratio at `schedule_steps` (default: steps)."""
-    horizon = t.schedule_steps or t.steps
-    warmup = min(t.warmup_steps, horizon)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=t.lr, warmup_steps=warmup,
-        decay_steps=max(horizon, warmup + 1), end_value=t.lr * t.min_lr_ratio,
-    )
-
-
-def make_optimizer(t: TrainConfig, params: dict) -> optax.GradientTransformation:
-    """AdamW; no weight decay on norm scales (1-D per layer)."""
-    no_decay = lambda path: path[-1] == "scale"
-    mask = jax.tree_util.tree_map_with_path(lambda path, _: not no_decay([k.key for k in path]), params)
-    return optax.chain(
-        optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity(),
-        optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=mask),
-    )
 
 
 @dataclass(frozen=True)
@@ -165,11 +146,7 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
     replicated = NamedSharding(mesh, P())
-    # Optimizer moments take their parameter's sharding; counters are replicated.
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, s: s, jax.eval_shape(tx.init, params), pspecs,
-        transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P),
-    )
+    opt_specs = optimizer_state_specs(jax.eval_shape(tx.init, params), params)
     state = {
         "params": params,
         "opt_state": jax.jit(tx.init, out_shardings=plan.named(opt_specs))(params),
@@ -222,6 +199,21 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
     eval_of = sharded_loss(graphdef, plan, dataclasses.replace(t, z_loss=0.0))
     jitted_eval = jax.jit(eval_of, in_shardings=(state_shardings["params"], batch_shardings), out_shardings=replicated)
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval, order), state
+
+
+def optimizer_state_specs(opt_shapes, params: dict):
+    """Each optimizer-state leaf's PartitionSpec: a moment takes its parameter's (the parameter at the
+    end of its dict-key path, of its shape); counters and the rest are replicated. (optax's
+    `tree_map_params` cannot see through the masks of `optax.partition`, which muon and spectron use.)"""
+    keys = lambda path: tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    param_at = {keys(path): p for path, p in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+    def spec(path, leaf):
+        k = keys(path)
+        p = next((param_at[k[i:]] for i in range(len(k)) if k[i:] in param_at), None)
+        return p.sharding.spec if p is not None and p.shape == leaf.shape else P()
+
+    return jax.tree_util.tree_map_with_path(spec, opt_shapes)
 
 
 def spike_window(window: dict, loss: jax.Array, finite: jax.Array, threshold: float) -> tuple[jax.Array, dict]:

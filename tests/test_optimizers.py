@@ -1,0 +1,149 @@
+"""train.optimizer: AdamW as before, Muon per layer on every decoder matrix, Spectron's bounded factor-pair updates."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from boost_jax.config import ConfigError, load_config
+from boost_jax.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
+from boost_jax.step import init_params
+
+
+def tiny(*extra):
+    return load_config(None, ["model.preset=llama-tiny", "train.warmup_steps=0", *extra])
+
+
+def fake_grads(params, seed):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return tree.unflatten([jax.random.normal(k, x.shape, x.dtype) * 0.01 for k, x in zip(keys, leaves)])
+
+
+def run_updates(tx, params, steps=2):
+    """The updates of `steps` successive steps on seeded gradients, applied as the train step does."""
+    state, out = tx.init(params), []
+    for i in range(steps):
+        updates, state = jax.jit(tx.update)(fake_grads(params, i), state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(updates)
+    return out
+
+
+def test_adamw_is_bitwise_the_previous_optimizer():
+    cfg = tiny("model.arch=cola")
+    params = init_params(cfg)
+    t = cfg.train
+    mask = jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key != "scale", params)
+    before = optax.chain(optax.clip_by_global_norm(t.grad_clip),
+                         optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=mask))
+    for ours, theirs in zip(run_updates(make_optimizer(t, params), params), run_updates(before, params)):
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)))
+
+
+@pytest.mark.parametrize("arch", ["cola", "dense"])
+def test_muon_on_stacked_layers_equals_muon_on_each_layer_alone(arch):
+    """Every decoder matrix (each factor of each layer) is orthogonalised alone: the update equals optax's
+    Muon run on that layer's 2-D matrices; embedding, head and norms take the plain AdamW update."""
+    cfg = tiny(f"model.arch={arch}", "train.optimizer=muon", "train.grad_clip=0")
+    params, t = init_params(cfg), cfg.train
+    ours = run_updates(make_optimizer(t, params), params)
+    adamw = run_updates(make_optimizer(tiny(f"model.arch={arch}", "train.grad_clip=0").train, params), params)
+    group = labels(params)
+    matrices = {k: v for k, v in params["layers"].items() if k in ("attn", "mlp")}
+    assert {g for g in jax.tree.leaves(group["layers"]["attn"]) + jax.tree.leaves(group["layers"]["mlp"])} == {"matrix"}
+    assert group["embed"] == group["lm_head"]["w"] == group["layers"]["attn_norm"]["scale"] == "adamw"
+    for layer in range(cfg.model.n_layers):
+        one = lambda tree: jax.tree.map(lambda x: x[layer], tree)  # this layer's 2-D matrices
+        muon = optax.contrib.muon(lr_schedule(t), ns_steps=t.muon.ns_steps, beta=t.muon.momentum,
+                                  weight_decay=t.weight_decay, consistent_rms=t.muon.consistent_rms)
+        state, p = muon.init(one(matrices)), one(matrices)
+        for step in range(2):
+            g = one({k: v for k, v in fake_grads(params, step)["layers"].items() if k in ("attn", "mlp")})
+            expected, state = jax.jit(muon.update)(g, state, p)
+            got = one({k: v for k, v in ours[step]["layers"].items() if k in ("attn", "mlp")})
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+            # the reference's parameters move by its own updates, as ours do
+            p = optax.apply_updates(p, expected)
+    for step in range(2):
+        rest = lambda u: [u["embed"], u["lm_head"]["w"], u["final_norm"]["scale"], u["layers"]["attn_norm"]["scale"]]
+        for a, b in zip(rest(ours[step]), rest(adamw[step])):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_power_iteration_finds_the_largest_singular_value():
+    m = jax.random.normal(jax.random.key(0), (3, 40, 8))
+    sigma, _ = top_singular(m, jnp.full((3, 8), 8 ** -0.5), 200)
+    np.testing.assert_allclose(sigma, [np.linalg.norm(np.asarray(x), 2) for x in m], rtol=1e-5)
+
+
+def test_spectron_bounds_the_products_update_where_muon_does_not():
+    """dA B + A dB has at most the spectral norm Muon gives a dense d_in x d_out update (lr x c x the
+    orthogonalised factors' norm), whatever the factors' scale; Muon's per-factor update grows with it."""
+    cfg_of = lambda opt: tiny("model.arch=cola", f"train.optimizer={opt}", "train.grad_clip=0",
+                              "train.spectron.power_steps=300", "train.weight_decay=0")
+    params = init_params(cfg_of("spectron"))
+    params["layers"] = jax.tree.map(lambda x: x * 20.0 if x.ndim == 3 else x, params["layers"])  # large factors
+    t = cfg_of("spectron").train
+    (spectron,) = run_updates(make_optimizer(t, params), params, steps=1)
+    (muon,) = run_updates(make_optimizer(cfg_of("muon").train, params), params, steps=1)
+    lr = float(lr_schedule(t)(0))
+    pairs, muon_pairs = factor_pairs(spectron), factor_pairs(muon)
+    assert len(pairs) == 7
+    for path, pair in factor_pairs(params).items():
+        for layer in range(cfg_of("muon").model.n_layers):
+            a, b = (np.asarray(pair[k][layer], np.float64) for k in ("a", "b"))
+            da, db = (np.asarray(pairs[path][k][layer], np.float64) for k in ("a", "b"))
+            spectral = lambda x: np.linalg.norm(x, 2)
+            c = shape_scale(a.shape[0], b.shape[1], t.muon.consistent_rms)
+            # the factors' updates are Muon's directions, both scaled by c / (sigma(A) + sigma(B))
+            s = c / (spectral(a) + spectral(b))
+            ma, mb = (np.asarray(muon_pairs[path][k][layer], np.float64) for k in ("a", "b"))
+            for ours, theirs, shape in ((da, ma, a.shape), (db, mb, b.shape)):
+                np.testing.assert_allclose(ours, theirs / shape_scale(*shape, t.muon.consistent_rms) * s,
+                                           rtol=2e-4, atol=1e-9)
+            o_norm = max(spectral(da), spectral(db)) / (lr * s)  # the orthogonalised factors' norm
+            bound = lr * c * o_norm
+            assert spectral(da @ b + a @ db) <= bound * (1 + 1e-4)
+            assert spectral(ma @ b + a @ mb) > 3 * bound  # what spectron prevents
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.optimizer=sgd2", "train.optimizer: 'sgd2' is not one of"),
+    ("train.muon.momentum=0", "train.muon.momentum: must be in (0, 1)"),
+    ("train.muon.momentum=-0.9", "train.muon.momentum: must be in (0, 1)"),
+    ("train.muon.momentum=.nan", "train.muon.momentum: expected a finite number"),
+    ("train.muon.momentum=.inf", "train.muon.momentum: expected a finite number"),
+    ("train.muon.ns_steps=0", "train.muon.ns_steps: must be >= 1"),
+    ("train.muon.ns_coeffs=[3.4, -4.7]", "train.muon.ns_coeffs: must hold 3 values"),
+    ("train.muon.consistent_rms=0", "train.muon.consistent_rms: must be > 0"),
+    ("train.spectron.power_steps=0", "train.spectron.power_steps: must be >= 1"),
+    ("train.muon.momentm=0.9", "unknown config key 'train.muon.momentm'"),
+])
+def test_bad_optimizer_settings_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_spectron_needs_factor_pairs_and_the_command_exits_1_with_nothing_written(tmp_path):
+    with pytest.raises(ConfigError, match="train.optimizer: spectron renormalises low-rank factor pairs: arch dense"):
+        load_config(None, ["model.arch=dense", "train.optimizer=spectron"])
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.train", "train.muon.ns_steps=0"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "train.muon.ns_steps" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_per_step_coefficients_are_read_as_triples():
+    steps = [[3.0, -4.0, 2.0], [2.5, -3.0, 1.5]]
+    cfg = tiny("train.optimizer=muon", "train.muon.ns_steps=2", f"train.muon.ns_coeffs={sum(steps, [])}")
+    state = make_optimizer(cfg.train, init_params(cfg)).init(init_params(cfg))
+    (muon_state,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.contrib.MuonState))
+                     if isinstance(s, optax.contrib.MuonState)]
+    np.testing.assert_array_equal(muon_state.ns_coeffs, steps)
