@@ -99,9 +99,12 @@ def top_singular(m: jax.Array, v: jax.Array, steps: int) -> tuple[jax.Array, jax
     right singular vector, by `steps` power iterations on m^T m from `v`. Only matrix-vector
     products: sigma is a lower bound that tightens as v is carried from step to step."""
     f32 = m.astype(jnp.float32)
-    for _ in range(steps):
+
+    def iterate(_, v):
         v = jnp.einsum("lpr,lp->lr", f32, jnp.einsum("lpr,lr->lp", f32, v))
-        v = v / (jnp.linalg.norm(v, axis=-1, keepdims=True) + 1e-30)
+        return v / (jnp.linalg.norm(v, axis=-1, keepdims=True) + 1e-30)
+
+    v = jax.lax.fori_loop(0, steps, iterate, v)
     return jnp.linalg.norm(jnp.einsum("lpr,lr->lp", f32, v), axis=-1), v
 
 
