@@ -147,3 +147,55 @@ def test_per_step_coefficients_are_read_as_triples():
     (muon_state,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.contrib.MuonState))
                      if isinstance(s, optax.contrib.MuonState)]
     np.testing.assert_array_equal(muon_state.ns_coeffs, steps)
+
+
+@pytest.mark.parametrize("optimizer", ["spectron", pytest.param("muon", marks=pytest.mark.slow)])
+def test_the_optimizer_state_resumes_bitwise_and_a_switch_needs_reset_optimizer(tmp_path, tiny_overrides, capsys,
+                                                                                optimizer):
+    from boost_jax.train import train
+
+    def run(name, steps, *extra):
+        cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / name}", f"train.steps={steps}",
+                                 "train.schedule_steps=6", "checkpoint.every=2", "train.eval_every=0",
+                                 "parallel.dp=1", "model.arch=cola", f"train.optimizer={optimizer}", *extra])
+        return train(cfg, jax.devices()[:1])
+
+    full = run("full", 4)
+    assert run("split", 2)["losses"] == full["losses"][:2]
+    resumed = run("split", 4)
+    assert resumed["start_step"] == 2 and resumed["losses"] == full["losses"][2:]  # bitwise: the state came back
+    other = "muon" if optimizer == "spectron" else "adamw"
+    before = sorted(str(p) for p in (tmp_path / "split").rglob("*"))
+    with pytest.raises(ConfigError, match=f"train.optimizer: run_dir .* was trained with '{optimizer}', now '{other}'.*"
+                                          "train.reset_optimizer=true"):
+        run("split", 6, f"train.optimizer={other}")
+    (tmp_path / "split" / "config.yaml").rename(tmp_path / "config.yaml")  # the checkpoint's own record refuses too
+    with pytest.raises(ConfigError, match=f"train.optimizer: checkpoint step 4 .* was trained with '{optimizer}'"):
+        run("split", 6, f"train.optimizer={other}")
+    (tmp_path / "config.yaml").rename(tmp_path / "split" / "config.yaml")
+    assert sorted(str(p) for p in (tmp_path / "split").rglob("*")) == before
+    capsys.readouterr()
+    switched = run("split", 6, f"train.optimizer={other}", "train.reset_optimizer=true")
+    assert switched["start_step"] == 4 and len(switched["losses"]) == 2
+    out = capsys.readouterr()
+    lines = [l for l in (out.out + out.err).splitlines() if "reset_optimizer" in l]
+    assert len(lines) == 1 and f"train.optimizer {optimizer} -> {other}" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_kill_9_and_sigterm_resume_the_spectron_state_exactly(tiny_overrides, tmp_path):
+    """As tests/test_long_runs.py does for AdamW: killed mid-run, then SIGTERM, then run to the end; the
+    metrics are the uninterrupted run's, bit for bit."""
+    import signal
+
+    from test_long_runs import metrics, run_cli, run_to_end, wait_for_step
+
+    args = ["train.steps=40", "checkpoint.every=1", "checkpoint.keep=2", "model.arch=cola", "train.optimizer=spectron"]
+    run_to_end(tmp_path / "one", tiny_overrides, *args)
+    for step, stop in ((5, "kill"), (20, "sigterm")):
+        proc = run_cli(tmp_path / "run", tiny_overrides, *args)
+        wait_for_step(tmp_path / "run", step, proc)
+        proc.kill() if stop == "kill" else proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=300)
+    assert "resumed from step" in run_to_end(tmp_path / "run", tiny_overrides, *args)
+    assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "one")]
