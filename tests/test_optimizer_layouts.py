@@ -19,7 +19,7 @@ SCHEME_ARCH = {"btp": "cola", "vanilla": "svd", "megatron": "dense"}
 LAYOUTS = {
     "tp2": ["parallel.tp=2"],
     "tp4": ["parallel.tp=4"],
-    "fsdp2": ["parallel.fsdp=2", "parallel.dp=1"],
+    "fsdp2": ["parallel.fsdp=2", "parallel.tp=4"],  # dp=1: 4-row micro-batches divide by dp x fsdp
     "dp2-fsdp2": ["parallel.dp=2", "parallel.fsdp=2", "parallel.tp=2"],
     "pp2": ["parallel.pp=2", "parallel.tp=2"],
     "cp2": ["parallel.cp=2", "parallel.tp=2"],
