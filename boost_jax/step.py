@@ -146,7 +146,7 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
     replicated = NamedSharding(mesh, P())
-    opt_specs = optimizer_state_specs(jax.eval_shape(tx.init, params), params)
+    opt_specs = optimizer_state_specs(jax.eval_shape(tx.init, params), params, pspecs)
     state = {
         "params": params,
         "opt_state": jax.jit(tx.init, out_shardings=plan.named(opt_specs))(params),
@@ -201,17 +201,19 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, jitted_eval, order), state
 
 
-def optimizer_state_specs(opt_shapes, params: dict):
-    """Each optimizer-state leaf's PartitionSpec: a moment takes its parameter's (the parameter at the
-    end of its dict-key path, of its shape); counters and the rest are replicated. (optax's
-    `tree_map_params` cannot see through the masks of `optax.partition`, which muon and spectron use.)"""
+def optimizer_state_specs(opt_shapes, params: dict, param_specs):
+    """Each optimizer-state leaf's PartitionSpec: a moment takes its parameter's (`param_specs`, a tree
+    like `params`: the parameter at the end of the leaf's dict-key path, of its shape); counters and
+    the rest are replicated. (optax's `tree_map_params` cannot see through the masks of
+    `optax.partition`, which muon and spectron use.)"""
     keys = lambda path: tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
-    param_at = {keys(path): p for path, p in jax.tree_util.tree_flatten_with_path(params)[0]}
+    specs = jax.tree.leaves(param_specs, is_leaf=lambda x: isinstance(x, P))
+    param_at = {keys(path): (p.shape, s) for (path, p), s in zip(jax.tree_util.tree_flatten_with_path(params)[0], specs)}
 
     def spec(path, leaf):
         k = keys(path)
-        p = next((param_at[k[i:]] for i in range(len(k)) if k[i:] in param_at), None)
-        return p.sharding.spec if p is not None and p.shape == leaf.shape else P()
+        shape, s = next((param_at[k[i:]] for i in range(len(k)) if k[i:] in param_at), (None, None))
+        return s if shape == leaf.shape else P()
 
     return jax.tree_util.tree_map_with_path(spec, opt_shapes)
 
