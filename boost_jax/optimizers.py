@@ -83,6 +83,18 @@ def orthogonalised(t: TrainConfig) -> optax.GradientTransformation:
     )
 
 
+def newton_schulz_flops(t: TrainConfig, params: dict) -> float:
+    """FLOPs of one step's orthogonalisation (muon, spectron; 0 for adamw) over all of `params` (shapes
+    suffice): per layer matrix m x n, k = min(m, n), K = max(m, n), each Newton-Schulz iteration is
+    X X^T (2 k^2 K), its square (2 k^3) and the product with X (2 k^2 K)."""
+    if t.optimizer == "adamw":
+        return 0.0
+    per_iteration = lambda k, big: 4 * k * k * big + 2 * k ** 3
+    return float(t.muon.ns_steps * sum(
+        x.shape[0] * per_iteration(min(x.shape[1:]), max(x.shape[1:]))
+        for path, x in jax.tree_util.tree_flatten_with_path(params)[0] if is_layer_matrix(path, x)))
+
+
 # ----------------------------------------------------------------------------- spectron
 
 

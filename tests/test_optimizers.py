@@ -219,3 +219,24 @@ def test_the_memory_model_counts_the_optimizer_state_as_compiled(optimizer):
         assert modelled == two_moments + 2 * 4  # and two int32 counters (Adam's, the schedule's)
     else:  # the decoder matrices keep one moment instead of two (llama-tiny: 0.83 x AdamW's bytes)
         assert 0.5 * two_moments < modelled < 0.9 * two_moments
+
+
+def test_the_planner_prices_the_newton_schulz_gemms():
+    from flax import nnx
+
+    from boost_jax.analysis.perf_model import load_hardware
+    from boost_jax.optimizers import newton_schulz_flops
+    from boost_jax.planner.price import _analytic_parts
+    from boost_jax.step import abstract_model
+
+    cfg = tiny("model.arch=cola", "train.optimizer=muon", "parallel.tp=2", "parallel.dp=1")
+    params = nnx.to_pure_dict(abstract_model(cfg)[1])
+    # q's A of each layer: 64 x 16, so k = 16, K = 64: 5 iterations of 4 k^2 K + 2 k^3
+    only_q_a = {"layers": {"attn": {"q": {"a": params["layers"]["attn"]["q"]["a"]}}}}
+    assert newton_schulz_flops(cfg.train, only_q_a) == 2 * 5 * (4 * 16 * 16 * 64 + 2 * 16 ** 3)
+    assert newton_schulz_flops(tiny("model.arch=cola").train, params) == 0
+    hw = next(iter(load_hardware().values()))
+    adamw = _analytic_parts(tiny("model.arch=cola", "parallel.tp=2", "parallel.dp=1"), hw, 1000)["optimizer"]
+    muon = _analytic_parts(cfg, hw, 1000)["optimizer"]
+    expected = newton_schulz_flops(cfg.train, params) / 2 / (hw.peak_flops * hw.gemm_efficiency)
+    assert muon - adamw == pytest.approx(expected, rel=1e-9) and expected > 0
