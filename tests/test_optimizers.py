@@ -240,3 +240,30 @@ def test_the_planner_prices_the_newton_schulz_gemms():
     muon = _analytic_parts(cfg, hw, 1000)["optimizer"]
     expected = newton_schulz_flops(cfg.train, params) / 2 / (hw.peak_flops * hw.gemm_efficiency)
     assert muon - adamw == pytest.approx(expected, rel=1e-9) and expected > 0
+
+
+def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
+    from boost_jax.health import health_norms
+
+    cfg = tiny("model.arch=cola")
+    params = init_params(cfg)
+    updates = fake_grads(params, 3)
+    order = [1, 0]  # a pipeline's storage order: layer 1 is stored first
+    health = jax.jit(lambda p, u: health_norms(u, p, u, order))(params, updates)
+    spectral = lambda x: np.linalg.norm(np.asarray(x, np.float64), 2)
+    for stored, layer in enumerate(order):
+        for group, names in (("attn", "qkvo"), ("mlp", ("gate", "up", "down"))):
+            pairs = [params["layers"][group][n] for n in names]
+            steps = [updates["layers"][group][n] for n in names]
+            at = f"layer_{layer:02d}/{group}"
+            want = {
+                "spectral_a": max(spectral(p["a"][stored]) for p in pairs),
+                "spectral_b": max(spectral(p["b"][stored]) for p in pairs),
+                "update_spectral_a": max(spectral(u["a"][stored]) for u in steps),
+                "update_spectral_b": max(spectral(u["b"][stored]) for u in steps),
+                "stable_rank": min(np.linalg.norm(w := np.asarray(p["a"][stored] @ p["b"][stored], np.float64)) ** 2
+                                   / spectral(w) ** 2 for p in pairs),
+            }
+            for kind, value in want.items():  # 100 power iterations from a fixed start
+                assert float(health[f"{kind}/{at}"]) == pytest.approx(value, rel=1e-3), (kind, at)
+    assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
