@@ -1,5 +1,6 @@
 """train.optimizer: AdamW as before, Muon per layer on every decoder matrix, Spectron's bounded factor-pair updates."""
 
+import json
 import subprocess
 import sys
 
@@ -267,3 +268,14 @@ def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
             for kind, value in want.items():  # 100 power iterations from a fixed start
                 assert float(health[f"{kind}/{at}"]) == pytest.approx(value, rel=1e-3), (kind, at)
     assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
+
+
+def test_bench_step_puts_each_optimizers_added_time_beside_its_newton_schulz_prediction(capsys):
+    from boost_jax.bench import step
+
+    step.main(["model.preset=llama-tiny", "model.arch=cola", "parallel.dp=1", "train.batch_size=4", "train.seq_len=32",
+               "--vary", "train.optimizer=adamw,muon", "--reps", "1", "--steps", "1", "--json"])
+    adamw, muon = json.loads(capsys.readouterr().out)["results"]
+    assert adamw["newton_schulz_flops"] == 0 and muon["newton_schulz_flops"] > 0
+    assert muon["optimizer_overhead_s"] == pytest.approx(muon["median_step_s"] - adamw["median_step_s"])
+    assert muon["predicted_optimizer_overhead_s"] == pytest.approx(muon["newton_schulz_flops"] / adamw["model_flops_per_s"])
