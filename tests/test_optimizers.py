@@ -279,3 +279,33 @@ def test_bench_step_puts_each_optimizers_added_time_beside_its_newton_schulz_pre
     assert adamw["newton_schulz_flops"] == 0 and muon["newton_schulz_flops"] > 0
     assert muon["optimizer_overhead_s"] == pytest.approx(muon["median_step_s"] - adamw["median_step_s"])
     assert muon["predicted_optimizer_overhead_s"] == pytest.approx(muon["newton_schulz_flops"] / adamw["model_flops_per_s"])
+
+
+def optimizer_collectives(*overrides):
+    """The collectives of the optimizer's update alone, compiled as the train step lays out its state."""
+    from boost_jax.analysis.hlo import collectives
+    from boost_jax.parallel import make_plan
+    from boost_jax.step import setup
+
+    cfg = tiny("model.arch=cola", "log.health=false", "train.batch_size=4", "train.seq_len=32", "parallel.dp=1",
+               *overrides)
+    run, state = setup(cfg, make_plan(cfg, jax.devices()[:2]))
+    params = run.state_shardings["params"]
+    update = jax.jit(run.tx.update, in_shardings=(params, run.state_shardings["opt_state"], params))
+    return cfg, collectives(update.lower(state["params"], state["opt_state"], state["params"]).compile().as_text())
+
+
+def test_muon_under_tp_reduces_each_factors_gram_matrix_at_every_newton_schulz_iteration():
+    """btp at tp=2 splits every factor on its d side: XLA orthogonalises it by all-reducing the [L, r, r]
+    Gram matrix X X^T at each iteration (docs/design.md section 14, the first of the three ways), one
+    [L] all-reduce for the Frobenius norms, and the global-norm clip's scalar."""
+    cfg, found = optimizer_collectives("train.optimizer=muon", "parallel.tp=2")
+    m = cfg.model
+    grams = [c for c in found if c.kind == "all-reduce" and c.shape == (m.n_layers, m.attn_rank, m.attn_rank)]
+    assert len(grams) == cfg.train.muon.ns_steps * 14  # 7 projections x (A, B), 5 iterations each
+    # each moves the fp32 Gram matrix (XLA combines a few with an [L] vector of the Frobenius norms)
+    assert all(c.bytes - 4 * m.n_layers * m.attn_rank ** 2 in (0, 4 * m.n_layers) for c in grams)
+    assert {(c.kind, c.shape) for c in found if c not in grams} <= {("all-reduce", ()), ("all-reduce", (m.n_layers,))}
+    assert len(found) - len(grams) <= 2
+    _, adamw = optimizer_collectives("parallel.tp=2")
+    assert [(c.kind, c.shape) for c in adamw] == [("all-reduce", ())]  # the clip's norm only
