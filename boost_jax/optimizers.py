@@ -12,7 +12,7 @@ All three run after the global-norm clip and share the learning-rate schedule.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +20,9 @@ import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own shape scale (not re-exported in 0.2.8)
 
-from boost_jax.config import TrainConfig
+from boost_jax.config import OptimizerName, TrainConfig
 
-OPTIMIZERS = ("adamw", "muon", "spectron")
+OPTIMIZERS = get_args(OptimizerName)
 # A decoder layer's weight, stacked [L, in, out]: the layer axis is a batch axis of the orthogonalisation.
 LAYER_MATRIX = MuonDimensionNumbers(reduction_axis=1, output_axis=2)
 
