@@ -94,6 +94,10 @@ class Checkpointer:
             step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
         )
 
+    def record(self, step: int) -> dict:
+        """A checkpoint's JSON record (step, data position, identity, ...) without its arrays."""
+        return dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
+
     def restore(self, step: int, like: Any, run_identity: dict, optional: tuple[str, ...] = (), *,
                 subset: bool = False) -> tuple[Any, dict]:
         """Restore `step` into arrays shaped and sharded like the `like` pytree (a dict), after
@@ -101,7 +105,7 @@ class Checkpointer:
         `optional` may be missing from the checkpoint (they keep `like`'s values) or from `like`
         (they are not read). `subset`: `like` names only the parts to read (e.g. the parameters
         alone); the checkpoint's other parts are never read."""
-        meta = dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
+        meta = self.record(step)
         if "identity" not in meta:
             raise CheckpointError(f"checkpoint step {step} in {self.directory} records no run identity "
                                   "(frozen config keys), so it cannot be checked against this config")

@@ -30,6 +30,7 @@ MAX_VOCAB = 2**31 - 1
 Arch = Literal[tuple(ARCHS)]
 SchemeName = Literal[("auto", *SCHEMES)]
 DType = Literal["float32", "bfloat16"]
+OptimizerName = Literal["adamw", "muon", "spectron"]  # boost_jax/optimizers.py
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,27 @@ def _default(value, default):
 
 
 @dataclass(frozen=True)
+class MuonConfig:
+    """`train.muon.*`: the orthogonalised side of muon and spectron (optax's `scale_by_muon` defaults)."""
+
+    momentum: float = 0.95  # beta of the momentum (Keller Jordan's Muon; optax)
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations
+    # The quintic's (a, b, c): 3 values for every iteration, or 3 x ns_steps (one triple per iteration)
+    ns_coeffs: tuple[float, ...] = (3.4445, -4.7750, 2.0315)
+    # Update RMS matched to AdamW's: consistent_rms x sqrt(max(fan_in, fan_out)) (Moonlight: 0.2), so
+    # train.lr and train.weight_decay carry over; None = Keller Jordan's sqrt(max(1, fan_out / fan_in)).
+    consistent_rms: float | None = 0.2
+
+
+@dataclass(frozen=True)
+class SpectronConfig:
+    """`train.spectron.*`: the factor pairs' renormalisation (docs/design.md section 14)."""
+
+    power_steps: int = 2  # power iterations per step for each factor's spectral norm (warm-started)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """`train.*`: steps, the global batch, optimizer, schedule, remat, eval."""
 
@@ -123,6 +145,14 @@ class TrainConfig:
     grad_clip: float = 1.0  # global-norm clip; 0 disables
     b1: float = 0.9
     b2: float = 0.95
+    # adamw | muon: Muon on the decoder layers' matrices, AdamW (lr, b1, b2, weight_decay) on the rest |
+    # spectron: Muon's orthogonalised factor updates renormalised per (A, B) pair (low-rank archs)
+    optimizer: OptimizerName = "adamw"
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    spectron: SpectronConfig = field(default_factory=SpectronConfig)
+    # A resume whose checkpoint was trained with another train.optimizer: refused, unless this lets the
+    # parameters resume with a fresh optimizer state (said in one line)
+    reset_optimizer: bool = False
     seed: int = 0
     remat: Literal["none", "full", "lowrank"] = "none"
     # LM head + cross-entropy this many sequence positions at a time, each chunk's logits recomputed
@@ -434,6 +464,21 @@ def _validate_model(m: ModelConfig) -> None:
     _require(m.init_std > 0, "model.init_std", "must be > 0")
 
 
+def _validate_optimizer(t: TrainConfig, m: ModelConfig) -> None:
+    u = t.muon
+    _require(0 < u.momentum < 1, "train.muon.momentum", f"must be in (0, 1), got {u.momentum}")
+    _require(u.ns_steps > 0, "train.muon.ns_steps", f"must be >= 1 Newton-Schulz iteration, got {u.ns_steps}")
+    _require(len(u.ns_coeffs) in (3, 3 * u.ns_steps), "train.muon.ns_coeffs",
+             f"must hold 3 values (a, b, c for every iteration) or 3 x train.muon.ns_steps = {3 * u.ns_steps} "
+             f"(a triple per iteration), got {len(u.ns_coeffs)}")
+    _require(u.consistent_rms is None or u.consistent_rms > 0, "train.muon.consistent_rms",
+             f"must be > 0 (Moonlight: 0.2) or null, got {u.consistent_rms}")
+    _require(t.spectron.power_steps > 0, "train.spectron.power_steps",
+             f"must be >= 1 power iteration, got {t.spectron.power_steps}")
+    _require(t.optimizer != "spectron" or ARCHS[m.arch].low_rank, "train.optimizer",
+             f"spectron renormalises low-rank factor pairs: arch {m.arch} has none (use muon)")
+
+
 def _validate(c: Config) -> None:
     t = c.train
     for name in ("steps", "batch_size", "microbatches", "seq_len", "eval_batches"):
@@ -449,6 +494,7 @@ def _validate(c: Config) -> None:
     _require(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
     _require(t.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 disables)")
     _require(0 <= t.b1 < 1 and 0 <= t.b2 < 1, "train.b1/b2", "must be in [0, 1)")
+    _validate_optimizer(t, c.model)
     _require(t.eval_every >= 0, "train.eval_every", "must be >= 0")
     _require(t.z_loss >= 0, "train.z_loss", f"must be >= 0 (0 = off), got {t.z_loss}")
     _require(t.spike_skip >= 0, "train.spike_skip", f"must be > 0 standard deviations, or 0 = off; got {t.spike_skip}")

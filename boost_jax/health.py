@@ -4,6 +4,12 @@ one layer's gradients or updates growing apart from the rest.
 Groups: `embed`, `final_norm`, `lm_head`, and per decoder layer `layer_NN/attn`, `layer_NN/mlp` and
 `layer_NN/norms` (its two RMSNorm scales), NN the model's layer (the stored stack's order, which a
 pipeline permutes, is undone). Computed inside the compiled train step, on the steps that log.
+
+For the low-rank archs, per decoder layer group also the spectral growth Spectron (arXiv
+2602.12429) blames for low-rank loss spikes: the largest spectral norm among the group's A factors
+and among its B factors, the same for their latest updates, and the smallest stable rank
+||A B||_F^2 / ||A B||_2^2 among its pairs, all from r x r matrices and power iterations on the factors
+(never the d x d product).
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from boost_jax.optimizers import factor_pairs, top_singular
+
 KINDS = ("grad", "param", "update")
+POWER_STEPS = 100  # power iterations from a fixed start, on the steps that log (matrix-vector products: cheap)
 
 
 def group_of(key: str) -> str:
@@ -38,6 +47,38 @@ def group_norms(tree: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:
 
 
 def health_norms(grads: dict, params: dict, updates: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:
-    """{`<kind>_norm/<group>`: norm} for the gradients, the parameters after the update and the updates."""
-    return {f"{kind}_norm/{name}": v for kind, tree in zip(KINDS, (grads, params, updates))
-            for name, v in group_norms(tree, layer_order).items()}
+    """{`<kind>_norm/<group>`: norm} for the gradients, the parameters after the update and the updates,
+    and the factor pairs' spectra (`factor_spectra`)."""
+    return {**{f"{kind}_norm/{name}": v for kind, tree in zip(KINDS, (grads, params, updates))
+               for name, v in group_norms(tree, layer_order).items()},
+            **factor_spectra(params, updates, layer_order)}
+
+
+def spectral_norm(m: jax.Array) -> jax.Array:
+    """[L] largest singular value of each [p, r] matrix of `m` [L, p, r] (power iterations)."""
+    start = jnp.full((m.shape[0], m.shape[2]), m.shape[2] ** -0.5, jnp.float32)
+    return top_singular(m, start, POWER_STEPS)[0]
+
+
+def factor_spectra(params: dict, updates: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:
+    """Per layer group with factor pairs: `spectral_a|b/<group>` (largest sigma among its A | B factors),
+    `update_spectral_a|b/<group>` (the same of their updates) and `stable_rank/<group>` (smallest among
+    its products A B: ||A B||_F^2 = sum(A^T A * B B^T); ||A B||_2 = ||R B||_2 with A = Q R, R r x r)."""
+    found: dict[str, list[jax.Array]] = {}
+    steps = factor_pairs(updates)
+    for path, pair in factor_pairs(params).items():
+        if path[0] != "layers":
+            continue
+        a, b = (pair[k].astype(jnp.float32) for k in ("a", "b"))
+        b_t = jnp.swapaxes(b, 1, 2)  # [L, d_out, r]: B's singular values, through r-vectors
+        frobenius2 = jnp.sum(jnp.einsum("lir,lis->lrs", a, a) * jnp.einsum("lro,lso->lrs", b, b), axis=(1, 2))
+        r_b = jnp.einsum("lrs,lso->lro", jnp.linalg.qr(a, mode="r"), b)
+        values = {"spectral_a": spectral_norm(a), "spectral_b": spectral_norm(b_t),
+                  "update_spectral_a": spectral_norm(steps[path]["a"].astype(jnp.float32)),
+                  "update_spectral_b": spectral_norm(jnp.swapaxes(steps[path]["b"], 1, 2).astype(jnp.float32)),
+                  "stable_rank": frobenius2 / spectral_norm(jnp.swapaxes(r_b, 1, 2)) ** 2}
+        for position, layer in enumerate(layer_order):
+            for kind, v in values.items():
+                found.setdefault(f"{kind}/layer_{layer:02d}/{group_of(path[1])}", []).append(v[position])
+    pick = lambda name: jnp.min if name.startswith("stable_rank") else jnp.max
+    return {name: pick(name)(jnp.stack(vs)) for name, vs in sorted(found.items())}

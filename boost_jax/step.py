@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from boost_jax.config import Config, TrainConfig
 from boost_jax.health import health_norms
 from boost_jax.model import loss_fn
+from boost_jax.optimizers import lr_schedule, make_optimizer
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
@@ -37,26 +38,6 @@ def batch_keys(cfg: Config) -> tuple[str, ...]:
     """The arrays of a batch, each int32 [B, S] laid out on the batch axes: the tokens, their next
     tokens, and with `data.document_mask` each token's document (data/loader.py)."""
     return ("inputs", "targets", *(("segment_ids",) if cfg.data.document_mask else ()))
-
-
-def lr_schedule(t: TrainConfig) -> optax.Schedule:
-    """Linear warmup, then cosine decay to lr * min_lr_ratio at `schedule_steps` (default: steps)."""
-    horizon = t.schedule_steps or t.steps
-    warmup = min(t.warmup_steps, horizon)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=t.lr, warmup_steps=warmup,
-        decay_steps=max(horizon, warmup + 1), end_value=t.lr * t.min_lr_ratio,
-    )
-
-
-def make_optimizer(t: TrainConfig, params: dict) -> optax.GradientTransformation:
-    """AdamW; no weight decay on norm scales (1-D per layer)."""
-    no_decay = lambda path: path[-1] == "scale"
-    mask = jax.tree_util.tree_map_with_path(lambda path, _: not no_decay([k.key for k in path]), params)
-    return optax.chain(
-        optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity(),
-        optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=mask),
-    )
 
 
 @dataclass(frozen=True)
@@ -93,11 +74,7 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
     mesh = plan.mesh
     tx = make_optimizer(cfg.train, params)
     replicated = NamedSharding(mesh, P())
-    # Optimizer moments take their parameter's sharding; counters are replicated.
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, s: s, jax.eval_shape(tx.init, params), pspecs,
-        transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P),
-    )
+    opt_specs = optimizer_state_specs(jax.eval_shape(tx.init, params), params, pspecs)
     state = {
         "params": params,
         "opt_state": jax.jit(tx.init, out_shardings=plan.named(opt_specs))(params),
@@ -166,6 +143,23 @@ def evaluation(cfg: Config, plan: Plan) -> Evaluation:
     jitted = jax.jit(eval_of, in_shardings=(param_shardings(cfg, plan), dict.fromkeys(batch_keys(cfg), batch_sharding)),
                      out_shardings=NamedSharding(plan.mesh, P()))
     return Evaluation(jitted, batch_sharding)
+
+
+def optimizer_state_specs(opt_shapes, params: dict, param_specs):
+    """Each optimizer-state leaf's PartitionSpec: a moment takes its parameter's (`param_specs`, a tree
+    like `params`: the parameter at the end of the leaf's dict-key path, of its shape); counters and
+    the rest are replicated. (optax's `tree_map_params` cannot see through the masks of
+    `optax.partition`, which muon and spectron use.)"""
+    keys = lambda path: tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    specs = jax.tree.leaves(param_specs, is_leaf=lambda x: isinstance(x, P))
+    param_at = {keys(path): (p.shape, s) for (path, p), s in zip(jax.tree_util.tree_flatten_with_path(params)[0], specs)}
+
+    def spec(path, leaf):
+        k = keys(path)
+        shape, s = next((param_at[k[i:]] for i in range(len(k)) if k[i:] in param_at), (None, None))
+        return s if shape == leaf.shape else P()
+
+    return jax.tree_util.tree_map_with_path(spec, opt_shapes)
 
 
 def spike_window(window: dict, loss: jax.Array, finite: jax.Array, threshold: float) -> tuple[jax.Array, dict]:

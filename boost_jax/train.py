@@ -107,6 +107,9 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
                      + (f", loss {resumed_loss:.4f})" if resumed_loss is not None else ")"))
             if fresh := ckpt.meta.get("fresh_state"):
                 log.line(f"the checkpoint holds no {', '.join(fresh)} state: it starts fresh")
+            if before := ckpt.meta.get("optimizer_reset"):
+                log.line(f"train.optimizer {before} -> {t.optimizer} (train.reset_optimizer=true): the parameters "
+                         f"resume, the {t.optimizer} state starts fresh")
         if mixture_note:
             log.line(mixture_note)
 

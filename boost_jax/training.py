@@ -89,7 +89,19 @@ def check_resume_compatible(cfg: Config, run_dir: Path) -> dict | None:
             f"run_dir {run_dir} holds a run with a different {', '.join(changed)}; "
             "use a new run_dir (the existing run was left untouched)"
         )
+    check_optimizer_switch((saved.get("train") or {}).get("optimizer", "adamw"), cfg, f"run_dir {run_dir}")
     return saved
+
+
+def check_optimizer_switch(saved: str, cfg: Config, where: str) -> bool:
+    """Whether a resume switches train.optimizer (from `saved`), which only train.reset_optimizer allows:
+    the parameters resume, the optimizer state starts fresh."""
+    now = cfg.train.optimizer
+    if saved != now and not cfg.train.reset_optimizer:
+        raise ConfigError(f"train.optimizer: {where} was trained with {saved!r}, now {now!r}: its optimizer state "
+                          f"does not carry over; set train.reset_optimizer=true to resume the parameters with a "
+                          f"fresh {now} state, or use a new run_dir (the existing run was left untouched)")
+    return saved != now
 
 
 class Checkpoints:
@@ -113,7 +125,16 @@ class Checkpoints:
         start = self.ckpt.latest_step() if self.ckpt else None
         if start is None:
             return state, 0, None
-        state, meta = self.ckpt.restore(start, state, self.identity, optional=OPTIONAL_STATE)
+        saved_optimizer = self.ckpt.record(start).get("optimizer", "adamw")  # older checkpoints: AdamW's
+        switch = check_optimizer_switch(saved_optimizer, self.cfg, f"checkpoint step {start} in {self.ckpt.directory}")
+        if switch:  # the checkpoint's optimizer state stays unread; this run's fresh one takes its place
+            like = {k: v for k, v in state.items() if k != "opt_state"}
+            restored, meta = self.ckpt.restore(start, like, self.identity, optional=(*OPTIONAL_STATE, "opt_state"))
+            # A fresh optimizer state is the same for every layer (zeros, the same start vectors), so
+            # the relayout to this run's layer order below leaves it as it is.
+            state, meta = {**restored, "opt_state": state["opt_state"]}, {**meta, "optimizer_reset": saved_optimizer}
+        else:
+            state, meta = self.ckpt.restore(start, state, self.identity, optional=OPTIONAL_STATE)
         state = self.run.adopt(state, meta)
         expected = start * self.cfg.train.batch_size
         if meta.get("data_position") != expected:
@@ -136,7 +157,7 @@ class Checkpoints:
         identity, and `record`: e.g. a mixture's weights history). Orbax copies the state off the
         devices, then writes it in the background (checkpoint.async_save)."""
         meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
-                "loss": loss, "identity": self.identity, **(record or {})}
+                "loss": loss, "identity": self.identity, "optimizer": self.cfg.train.optimizer, **(record or {})}
         self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
 

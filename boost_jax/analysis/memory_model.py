@@ -2,7 +2,7 @@
 checks a layout against the GPU's HBM with.
 
     b = breakdown(cfg)                  # bytes per device, by part
-    b["total"], b["step"]               # with and without the AdamW moments
+    b["total"], b["step"]               # with and without the optimizer's state
     b["param_elems"]                    # parameters per device (a count)
 
 Parts (docs/design.md, "Memory model"):
@@ -10,7 +10,9 @@ Parts (docs/design.md, "Memory model"):
                     with gradient accumulation, a second fp32 copy that sums the micro-batches
   fsdp_gathered     under FSDP, the rest of each weight's tp shard: XLA gathers the stacked
                     weights for the whole step (measured on the compiled program)
-  adamw             two fp32 moments per parameter, sharded like it
+  optimizer         train.optimizer's state as its init makes it (optimizers.py): AdamW two fp32
+                    moments per parameter it updates, Muon one per matrix (and spectron an [L, r]
+                    vector per factor, replicated), each moment sharded like its parameter
   activations       what one decoder layer saves for the backward pass under train.remat (read off
                     one compiled layer on its tp x cp devices, so context parallelism's 1/cp of
                     the positions and its attention's gathered keys are in it: the residuals of its vjp, per device, split into those
@@ -51,6 +53,8 @@ from boost_jax.model import PROJECTIONS, RESIDUAL_AXES, decoder_layer
 from boost_jax.parallel import Plan, abstract_plan, make_plan
 from boost_jax.parallel.plan import abstract_config
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.optimizers import make_optimizer
+from boost_jax.step import optimizer_state_specs
 from boost_jax.weights import abstract_model
 
 FP32 = 4
@@ -156,9 +160,19 @@ def param_elems(cfg: Config, plan: Plan) -> int:
     return _ELEMS[key]
 
 
+def optimizer_bytes(cfg: Config, plan: Plan) -> int:
+    """Per-device bytes of the state `train.optimizer` keeps (traced from its init, no arrays)."""
+    _, abstract = abstract_model(cfg)
+    params = nnx.to_pure_dict(abstract)
+    state = jax.eval_shape(make_optimizer(cfg.train, params).init, params)
+    specs = optimizer_state_specs(state, params, plan.param_specs(abstract))
+    return sum(math.prod(plan.named(s).shard_shape(x.shape)) * x.dtype.itemsize
+               for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))))
+
+
 def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) -> dict[str, int]:
     """Per-device bytes of cfg's train step by part (module docstring), with `step` (what the
-    compiled gradient program holds: all but the AdamW moments) and `total`. `layer` measures one
+    compiled gradient program holds: all but the optimizer's state) and `total`. `layer` measures one
     layer (`layer_bytes`; the planner passes a cached one). Needs devices only for cfg's tp."""
     cfg = abstract_config(cfg)  # the default parallel.dp=-1 is one replica
     plan = abstract_plan(cfg)
@@ -194,7 +208,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
     loss_rows = rows * (t.microbatches if pipe is not None else 1)
     logits = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab") * FP32
     parts = {
-        "params": pbytes, "grads": pbytes + accum, "adamw": 2 * FP32 * elems,
+        "params": pbytes, "grads": pbytes + accum, "optimizer": optimizer_bytes(cfg, plan),
         # Under FSDP, XLA gathers the stacked weights for the step: the rest of each tp shard (measured).
         "fsdp_gathered": pbytes * (mesh["fsdp"] - 1),
         "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32 (whole rows under cp)
@@ -207,5 +221,5 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
     parts["step"] = sum(parts[k] for k in ("params", "grads", "fsdp_gathered", "tokens", "activations",
                                                       "pipeline_buffers")) \
         + max(parts["loss"], parts["transient"])
-    parts["total"] = parts["step"] + parts["adamw"]
+    parts["total"] = parts["step"] + parts["optimizer"]
     return parts

@@ -42,7 +42,8 @@ from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
 from boost_jax.layers.kv_cache import CACHES
-from boost_jax.step import accumulated_grad
+from boost_jax.optimizers import make_optimizer
+from boost_jax.step import accumulated_grad, optimizer_state_specs
 
 MODES = ("none", "full", "lowrank")
 MIB = 2**20
@@ -148,8 +149,17 @@ def compiled_peak(cfg) -> dict:
     grad = accumulated_grad(prog.loss, prog.plan, cfg.train.microbatches,
                             jax.tree.map(lambda p: p.sharding, prog.params))
     compiled = jax.jit(grad).lower(prog.params, prog.batch).compile()
-    # AdamW keeps two fp32 moments per parameter, sharded like the parameter.
-    return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": 2 * 4 * prog.params_per_device}
+    return {"fwd_bwd_peak_bytes": peak_bytes(compiled), "optimizer_state_bytes": compiled_optimizer_bytes(prog)}
+
+
+def compiled_optimizer_bytes(prog) -> int:
+    """Per-device bytes of train.optimizer's state: the output of its init compiled as the train step
+    lays it out (each moment sharded like its parameter, the rest replicated)."""
+    tx = make_optimizer(prog.cfg.train, prog.params)
+    state = jax.eval_shape(tx.init, prog.params)
+    specs = optimizer_state_specs(state, prog.params, jax.tree.map(lambda p: p.sharding.spec, prog.params))
+    init = jax.jit(tx.init, out_shardings=prog.plan.named(specs))
+    return init.lower(prog.params).compile().memory_analysis().output_size_in_bytes
 
 
 def sweep_microbatches(args: Sequence[str], counts: list[int], as_json: bool) -> None:

@@ -5,7 +5,9 @@ as is: `bench step recipe.yaml`).
 `--compare` builds dense/megatron, <arch>/vanilla and <arch>/btp of the same config and times them
 in interleaved repetitions (so machine noise hits all three alike), then prints the ratios;
 `--vary section.key=V1,V2,...` does the same for any config key's values, each variant's time also
-as a ratio to the first's (`--vary parallel.cp=1,2,4`: the cost of context parallelism here).
+as a ratio to the first's (`--vary parallel.cp=1,2,4`: the cost of context parallelism here;
+`--vary train.optimizer=adamw,muon,spectron`: each optimizer's added time and share of the step,
+beside what its Newton-Schulz FLOPs predict at the adamw step's own rate).
 `--hf` times, in the same interleaved repetitions, the training step a PyTorch user would write for
 the (first) config's dense LLaMA in Hugging Face transformers, on the same initial weights and batch
 (`boost_jax/bench/hf.py`), and prints both sides' first and last losses: the two train the same model.
@@ -27,6 +29,7 @@ from boost_jax.bench import hf
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
 from boost_jax.flops import count, datasheet_peak_flops, measure_matmul_peak
+from boost_jax.optimizers import newton_schulz_flops
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.step import batch_keys, device_batch, setup
@@ -68,7 +71,29 @@ class Runner:
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
                 "model_flops_per_s": flops / med,  # analytic training FLOPs (flops.py), all devices together
                 "peak_bytes_per_device": self.peak, "first_loss": self.first_loss,
-                "last_loss": float(self.metrics["loss"])}
+                "last_loss": float(self.metrics["loss"]), "optimizer": self.cfg.train.optimizer,
+                "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state["params"])}
+
+
+def optimizer_overheads(results: list[dict]) -> list[str]:
+    """Beside the first variant (AdamW), each Muon-family variant's added step time, measured and as
+    its Newton-Schulz FLOPs would cost at the first variant's own rate (training FLOPs / step time):
+    the orthogonalisation runs as GEMMs when the two agree."""
+    base = results[0]
+    if base.get("optimizer") != "adamw":
+        return []
+    lines = []
+    for r in results[1:]:
+        if r.get("newton_schulz_flops"):
+            measured = r["median_step_s"] - base["median_step_s"]
+            predicted = r["newton_schulz_flops"] / base["model_flops_per_s"]
+            r["optimizer_overhead_s"], r["predicted_optimizer_overhead_s"] = measured, predicted
+            lines.append(f"{r['variant'] or r['optimizer']}: {r['optimizer']} adds {1e3 * measured:.1f} ms per step "
+                         f"({100 * measured / r['median_step_s']:.0f}% of it); its Newton-Schulz "
+                         f"{r['newton_schulz_flops'] / 1e9:.2f} GFLOP at adamw's step rate "
+                         f"({base['model_flops_per_s'] / 1e9:.1f} GFLOP/s) predict {1e3 * predicted:.1f} ms "
+                         f"(measured / predicted {measured / predicted:.2f})")
+    return lines
 
 
 def time_runners(runners: list[Runner], reps: int, steps: int) -> list[dict]:
@@ -136,6 +161,7 @@ def main(argv: list[str]) -> None:
     for r, (label, _) in zip(results, labelled):
         r["variant"] = label
         r["time_vs_first"] = r["median_step_s"] / results[0]["median_step_s"]
+    overheads = optimizer_overheads(results)
     sheet = datasheet_peak_flops(jax.devices()[0], cfgs[0].model.dtype)
     if a.compare:
         dense, vanilla, btp = (r["median_step_s"] for r in results[:3])
@@ -163,5 +189,7 @@ def main(argv: list[str]) -> None:
               f"its step takes {theirs['median_step_s'] / ours['median_step_s']:.2f}x boost_jax's; the same weights, batch "
               f"and optimizer: loss {ours['first_loss']:.5f} -> {ours['last_loss']:.5f} (boost_jax), "
               f"{theirs['first_loss']:.5f} -> {theirs['last_loss']:.5f}")
+    for line in overheads:
+        print(line)
     if a.compare:
         print("  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))

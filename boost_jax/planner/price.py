@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from boost_jax.analysis.comm import pipeline_carry_width
 from boost_jax.analysis.hlo import Collective, collectives
@@ -35,7 +36,9 @@ from boost_jax.parallel import abstract_plan
 from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
 from boost_jax.layers.attention import query_group
+from boost_jax.optimizers import newton_schulz_flops
 from boost_jax.planner.workers import Workers
+from boost_jax.step import abstract_model
 
 
 @functools.cache
@@ -153,7 +156,8 @@ def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache, 
 
 
 def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
-    """What a dp = fsdp = 1 compile cannot show, priced analytically: the AdamW update, the
+    """What a dp = fsdp = 1 compile cannot show, priced analytically: the optimizer's update (AdamW's
+    HBM traffic, plus Muon's Newton-Schulz GEMMs under train.optimizer=muon/spectron), the
     data-parallel gradient all-reduce and FSDP's weight all-gathers and gradient reduce-scatter."""
     p, t = cfg.parallel, cfg.train
     optimizer = param_elems * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
@@ -169,7 +173,11 @@ def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
         crosses = p.fsdp * inner > hw.gpus_per_node
         fsdp_s = (2 * t.microbatches * ring_seconds("all-gather", p.fsdp, gathered, crosses, hw)
                   + ring_seconds("reduce-scatter", p.fsdp, grad_bytes * p.fsdp, crosses, hw))
-    return {"optimizer": optimizer, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
+    # Muon's and spectron's Newton-Schulz GEMMs: the stage's share of the matrices (1/pp), each GEMM
+    # split over the matrix's tp x fsdp shards, at the GEMM rate.
+    flops = newton_schulz_flops(t, nnx.to_pure_dict(abstract_model(cfg)[1])) / (p.pp * p.tp * p.fsdp)
+    newton_schulz = flops / (hw.peak_flops * hw.gemm_efficiency)
+    return {"optimizer": optimizer + newton_schulz, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
 
 
 def _either_way(g: Gemm, hw: Hardware, itemsize: int) -> float:

@@ -1,0 +1,187 @@
+"""The optimizers `train.optimizer` chooses (docs/design.md section 14).
+
+    adamw     AdamW on every parameter, no weight decay on norm scales (the default)
+    muon      optax's Muon (`scale_by_muon`) on every 2-D weight of the decoder layers, each layer's
+              matrix on its own (the stacked [L, in, out] leaves' layer axis is a batch axis of
+              `MuonDimensionNumbers`), AdamW on the rest (embedding, LM head, norm scales)
+    spectron  Muon's orthogonalised momentum on each low-rank factor, renormalised per (A, B) pair by
+              the factors' spectral norms so that the product's update dA B + A dB is bounded
+
+All three run after the global-norm clip and share the learning-rate schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, get_args
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
+from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own shape scale (not re-exported in 0.2.8)
+
+from boost_jax.config import OptimizerName, TrainConfig
+
+OPTIMIZERS = get_args(OptimizerName)
+# A decoder layer's weight, stacked [L, in, out]: the layer axis is a batch axis of the orthogonalisation.
+LAYER_MATRIX = MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+
+
+def lr_schedule(t: TrainConfig) -> optax.Schedule:
+    """Linear warmup, then cosine decay to lr * min_lr_ratio at `schedule_steps` (default: steps)."""
+    horizon = t.schedule_steps or t.steps
+    warmup = min(t.warmup_steps, horizon)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=t.lr, warmup_steps=warmup,
+        decay_steps=max(horizon, warmup + 1), end_value=t.lr * t.min_lr_ratio,
+    )
+
+
+def make_optimizer(t: TrainConfig, params: dict) -> optax.GradientTransformation:
+    """`t.optimizer` after the global-norm clip (`params`: the model's pure dict, for its structure)."""
+    clip = optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity()
+    if t.optimizer == "adamw":
+        return optax.chain(clip, adamw(t))
+    if t.optimizer not in ("muon", "spectron"):
+        raise ValueError(f"train.optimizer: unknown optimizer {t.optimizer!r}; choose one of {OPTIMIZERS}")
+    return optax.chain(clip, optax.partition({"matrix": orthogonalised(t), "adamw": adamw(t)}, labels(params)))
+
+
+def adamw(t: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with `train.b1/b2/weight_decay`; no weight decay on norm scales."""
+    decays = lambda tree: jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key != "scale", tree)
+    return optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=decays)
+
+
+def is_layer_matrix(path: tuple, leaf: Any) -> bool:
+    """A 2-D weight of a decoder layer: a stacked [L, in, out] leaf under `layers`."""
+    return any(getattr(k, "key", None) == "layers" for k in path) and leaf.ndim == 3
+
+
+def labels(params: dict) -> dict:
+    """Each leaf's group: "matrix" (orthogonalised) or "adamw"."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: "matrix" if is_layer_matrix(path, x) else "adamw", params)
+
+
+def orthogonalised(t: TrainConfig) -> optax.GradientTransformation:
+    """The decoder matrices' side: optax's Muon momentum and Newton-Schulz per layer, then Muon's
+    shape scale (muon) or the factor pairs' renormalisation (spectron), decoupled weight decay, the
+    learning rate."""
+    m = t.muon
+    dims = lambda tree: jax.tree.map(lambda _: LAYER_MATRIX, tree)
+    steps = len(m.ns_coeffs) // 3
+    coeffs = tuple(m.ns_coeffs) if steps == 1 else tuple(zip(*[iter(m.ns_coeffs)] * 3))
+    scale = (scale_by_shape(dims, m.consistent_rms) if t.optimizer == "muon"
+             else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps))
+    return optax.chain(
+        scale_by_muon(ns_coeffs=coeffs, ns_steps=m.ns_steps, beta=m.momentum, nesterov=m.nesterov,
+                      weight_dimension_numbers=dims),
+        scale,
+        optax.add_decayed_weights(t.weight_decay),
+        optax.scale_by_learning_rate(lr_schedule(t)),
+    )
+
+
+def newton_schulz_flops(t: TrainConfig, params: dict) -> float:
+    """FLOPs of one step's orthogonalisation (muon, spectron; 0 for adamw) over all of `params` (shapes
+    suffice): per layer matrix m x n, k = min(m, n), K = max(m, n), each Newton-Schulz iteration is
+    X X^T (2 k^2 K), its square (2 k^3) and the product with X (2 k^2 K)."""
+    if t.optimizer == "adamw":
+        return 0.0
+    per_iteration = lambda k, big: 4 * k * k * big + 2 * k ** 3
+    return float(t.muon.ns_steps * sum(
+        x.shape[0] * per_iteration(min(x.shape[1:]), max(x.shape[1:]))
+        for path, x in jax.tree_util.tree_flatten_with_path(params)[0] if is_layer_matrix(path, x)))
+
+
+# ----------------------------------------------------------------------------- spectron
+
+
+def shape_scale(fan_in: int, fan_out: int, consistent_rms: float | None) -> float:
+    """Muon's update scale of a fan_in x fan_out matrix (optax's `scale_by_shape`): consistent_rms x
+    sqrt(max(fan_in, fan_out)) (AdamW's update RMS, Moonlight), or sqrt(max(1, fan_out / fan_in))."""
+    if consistent_rms is None:
+        return max(1.0, fan_out / fan_in) ** 0.5
+    return consistent_rms * max(fan_in, fan_out) ** 0.5
+
+
+def top_singular(m: jax.Array, v: jax.Array, steps: int) -> tuple[jax.Array, jax.Array]:
+    """(sigma [L], v [L, r]): the largest singular value of each [p, r] matrix of `m` [L, p, r] and its
+    right singular vector, by `steps` power iterations on m^T m from `v`. Only matrix-vector
+    products: sigma is a lower bound that tightens as v is carried from step to step."""
+    f32 = m.astype(jnp.float32)
+
+    def iterate(_, v):
+        v = jnp.einsum("lpr,lp->lr", f32, jnp.einsum("lpr,lr->lp", f32, v))
+        return v / (jnp.linalg.norm(v, axis=-1, keepdims=True) + 1e-30)
+
+    v = jax.lax.fori_loop(0, steps, iterate, v)
+    return jnp.linalg.norm(jnp.einsum("lpr,lr->lp", f32, v), axis=-1), v
+
+
+def factor_pairs(tree: Any, prefix: tuple = ()) -> dict[tuple, dict]:
+    """{path: {"a": A, "b": B}} of every low-rank projection (a dict with arrays "a" [L, in, r] and
+    "b" [L, r, out]) in a nested dict."""
+    if not isinstance(tree, dict):
+        return {}
+    if isinstance(tree.get("a"), jax.Array) and isinstance(tree.get("b"), jax.Array):
+        return {prefix: tree}
+    return {path: pair for k, sub in tree.items() for path, pair in factor_pairs(sub, (*prefix, k)).items()}
+
+
+class FactorPairState(NamedTuple):
+    """Per factor pair, nested like the parameters: the power iterations' right singular vectors of
+    A and of B^T, each [L, r]."""
+
+    vectors: dict
+
+
+def _nested(flat: dict[tuple, Any]) -> dict:
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = value
+    return out
+
+
+def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int) -> optax.GradientTransformation:
+    """Spectron's renormalisation of orthogonalised factor updates (O_A, O_B) of each pair W = A B:
+    both times s = c(d_in, d_out) / (sigma(A) + sigma(B)), so that
+        ||dA B + A dB||_2 <= s (||O_A|| sigma(B) + sigma(A) ||O_B||) <= c max(||O_A||, ||O_B||),
+    the spectral norm Muon gives a dense d_in x d_out update (c: `shape_scale` of the product)."""
+
+    def init(params):
+        def start(pair):  # the same unit vector of length r for every layer, A's and B^T's
+            layers, rank = pair["a"].shape[0], pair["a"].shape[2]
+            return jnp.full((layers, rank), rank ** -0.5, jnp.float32)
+
+        return FactorPairState(_nested({path: {"a": start(pair), "b": start(pair)}
+                                        for path, pair in factor_pairs(params).items()}))
+
+    def update(updates, state, params):
+        if params is None:
+            raise ValueError("spectron's renormalisation reads the factors: pass params to update()")
+        scaled, vectors = jax.tree.map(lambda x: x, updates), {}
+        for path, pair in factor_pairs(params).items():
+            v = _at(state.vectors, path)
+            a, b = pair["a"], pair["b"]
+            sigma_a, va = top_singular(a, v["a"], power_steps)
+            sigma_b, vb = top_singular(jnp.swapaxes(b, 1, 2), v["b"], power_steps)
+            s = shape_scale(a.shape[1], b.shape[2], consistent_rms) / (sigma_a + sigma_b + 1e-12)
+            node = _at(scaled, path)
+            for k in ("a", "b"):
+                node[k] = (node[k] * s[:, None, None]).astype(node[k].dtype)
+            vectors[path] = {"a": va, "b": vb}
+        return scaled, FactorPairState(_nested(vectors))
+
+    return optax.GradientTransformation(init, update)
+
+
+def _at(tree: dict, path: tuple) -> Any:
+    for k in path:
+        tree = tree[k]
+    return tree
+

@@ -1,0 +1,311 @@
+"""train.optimizer: AdamW as before, Muon per layer on every decoder matrix, Spectron's bounded factor-pair updates."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from boost_jax.config import ConfigError, load_config
+from boost_jax.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
+from boost_jax.step import init_params
+
+
+def tiny(*extra):
+    return load_config(None, ["model.preset=llama-tiny", "train.warmup_steps=0", *extra])
+
+
+def fake_grads(params, seed):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return tree.unflatten([jax.random.normal(k, x.shape, x.dtype) * 0.01 for k, x in zip(keys, leaves)])
+
+
+def run_updates(tx, params, steps=2):
+    """The updates of `steps` successive steps on seeded gradients, applied as the train step does."""
+    state, out = tx.init(params), []
+    for i in range(steps):
+        updates, state = jax.jit(tx.update)(fake_grads(params, i), state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(updates)
+    return out
+
+
+def test_adamw_is_bitwise_the_previous_optimizer():
+    cfg = tiny("model.arch=cola")
+    params = init_params(cfg)
+    t = cfg.train
+    mask = jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key != "scale", params)
+    before = optax.chain(optax.clip_by_global_norm(t.grad_clip),
+                         optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=mask))
+    for ours, theirs in zip(run_updates(make_optimizer(t, params), params), run_updates(before, params)):
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)))
+
+
+@pytest.mark.parametrize("arch", ["cola", "dense"])
+def test_muon_on_stacked_layers_equals_muon_on_each_layer_alone(arch):
+    """Every decoder matrix (each factor of each layer) is orthogonalised alone: the update equals optax's
+    Muon run on that layer's 2-D matrices; embedding, head and norms take the plain AdamW update."""
+    cfg = tiny(f"model.arch={arch}", "train.optimizer=muon", "train.grad_clip=0")
+    params, t = init_params(cfg), cfg.train
+    ours = run_updates(make_optimizer(t, params), params)
+    adamw = run_updates(make_optimizer(tiny(f"model.arch={arch}", "train.grad_clip=0").train, params), params)
+    group = labels(params)
+    matrices = {k: v for k, v in params["layers"].items() if k in ("attn", "mlp")}
+    assert {g for g in jax.tree.leaves(group["layers"]["attn"]) + jax.tree.leaves(group["layers"]["mlp"])} == {"matrix"}
+    assert group["embed"] == group["lm_head"]["w"] == group["layers"]["attn_norm"]["scale"] == "adamw"
+    for layer in range(cfg.model.n_layers):
+        one = lambda tree: jax.tree.map(lambda x: x[layer], tree)  # this layer's 2-D matrices
+        muon = optax.contrib.muon(lr_schedule(t), ns_steps=t.muon.ns_steps, beta=t.muon.momentum,
+                                  weight_decay=t.weight_decay, consistent_rms=t.muon.consistent_rms)
+        state, p = muon.init(one(matrices)), one(matrices)
+        for step in range(2):
+            g = one({k: v for k, v in fake_grads(params, step)["layers"].items() if k in ("attn", "mlp")})
+            expected, state = jax.jit(muon.update)(g, state, p)
+            got = one({k: v for k, v in ours[step]["layers"].items() if k in ("attn", "mlp")})
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+            # the reference's parameters move by its own updates, as ours do
+            p = optax.apply_updates(p, expected)
+    for step in range(2):
+        rest = lambda u: [u["embed"], u["lm_head"]["w"], u["final_norm"]["scale"], u["layers"]["attn_norm"]["scale"]]
+        for a, b in zip(rest(ours[step]), rest(adamw[step])):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_power_iteration_finds_the_largest_singular_value():
+    m = jax.random.normal(jax.random.key(0), (3, 40, 8))
+    sigma, _ = top_singular(m, jnp.full((3, 8), 8 ** -0.5), 200)
+    np.testing.assert_allclose(sigma, [np.linalg.norm(np.asarray(x), 2) for x in m], rtol=1e-5)
+
+
+def test_spectron_bounds_the_products_update_where_muon_does_not():
+    """dA B + A dB has at most the spectral norm Muon gives a dense d_in x d_out update (lr x c x the
+    orthogonalised factors' norm), whatever the factors' scale; Muon's per-factor update grows with it."""
+    cfg_of = lambda opt: tiny("model.arch=cola", f"train.optimizer={opt}", "train.grad_clip=0",
+                              "train.spectron.power_steps=300", "train.weight_decay=0")
+    params = init_params(cfg_of("spectron"))
+    params["layers"] = jax.tree.map(lambda x: x * 20.0 if x.ndim == 3 else x, params["layers"])  # large factors
+    t = cfg_of("spectron").train
+    (spectron,) = run_updates(make_optimizer(t, params), params, steps=1)
+    (muon,) = run_updates(make_optimizer(cfg_of("muon").train, params), params, steps=1)
+    lr = float(lr_schedule(t)(0))
+    pairs, muon_pairs = factor_pairs(spectron), factor_pairs(muon)
+    assert len(pairs) == 7
+    for path, pair in factor_pairs(params).items():
+        for layer in range(cfg_of("muon").model.n_layers):
+            a, b = (np.asarray(pair[k][layer], np.float64) for k in ("a", "b"))
+            da, db = (np.asarray(pairs[path][k][layer], np.float64) for k in ("a", "b"))
+            spectral = lambda x: np.linalg.norm(x, 2)
+            c = shape_scale(a.shape[0], b.shape[1], t.muon.consistent_rms)
+            # the factors' updates are Muon's directions, both scaled by c / (sigma(A) + sigma(B))
+            s = c / (spectral(a) + spectral(b))
+            ma, mb = (np.asarray(muon_pairs[path][k][layer], np.float64) for k in ("a", "b"))
+            for ours, theirs, shape in ((da, ma, a.shape), (db, mb, b.shape)):
+                np.testing.assert_allclose(ours, theirs / shape_scale(*shape, t.muon.consistent_rms) * s,
+                                           rtol=2e-4, atol=1e-9)
+            o_norm = max(spectral(da), spectral(db)) / (lr * s)  # the orthogonalised factors' norm
+            bound = lr * c * o_norm
+            assert spectral(da @ b + a @ db) <= bound * (1 + 1e-4)
+            assert spectral(ma @ b + a @ mb) > 3 * bound  # what spectron prevents
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.optimizer=sgd2", "train.optimizer: 'sgd2' is not one of"),
+    ("train.muon.momentum=0", "train.muon.momentum: must be in (0, 1)"),
+    ("train.muon.momentum=-0.9", "train.muon.momentum: must be in (0, 1)"),
+    ("train.muon.momentum=.nan", "train.muon.momentum: expected a finite number"),
+    ("train.muon.momentum=.inf", "train.muon.momentum: expected a finite number"),
+    ("train.muon.ns_steps=0", "train.muon.ns_steps: must be >= 1"),
+    ("train.muon.ns_coeffs=[3.4, -4.7]", "train.muon.ns_coeffs: must hold 3 values"),
+    ("train.muon.consistent_rms=0", "train.muon.consistent_rms: must be > 0"),
+    ("train.spectron.power_steps=0", "train.spectron.power_steps: must be >= 1"),
+    ("train.muon.momentm=0.9", "unknown config key 'train.muon.momentm'"),
+])
+def test_bad_optimizer_settings_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_spectron_needs_factor_pairs_and_the_command_exits_1_with_nothing_written(tmp_path):
+    with pytest.raises(ConfigError, match="train.optimizer: spectron renormalises low-rank factor pairs: arch dense"):
+        load_config(None, ["model.arch=dense", "train.optimizer=spectron"])
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.train", "train.muon.ns_steps=0"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "train.muon.ns_steps" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_per_step_coefficients_are_read_as_triples():
+    steps = [[3.0, -4.0, 2.0], [2.5, -3.0, 1.5]]
+    cfg = tiny("train.optimizer=muon", "train.muon.ns_steps=2", f"train.muon.ns_coeffs={sum(steps, [])}")
+    state = make_optimizer(cfg.train, init_params(cfg)).init(init_params(cfg))
+    (muon_state,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.contrib.MuonState))
+                     if isinstance(s, optax.contrib.MuonState)]
+    np.testing.assert_array_equal(muon_state.ns_coeffs, steps)
+
+
+@pytest.mark.parametrize("optimizer", ["spectron", pytest.param("muon", marks=pytest.mark.slow)])
+def test_the_optimizer_state_resumes_bitwise_and_a_switch_needs_reset_optimizer(tmp_path, tiny_overrides, capsys,
+                                                                                optimizer):
+    from boost_jax.train import train
+
+    def run(name, steps, *extra):
+        cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / name}", f"train.steps={steps}",
+                                 "train.schedule_steps=6", "checkpoint.every=2", "train.eval_every=0",
+                                 "parallel.dp=1", "model.arch=cola", f"train.optimizer={optimizer}", *extra])
+        return train(cfg, jax.devices()[:1])
+
+    full = run("full", 4)
+    assert run("split", 2)["losses"] == full["losses"][:2]
+    resumed = run("split", 4)
+    assert resumed["start_step"] == 2 and resumed["losses"] == full["losses"][2:]  # bitwise: the state came back
+    other = "muon" if optimizer == "spectron" else "adamw"
+    before = sorted(str(p) for p in (tmp_path / "split").rglob("*"))
+    with pytest.raises(ConfigError, match=f"train.optimizer: run_dir .* was trained with '{optimizer}', now '{other}'.*"
+                                          "train.reset_optimizer=true"):
+        run("split", 6, f"train.optimizer={other}")
+    (tmp_path / "split" / "config.yaml").rename(tmp_path / "config.yaml")  # the checkpoint's own record refuses too
+    with pytest.raises(ConfigError, match=f"train.optimizer: checkpoint step 4 .* was trained with '{optimizer}'"):
+        run("split", 6, f"train.optimizer={other}")
+    (tmp_path / "config.yaml").rename(tmp_path / "split" / "config.yaml")
+    assert sorted(str(p) for p in (tmp_path / "split").rglob("*")) == before
+    capsys.readouterr()
+    switched = run("split", 6, f"train.optimizer={other}", "train.reset_optimizer=true")
+    assert switched["start_step"] == 4 and len(switched["losses"]) == 2
+    out = capsys.readouterr()
+    lines = [l for l in (out.out + out.err).splitlines() if "reset_optimizer" in l]
+    assert len(lines) == 1 and f"train.optimizer {optimizer} -> {other}" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_kill_9_and_sigterm_resume_the_spectron_state_exactly(tiny_overrides, tmp_path):
+    """As tests/test_long_runs.py does for AdamW: killed mid-run, then SIGTERM, then run to the end; the
+    metrics are the uninterrupted run's, bit for bit."""
+    import signal
+
+    from test_long_runs import metrics, run_cli, run_to_end, wait_for_step
+
+    args = ["train.steps=40", "checkpoint.every=1", "checkpoint.keep=2", "model.arch=cola", "train.optimizer=spectron"]
+    run_to_end(tmp_path / "one", tiny_overrides, *args)
+    for step, stop in ((5, "kill"), (20, "sigterm")):
+        proc = run_cli(tmp_path / "run", tiny_overrides, *args)
+        wait_for_step(tmp_path / "run", step, proc)
+        proc.kill() if stop == "kill" else proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=300)
+    assert "resumed from step" in run_to_end(tmp_path / "run", tiny_overrides, *args)
+    assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "one")]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "spectron"])
+def test_the_memory_model_counts_the_optimizer_state_as_compiled(optimizer):
+    """AdamW: two fp32 moments per parameter; muon: one per decoder matrix (two for the rest); spectron
+    adds an [L, r] vector per factor. The model matches the compiled init's per-device output (tp2 x fsdp2)."""
+    from boost_jax.analysis.memory_model import breakdown, param_elems
+    from boost_jax.analysis.program import build
+    from boost_jax.bench.memory import compiled_optimizer_bytes
+    from boost_jax.parallel import abstract_plan
+
+    cfg = tiny("model.arch=cola", f"train.optimizer={optimizer}", "parallel.tp=2", "parallel.fsdp=2", "parallel.dp=1",
+               "train.batch_size=4", "train.seq_len=32")
+    modelled, compiled = breakdown(cfg)["optimizer"], compiled_optimizer_bytes(build(cfg))
+    assert 0 <= compiled - modelled < 0.01 * modelled  # XLA adds its output tuple's table of buffer pointers
+    two_moments = 2 * 4 * param_elems(cfg, abstract_plan(cfg))
+    if optimizer == "adamw":
+        assert modelled == two_moments + 2 * 4  # and two int32 counters (Adam's, the schedule's)
+    else:  # the decoder matrices keep one moment instead of two (llama-tiny: 0.83 x AdamW's bytes)
+        assert 0.5 * two_moments < modelled < 0.9 * two_moments
+
+
+def test_the_planner_prices_the_newton_schulz_gemms():
+    from flax import nnx
+
+    from boost_jax.analysis.perf_model import load_hardware
+    from boost_jax.optimizers import newton_schulz_flops
+    from boost_jax.planner.price import _analytic_parts
+    from boost_jax.step import abstract_model
+
+    cfg = tiny("model.arch=cola", "train.optimizer=muon", "parallel.tp=2", "parallel.dp=1")
+    params = nnx.to_pure_dict(abstract_model(cfg)[1])
+    # q's A of each layer: 64 x 16, so k = 16, K = 64: 5 iterations of 4 k^2 K + 2 k^3
+    only_q_a = {"layers": {"attn": {"q": {"a": params["layers"]["attn"]["q"]["a"]}}}}
+    assert newton_schulz_flops(cfg.train, only_q_a) == 2 * 5 * (4 * 16 * 16 * 64 + 2 * 16 ** 3)
+    assert newton_schulz_flops(tiny("model.arch=cola").train, params) == 0
+    hw = next(iter(load_hardware().values()))
+    adamw = _analytic_parts(tiny("model.arch=cola", "parallel.tp=2", "parallel.dp=1"), hw, 1000)["optimizer"]
+    muon = _analytic_parts(cfg, hw, 1000)["optimizer"]
+    expected = newton_schulz_flops(cfg.train, params) / 2 / (hw.peak_flops * hw.gemm_efficiency)
+    assert muon - adamw == pytest.approx(expected, rel=1e-9) and expected > 0
+
+
+def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
+    from boost_jax.health import health_norms
+
+    cfg = tiny("model.arch=cola")
+    params = init_params(cfg)
+    updates = fake_grads(params, 3)
+    order = [1, 0]  # a pipeline's storage order: layer 1 is stored first
+    health = jax.jit(lambda p, u: health_norms(u, p, u, order))(params, updates)
+    spectral = lambda x: np.linalg.norm(np.asarray(x, np.float64), 2)
+    for stored, layer in enumerate(order):
+        for group, names in (("attn", "qkvo"), ("mlp", ("gate", "up", "down"))):
+            pairs = [params["layers"][group][n] for n in names]
+            steps = [updates["layers"][group][n] for n in names]
+            at = f"layer_{layer:02d}/{group}"
+            want = {
+                "spectral_a": max(spectral(p["a"][stored]) for p in pairs),
+                "spectral_b": max(spectral(p["b"][stored]) for p in pairs),
+                "update_spectral_a": max(spectral(u["a"][stored]) for u in steps),
+                "update_spectral_b": max(spectral(u["b"][stored]) for u in steps),
+                "stable_rank": min(np.linalg.norm(w := np.asarray(p["a"][stored] @ p["b"][stored], np.float64)) ** 2
+                                   / spectral(w) ** 2 for p in pairs),
+            }
+            for kind, value in want.items():  # 100 power iterations from a fixed start
+                assert float(health[f"{kind}/{at}"]) == pytest.approx(value, rel=1e-3), (kind, at)
+    assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
+
+
+def test_bench_step_puts_each_optimizers_added_time_beside_its_newton_schulz_prediction(capsys):
+    from boost_jax.bench import step
+
+    step.main(["model.preset=llama-tiny", "model.arch=cola", "parallel.dp=1", "train.batch_size=4", "train.seq_len=32",
+               "--vary", "train.optimizer=adamw,muon", "--reps", "1", "--steps", "1", "--json"])
+    adamw, muon = json.loads(capsys.readouterr().out)["results"]
+    assert adamw["newton_schulz_flops"] == 0 and muon["newton_schulz_flops"] > 0
+    assert muon["optimizer_overhead_s"] == pytest.approx(muon["median_step_s"] - adamw["median_step_s"])
+    assert muon["predicted_optimizer_overhead_s"] == pytest.approx(muon["newton_schulz_flops"] / adamw["model_flops_per_s"])
+
+
+def optimizer_collectives(*overrides):
+    """The collectives of the optimizer's update alone, compiled as the train step lays out its state."""
+    from boost_jax.analysis.hlo import collectives
+    from boost_jax.parallel import make_plan
+    from boost_jax.step import setup
+
+    cfg = tiny("model.arch=cola", "log.health=false", "train.batch_size=4", "train.seq_len=32", "parallel.dp=1",
+               *overrides)
+    run, state = setup(cfg, make_plan(cfg, jax.devices()[:2]))
+    params = run.state_shardings["params"]
+    update = jax.jit(run.tx.update, in_shardings=(params, run.state_shardings["opt_state"], params))
+    return cfg, collectives(update.lower(state["params"], state["opt_state"], state["params"]).compile().as_text())
+
+
+def test_muon_under_tp_reduces_each_factors_gram_matrix_at_every_newton_schulz_iteration():
+    """btp at tp=2 splits every factor on its d side: XLA orthogonalises it by all-reducing the [L, r, r]
+    Gram matrix X X^T at each iteration (docs/design.md section 14, the first of the three ways), one
+    [L] all-reduce for the Frobenius norms, and the global-norm clip's scalar."""
+    cfg, found = optimizer_collectives("train.optimizer=muon", "parallel.tp=2")
+    m = cfg.model
+    grams = [c for c in found if c.kind == "all-reduce" and c.shape == (m.n_layers, m.attn_rank, m.attn_rank)]
+    assert len(grams) == cfg.train.muon.ns_steps * 14  # 7 projections x (A, B), 5 iterations each
+    # each moves the fp32 Gram matrix (XLA combines a few with an [L] vector of the Frobenius norms)
+    assert all(c.bytes - 4 * m.n_layers * m.attn_rank ** 2 in (0, 4 * m.n_layers) for c in grams)
+    assert {(c.kind, c.shape) for c in found if c not in grams} <= {("all-reduce", ()), ("all-reduce", (m.n_layers,))}
+    assert len(found) - len(grams) <= 2
+    _, adamw = optimizer_collectives("parallel.tp=2")
+    assert [(c.kind, c.shape) for c in adamw] == [("all-reduce", ())]  # the clip's norm only
