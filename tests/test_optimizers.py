@@ -12,7 +12,7 @@ import pytest
 
 from boost_jax.config import ConfigError, load_config
 from boost_jax.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
-from boost_jax.step import init_params
+from boost_jax.weights import init_params
 
 
 def tiny(*extra):
@@ -228,7 +228,7 @@ def test_the_planner_prices_the_newton_schulz_gemms():
     from boost_jax.analysis.perf_model import load_hardware
     from boost_jax.optimizers import newton_schulz_flops
     from boost_jax.planner.price import _analytic_parts
-    from boost_jax.step import abstract_model
+    from boost_jax.weights import abstract_model
 
     cfg = tiny("model.arch=cola", "train.optimizer=muon", "parallel.tp=2", "parallel.dp=1")
     params = nnx.to_pure_dict(abstract_model(cfg)[1])

@@ -83,7 +83,7 @@ def another_vocabulary(run):
 @pytest.mark.parametrize("damage, args, needle", [
     (no_params_at_newest, [], "checkpoint error: checkpoint step 6 in .* holds no params"),
     (another_vocabulary, [], r"different model.vocab_size \(model.vocab_size: 512 in the checkpoint, 1024 now\)"),
-    (None, ["parallel.tp=3", "parallel.dp=1"], r"model.vocab_size=512 must divide by tp = 3"),
+    (None, ["parallel.tp=3", "parallel.dp=1"], r"model.vocab_size=512 must divide by tp x pp = 3"),
 ])
 def test_inference_commands_refuse_bad_input_in_one_message_writing_nothing(run_dir, tmp_path, damage, args, needle):
     run = shutil.copytree(run_dir, tmp_path / "run")

@@ -38,7 +38,7 @@ from boost_jax.flops import count
 from boost_jax.layers.attention import query_group
 from boost_jax.optimizers import newton_schulz_flops
 from boost_jax.planner.workers import Workers
-from boost_jax.step import abstract_model
+from boost_jax.weights import abstract_model
 
 
 @functools.cache
