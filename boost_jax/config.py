@@ -178,7 +178,7 @@ class DataConfig:
 class CheckpointConfig:
     """`checkpoint.*`: how often Orbax saves, how many are kept."""
 
-    every: int = 50  # steps between saves; 0 disables checkpointing
+    every: int = 50  # steps between saves; 0: none by steps (none at all with every_minutes 0)
     keep: int = 3  # newest checkpoints kept
     every_minutes: float = 0.0  # also save once this many minutes have passed since the last save; 0 = off
     # Orbax writes a save in the background while training goes on (the state is copied off the

@@ -187,9 +187,13 @@ def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
         if where[name] not in handles:
             handles[where[name]] = _open_weights(where[name])
         try:
-            return handles[where[name]].get_tensor(name)
+            x = handles[where[name]].get_tensor(name)
         except Exception as e:  # safetensors raises its own errors for a damaged body
             raise ExportError(f"{where[name]}: cannot read the tensor {name} ({e})") from None
+        if x.dtype.kind in "biuc":  # integer (e.g. quantized), bool or complex: casting would not mean weights
+            raise ExportError(f"{where[name]}: the tensor {name} is {x.dtype}, not a float type (float32, float16 "
+                              "or bfloat16); quantized or integer weights cannot be imported")
+        return x
 
     def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
         path = _path_str(key_path)

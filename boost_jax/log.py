@@ -36,7 +36,9 @@ class RunLog:
 
     def _truncate_after(self, step: int) -> None:
         """Keep the rows of steps <= `step`. A line that is no row (a write cut short by a crash or
-        a full disk) is dropped, and the file as it was is set aside, not fatal."""
+        a full disk) is dropped, and the file as it was is set aside, not fatal. Rows after `step`
+        (the run starts again from an older checkpoint, or from step 0 with none) are rewritten
+        by this run: the file as it was is set aside first, so no row is lost."""
         if not self.path.exists():
             return
         lines = [line for line in self.path.read_text(errors="replace").splitlines() if line.strip()]
@@ -45,6 +47,11 @@ class RunLog:
             aside = self.path.with_name(self.path.name + ".damaged")
             shutil.copyfile(self.path, aside)
             self.line(f"{self.path}: dropped {damaged} damaged line(s); the file as it was is in {aside}")
+        if after := [at for at in steps if at is not None and at > step]:
+            aside = _free_name(self.path.with_name(f"{self.path.name}.before-step-{step}"))
+            shutil.copyfile(self.path, aside)
+            self.line(f"{self.path}: this run starts after step {step}, and the file holds rows up to step "
+                      f"{max(after)}, which it rewrites; the file as it was is in {aside}")
         kept = [line for line, at in zip(lines, steps) if at is not None and at <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
 
@@ -94,6 +101,15 @@ def _wandb_run(run_dir: Path, cfg: LogConfig, run_config: dict):
     run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
     return wandb.init(project=cfg.wandb_project, id=run_id, name=run_dir.name, dir=str(run_dir), config=run_config,
                       resume="allow")
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ...: the first that does not exist."""
+    n, free = 0, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.name}.{n}")
+    return free
 
 
 def _step_of(line: str) -> int | None:

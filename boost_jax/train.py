@@ -16,7 +16,7 @@ import jax
 from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
-from boost_jax.errors import PackageError
+from boost_jax.errors import ConfigError, PackageError
 from boost_jax.paths import check_writable_dir
 
 USAGE = __doc__.strip().splitlines()[0]
@@ -60,6 +60,9 @@ def check_packages(cfg: Config) -> None:
 
 def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"train.train takes a Config (api.config(...) or config.load_config(...)), got "
+                          f"{type(cfg).__name__}")
     check_packages(cfg)
     from boost_jax.cache import cache_root
     from boost_jax.data.build import build_data, check_run_tokenizer

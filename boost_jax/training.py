@@ -27,9 +27,9 @@ import jax
 import numpy as np
 
 from boost_jax.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
-from boost_jax.config import Config, ConfigError, load_yaml
+from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.errors import DivergenceError
-from boost_jax.paths import check_writable_dir, lock_dir
+from boost_jax.paths import LOCK, check_writable_dir, lock_dir
 
 
 class RunDir:
@@ -41,7 +41,11 @@ class RunDir:
         self.cfg, self.path = cfg, Path(cfg.run_dir)
         self.saved = check_resume_compatible(cfg, self.path)  # the saved config of a run being resumed
         check_writable_dir(self.path, "run_dir")
-        if cfg.checkpoint.every:
+        for name in ("metrics.jsonl", LOCK):  # files the run writes: a folder in their place is named now
+            if (self.path / name).is_dir():
+                raise ConfigError(f"run_dir: {self.path / name} is a folder, not a file; move it aside "
+                                  "(the run writes that file)")
+        if saves_checkpoints(cfg):
             check_writable_dir(self.path / "checkpoints", "run_dir")
         self.lock = lock_dir(self.path, "run_dir") if primary else None  # one writer: before anything is written
         self.claimed = False
@@ -83,6 +87,10 @@ def check_resume_compatible(cfg: Config, run_dir: Path) -> dict | None:
         raise ConfigError(f"{e}; {aside}") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{saved_path} is damaged (not a mapping of config keys); {aside}")
+    try:
+        from_dict(saved)  # an unknown section or key in it is named, as eval and generate name it
+    except ConfigError as e:
+        raise ConfigError(f"{saved_path} is damaged or edited: {e}; {aside}") from None
     changed = changed_keys(identity(saved), identity(cfg.to_dict()))
     if changed:
         raise ConfigError(
@@ -92,13 +100,19 @@ def check_resume_compatible(cfg: Config, run_dir: Path) -> dict | None:
     return saved
 
 
+def saves_checkpoints(cfg: Config) -> bool:
+    """Whether the run checkpoints: by steps (`checkpoint.every`), by time (`checkpoint.every_minutes`) or both."""
+    return cfg.checkpoint.every > 0 or cfg.checkpoint.every_minutes > 0
+
+
 class Checkpoints:
     """Orbax checkpoints of the train state, each with the run's identity and data position."""
 
     def __init__(self, cfg: Config, run, run_dir: Path):
         self.cfg, self.run = cfg, run
         c = cfg.checkpoint
-        self.ckpt = Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save) if c.every else None
+        self.ckpt = (Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save)
+                     if saves_checkpoints(cfg) else None)
         self.identity = identity(cfg.to_dict())
         self.saved_step, self.restored, self.meta = 0, False, {}
         self.last_save = time.monotonic()
@@ -123,8 +137,9 @@ class Checkpoints:
         return state, start, meta.get("loss")
 
     def due(self, done: int) -> bool:
-        """A save after step `done` by the step count: every `checkpoint.every` steps and at the end."""
-        return self.ckpt is not None and (done % self.cfg.checkpoint.every == 0 or done == self.cfg.train.steps)
+        """A save after step `done` by the step count: every `checkpoint.every` steps (if > 0) and at the end."""
+        every = self.cfg.checkpoint.every
+        return self.ckpt is not None and ((every > 0 and done % every == 0) or done == self.cfg.train.steps)
 
     def overdue(self) -> bool:
         """`checkpoint.every_minutes` have passed since the last save (or the start)."""

@@ -79,6 +79,11 @@ def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
             raise DataError(f"{out} already holds a dataset prepared from other inputs or settings; "
                             "choose another --out (it was left untouched)")
         return Prepared(index, time.perf_counter() - t0)
+    peek = Skipped()  # before anything is written: an empty corpus leaves no folder behind
+    if next((d for d in corpus.documents(peek) if d.text.strip()), None) is None:
+        raise DataError(f"the corpus ({len(corpus.files)} files: {', '.join(map(str, corpus.files[:3]))}"
+                        f"{', ...' if len(corpus.files) > 3 else ''}) holds no documents with any text"
+                        + (f"; {peek.lines} malformed lines were skipped" if peek.lines else ""))
     parts = out / _PARTS
     if (parts / _PLAN).is_file():
         if json.loads((parts / _PLAN).read_text()) != plan:
@@ -90,10 +95,6 @@ def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
         parts.mkdir(parents=True)
         atomic_write(parts / _PLAN, lambda f: f.write(json.dumps(plan).encode()))
 
-    peek = Skipped()
-    if next(corpus.documents(peek), None) is None:
-        raise DataError(f"the corpus ({len(corpus.files)} files) holds no documents"
-                        + (f"; {peek.lines} malformed lines were skipped" if peek.lines else ""))
     tok = given or _tokenizer(corpus, out, cfg)
     dtype = token_dtype(tok.get_vocab_size())
     setup = encode.Setup(tok.to_str(), eos_id(tok), dtype.str, cfg.val_fraction)
