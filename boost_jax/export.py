@@ -28,7 +28,7 @@ from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ModelConfig, from_dict
 from boost_jax.errors import BoostJaxError
 from boost_jax.model import Model
-from boost_jax.paths import check_writable_dir
+from boost_jax.paths import check_writable_dir, disk_full, is_disk_full
 
 FORMAT, FORMAT_VERSION = "boost_jax", 1
 WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
@@ -84,15 +84,23 @@ def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     hf = is_hf_llama(m)
     tensors = _to_tensors(nnx.to_pure_dict(nnx.state(model, nnx.Param)), hf)
-    # transformers refuses safetensors files without a "format" entry in their metadata.
-    save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
     meta = _hf_config(m, cfg.train.seq_len) if hf else {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
     }
-    (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
-    if tokenizer_path is not None:
-        shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
+    try:
+        # transformers refuses safetensors files without a "format" entry in their metadata.
+        save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
+        (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
+        if tokenizer_path is not None:
+            shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
+    except Exception as e:  # safetensors raises its own error type around the OSError
+        if not is_disk_full(e):
+            raise
+        for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no half-written export is left
+            (out_dir / name).unlink(missing_ok=True)
+        raise disk_full(out_dir, "the export", sum(t.nbytes for t in tensors.values()),
+                        "no part of it is left there") from None
 
 
 def _to_tensors(params: dict, hf: bool) -> dict[str, np.ndarray]:

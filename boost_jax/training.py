@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -29,7 +30,7 @@ import numpy as np
 from boost_jax.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.errors import DivergenceError
-from boost_jax.paths import LOCK, check_writable_dir, lock_dir
+from boost_jax.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
 
 
 class RunDir:
@@ -114,7 +115,7 @@ class Checkpoints:
         self.ckpt = (Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save)
                      if saves_checkpoints(cfg) else None)
         self.identity = identity(cfg.to_dict())
-        self.saved_step, self.restored, self.meta = 0, False, {}
+        self.saved_step, self.restored, self.meta, self.state_bytes = 0, False, {}, 0
         self.last_save = time.monotonic()
 
     def resume(self, state):
@@ -152,8 +153,23 @@ class Checkpoints:
         devices, then writes it in the background (checkpoint.async_save)."""
         meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
                 "loss": loss, "identity": self.identity, **(record or {})}
-        self.ckpt.save(done, state, meta)
+        self.state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
+        with self._space():  # a full disk surfaces here, or at the next save or the close (async)
+            self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
+
+    @contextlib.contextmanager
+    def _space(self):
+        """A save that found the disk full: one message with the space a checkpoint needs. Orbax
+        commits a step by renaming its finished folder, so the committed ones are untouched."""
+        try:
+            yield
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            committed = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+            raise disk_full(self.directory, "a checkpoint", self.state_bytes,
+                            f"the committed checkpoints (steps {committed}) are untouched") from None
 
     @property
     def enabled(self) -> bool:
@@ -167,7 +183,8 @@ class Checkpoints:
     def close(self) -> None:
         """Wait for saves in flight and release Orbax."""
         if self.ckpt:
-            self.ckpt.close()
+            with self._space():
+                self.ckpt.close()
 
 
 class Preemption:
