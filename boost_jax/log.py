@@ -62,9 +62,10 @@ class RunLog:
 
     def _tb_thread_failed(self, args) -> None:
         """tensorboardX writes events on a thread of its own: a full disk there is kept for `flush`
-        to report (not a thread's traceback); anything else goes to the hook as it was."""
-        if is_disk_full(args.exc_value) and type(args.thread).__module__.startswith("tensorboardX"):
-            self.tb_failure, self.failed = args.exc_value, True
+        to report (not a thread's traceback), and once the run failed so is its writer's fall after
+        it (a closed queue); anything else goes to the hook as it was."""
+        if type(args.thread).__module__.startswith("tensorboardX") and (self.failed or is_disk_full(args.exc_value)):
+            self.tb_failure, self.failed = self.tb_failure or args.exc_value, True
         else:
             self.excepthook(args)
 
@@ -121,7 +122,11 @@ class RunLog:
             self.file.close()
             if self.tb is not None:
                 self.tb.close()
-        threading.excepthook = self.excepthook
+        if self.failed and self.tb is not None and self.tb.file_writer is not None:
+            # tensorboardX closes its writer again at exit (atexit), which would flush into the full disk
+            self.tb.file_writer.event_writer._closed = True
+        if not (self.failed and self.tb is not None):  # a failed writer's thread may still fall: stay quiet
+            threading.excepthook = self.excepthook
         if self.wandb is not None:
             self.wandb.finish()
 

@@ -10,6 +10,9 @@ name what it must) is not. Prints every case and the share that ended cleanly (-
 and stderr tail of each case that did not); exits 1 below 95%. Fixtures (a trained llama-tiny run
 dir, its Hugging Face export and an svd import of it, two prepared datasets of different tokenizers,
 damaged and binary files) are made under a temporary folder first (about a minute on 2 cores).
+The faults of a cluster (`faults_of_a_cluster`) are cases too: a peer of a two-process run killed,
+stopped or never joining; a checkpoint, metrics row, TensorBoard event, prepare or export on a full
+size-limited tmpfs (mounting needs root: elsewhere those cases end unclean, saying why).
 """
 
 from __future__ import annotations
@@ -696,8 +699,9 @@ def faults_of_a_cluster(f: dict[str, Path], tmp: Path) -> list[Case]:
     save_file(tensors, int_weights / "model.safetensors", metadata={"format": "pt"})
     conv = lambda *a: ["-m", "boost_jax.convert", "import", *a]
     add("convert int32 safetensors weights", conv(str(int_weights), str(tmp / "c_int")), needle="model.norm.weight")
+    own_data = next(p for p in (tmp / "cache" / "prepared").iterdir() if (p / "index.json").is_file())  # its tokenizer
     add("convert whiten on 4 samples", conv(run_dir, str(tmp / "c_white"), "--to", "svd", "--rank", "8", "--method",
-                                           "whiten", "--calibration", data, "--samples", "4"), fails=False)
+                                           "whiten", "--calibration", str(own_data), "--samples", "4"), fails=False)
     add("generate --temperature inf", ["-m", "boost_jax.generate", run_dir, "--prompt", "def", "--temperature", "inf"],
         needle="temperature")
     for name in ("metrics.jsonl", ".boost_jax.lock"):
