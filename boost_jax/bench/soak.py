@@ -61,7 +61,7 @@ def soak(args: list[str], steps: int, eval_every: int, save_every: int, every_s:
             try:
                 samples.append({"s": time.monotonic() - t0, "step": logged_steps(run_dir / "metrics.jsonl"),
                                 **sample(proc.pid)})
-            except (FileNotFoundError, ProcessLookupError):  # it ended between the poll and the read
+            except (FileNotFoundError, ProcessLookupError, KeyError):  # it ended between the poll and the read (a zombie has no VmRSS)
                 break
             time.sleep(every_s)
         err = proc.communicate()[1]
@@ -69,7 +69,7 @@ def soak(args: list[str], steps: int, eval_every: int, save_every: int, every_s:
             raise ConfigError(f"the soak run failed (exit {proc.returncode}): {err.strip().splitlines()[-1:]}")
         rows = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         checkpoints = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
-    after = [s for s in samples if s["step"] >= warmup * steps]
+    after = [s for s in samples if warmup * steps <= s["step"] < steps]  # not the last save and the exit
     if len(after) < 4:
         raise ConfigError(f"only {len(after)} samples after the warm-up: lower --every-s or raise --steps")
     head, tail = after[: max(2, len(after) // 10)], after[-max(2, len(after) // 10):]  # medians of the first and last tenth
