@@ -123,8 +123,12 @@ class RunLog:
             if self.tb is not None:
                 self.tb.close()
         if self.failed and self.tb is not None and self.tb.file_writer is not None:
-            # tensorboardX closes its writer again at exit (atexit), which would flush into the full disk
-            self.tb.file_writer.event_writer._closed = True
+            # tensorboardX's close stopped at the full disk: end its writer thread, and mark the writer
+            # closed, or its atexit close would flush into the full disk again
+            writer = self.tb.file_writer.event_writer
+            with contextlib.suppress(Exception):
+                writer._worker.stop()
+            writer._closed = True
         if not (self.failed and self.tb is not None):  # a failed writer's thread may still fall: stay quiet
             threading.excepthook = self.excepthook
         if self.wandb is not None:
