@@ -98,13 +98,19 @@ def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:
     return load_config(path, overrides)
 
 
+# The positions a row of api.generate may reach when no max_len is given: a bound on its KV cache.
+MAX_POSITIONS = 32768
+
+
 def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, plan: Plan | None = None, cache: str = "full",
-             eos_id: int | None = None) -> list[list[int]]:
+             eos_id: int | None = None, max_len: int | None = None) -> list[list[int]]:
     """Each prompt's (token ids) continuation: up to `max_new_tokens` new ids, a row stopping at
     `eos_id` (not returned). Greedy at temperature 0, else sampled (top-k, top-p), reproducible from
     `seed`. `plan` None: one device. `cache`: full (keys and values) or latent (the rank-r latents
-    of k and v, low-rank archs). Each call compiles its programs: for many calls keep a
+    of k and v, low-rank archs). `max_len`: the positions a row may reach (prompt + new), refused
+    past it, as the command line refuses past train.seq_len (api.restore's cfg.train.seq_len);
+    None: MAX_POSITIONS. Each call compiles its programs: for many calls keep a
     `boost_jax.decode.Decoder`."""
     from boost_jax.decode import Decoder, Sampling
 
@@ -119,6 +125,14 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
                 _check_tokens([p], model.cfg.vocab_size)
             except ConfigError as e:
                 raise ConfigError(f"api.generate: prompts[{i}]: {e}") from None
+    limit = MAX_POSITIONS if max_len is None else max_len
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"api.generate: max_len must be a positive int or None, got {max_len!r}")
+    if isinstance(max_new_tokens, int) and prompts and max(map(len, prompts)) + max_new_tokens > limit:
+        raise ConfigError(f"api.generate: the longest prompt ({max(map(len, prompts))} tokens) + max_new_tokens="
+                          f"{max_new_tokens} is more than max_len={limit} positions"
+                          + ("" if max_len else " (MAX_POSITIONS; pass max_len=cfg.train.seq_len, the context "
+                                                "the model was trained on)"))
     decoder = Decoder(model, plan or single_device_plan(model.cfg), cache=cache, eos_id=eos_id)
     return decoder.generate(prompts, max_new_tokens, Sampling(temperature, top_k, top_p, seed)).tokens
 

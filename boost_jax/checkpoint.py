@@ -8,13 +8,17 @@ keys) and restoring checks it, so no edited or missing config.yaml can pair it w
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
 
 from boost_jax.errors import CheckpointError
+
+T = TypeVar("T")
 
 
 # Keys that must not change when a run dir is resumed: they change what the checkpoint means. A
@@ -88,6 +92,27 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
+
+    def read_live(self, step: int, read: Callable[[int], T], *, asked: bool) -> tuple[T, int]:
+        """(`read(s)`, s) of checkpoint `step`, in a folder a live run may be writing: its retention
+        (checkpoint.keep) can delete the step while it is read, which is no damage. A step the caller
+        chose as the newest (`asked` False) gives way to the newest step left, named on stderr; a step
+        asked for by number is named as deleted. A step still there when its read failed is damaged."""
+        while True:
+            try:
+                return read(step), step
+            except CheckpointError:
+                self.manager.reload()
+                left = sorted(self.manager.all_steps())
+                if step in left:
+                    raise
+                gone = (f"checkpoint step {step} in {self.directory} was deleted by its run's retention "
+                        f"(checkpoint.keep, a run still training there) while it was read")
+                if asked or not left:
+                    raise CheckpointError(f"{gone}; the folder now holds steps {left}: ask for one of them "
+                                          "(nothing was changed)") from None
+                print(f"note: {gone}; reading step {left[-1]}, the newest now", file=sys.stderr, flush=True)
+                step = left[-1]
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         self.manager.save(

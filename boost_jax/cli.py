@@ -96,9 +96,10 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def quiet_libraries() -> None:
-    """Orbax and TensorStore log through absl at INFO/WARNING (save/restore chatter, and their
-    own copy of an error we already report by name): show only their errors."""
+    """Orbax and TensorStore log through absl at INFO/WARNING (save/restore chatter) and, from
+    their background threads, ERROR with a traceback for a failure they also raise to the caller
+    (a full disk under a checkpoint save), which the command reports by name: show only their fatal logs."""
     from absl import logging as absl_logging
 
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    absl_logging.set_verbosity(absl_logging.FATAL)
+    logging.getLogger("absl").setLevel(logging.CRITICAL)

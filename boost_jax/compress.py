@@ -43,15 +43,35 @@ def factor(w: np.ndarray, rank: int, cov: np.ndarray | None = None) -> tuple[np.
         u, s, vt = np.linalg.svd(w, full_matrices=False)
         root = np.sqrt(s[:rank])
         return u[:, :rank] * root, root[:, None] * vt[:rank]
-    lower = np.linalg.cholesky(damped(cov))
+    return whitened_factor(w, rank, whitening(cov)[0])
+
+
+def whitened_factor(w: np.ndarray, rank: int, lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(A, B) of rank `rank` for W whitened by `lower`, any square root of C (L L^T = C, `whitening`)."""
+    w = np.asarray(w, np.float64)
     u, s, vt = np.linalg.svd(lower.T @ w, full_matrices=False)
     root = np.sqrt(s[:rank])
     return np.linalg.solve(lower.T, u[:, :rank] * root), root[:, None] * vt[:rank]
 
 
-def damped(cov: np.ndarray) -> np.ndarray:
-    """cov + a ridge of 1e-6 of its mean diagonal: a calibration set smaller than d_in leaves C singular."""
-    return cov + 1e-6 * max(float(np.mean(np.diag(cov))), 1e-30) * np.eye(len(cov))
+# Ridges tried in turn, as fractions of C's mean diagonal: the first is SVD-LLM's; the larger ones
+# rescue a covariance that rounding left slightly indefinite (a calibration set much smaller than d_in).
+DAMPING = (1e-6, 1e-4, 1e-2)
+PLAIN = f"cholesky, damping {DAMPING[0]:g}"  # SVD-LLM's whitening, no fallback
+
+
+def whitening(cov: np.ndarray) -> tuple[np.ndarray, str]:
+    """(L with L L^T ~ C, how it was found): the Cholesky factor of C plus the first ridge of DAMPING
+    that makes it positive definite, else (how: "eigendecomposition") Q sqrt(max(lambda, ridge)) of
+    C = Q diag(lambda) Q^T, which is a square root of C with its eigenvalues floored at the largest ridge."""
+    scale = max(float(np.mean(np.diag(cov))), 1e-30)
+    for ridge in DAMPING:
+        try:
+            return np.linalg.cholesky(cov + ridge * scale * np.eye(len(cov))), f"cholesky, damping {ridge:g}"
+        except np.linalg.LinAlgError:
+            continue
+    values, vectors = np.linalg.eigh((cov + cov.T) / 2)
+    return vectors * np.sqrt(np.maximum(values, DAMPING[-1] * scale)), "eigendecomposition"
 
 
 def errors(w: np.ndarray, a: np.ndarray, b: np.ndarray, cov: np.ndarray | None) -> dict[str, float]:
@@ -59,7 +79,8 @@ def errors(w: np.ndarray, a: np.ndarray, b: np.ndarray, cov: np.ndarray | None) 
     e = np.asarray(w, np.float64) - a @ b
     out = {"weight": float(np.linalg.norm(e) / np.linalg.norm(w))}
     if cov is not None:
-        out["output"] = float(np.sqrt(np.einsum("ij,ik,kj->", e, cov, e) / np.einsum("ij,ik,kj->", w, cov, w)))
+        # clipped at 0: float32 grams of a few samples can leave C slightly indefinite
+        out["output"] = float(np.sqrt(max(np.einsum("ij,ik,kj->", e, cov, e), 0) / np.einsum("ij,ik,kj->", w, cov, w)))
     return out
 
 
@@ -83,12 +104,18 @@ def compress(dense: ModelConfig, params: dict, rank: int, covs: list[dict] | Non
     report, stacked = [], {"attn": {}, "mlp": {}}
     for i in range(dense.n_layers):
         row = {}
+        roots = {k: whitening(c) for k, c in covs[i].items()} if covs else {}  # one per input, shared
         for block, names in (("attn", ATTENTION), ("mlp", MLP)):
             for name in names:
                 w = layers[block][name]["w"][i]
                 cov = covs[i][INPUT_OF[name]] if covs else None
-                a, b = factor(w, rank, cov)
-                row[name] = errors(w, a, b, cov)
+                if cov is None:
+                    a, b = factor(w, rank)
+                    row[name] = errors(w, a, b, cov)
+                else:
+                    lower, how = roots[INPUT_OF[name]]
+                    a, b = whitened_factor(w, rank, lower)
+                    row[name] = {**errors(w, a, b, cov), "whitening": how}
                 slot = stacked[block].setdefault(name, {"a": [], "b": []})
                 slot["a"].append(a.astype(w.dtype))
                 slot["b"].append(b.astype(w.dtype))

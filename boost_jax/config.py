@@ -208,7 +208,7 @@ class DataConfig:
 class CheckpointConfig:
     """`checkpoint.*`: how often Orbax saves, how many are kept."""
 
-    every: int = 50  # steps between saves; 0 disables checkpointing
+    every: int = 50  # steps between saves; 0: none by steps (none at all with every_minutes 0)
     keep: int = 3  # newest checkpoints kept
     every_minutes: float = 0.0  # also save once this many minutes have passed since the last save; 0 = off
     # Orbax writes a save in the background while training goes on (the state is copied off the
@@ -246,6 +246,9 @@ class ParallelConfig:
     # How long a process waits for the coordinator and every other process to join before it stops
     # with one message (JAX's own timeout aborts the process with a C++ stack).
     coordinator_timeout_s: int = 300
+    # A process silent this long (killed, stopped, cut off) is lost: every other process stops with
+    # one message naming it (JAX's coordination-service heartbeat; boost_jax/parallel/peers.py).
+    heartbeat_timeout_s: int = 20
 
 
 @dataclass(frozen=True)
@@ -540,6 +543,7 @@ def _validate(c: Config) -> None:
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
     _require(p.coordinator_timeout_s > 0, "parallel.coordinator_timeout_s", f"must be > 0, got {p.coordinator_timeout_s}")
+    _require(p.heartbeat_timeout_s > 0, "parallel.heartbeat_timeout_s", f"must be > 0, got {p.heartbeat_timeout_s}")
     _require(p.num_processes >= 0, "parallel.num_processes", "must be >= 0")
     scheme = SCHEMES[p.scheme]
     _require(c.model.arch in scheme.archs, "parallel.scheme",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -230,6 +231,11 @@ def convert(a: argparse.Namespace) -> dict:
                 nnx.update(model, params)
                 covs = compress.covariances(model, calib)
         model_cfg, params, report = compress.compress(model_cfg, params, a.rank, covs)
+        if fallbacks := sorted({f"layer {i} {name}: {e['whitening']}" for i, row in enumerate(report)
+                                for name, e in row.items() if e.get("whitening", compress.PLAIN) != compress.PLAIN}):
+            print(f"note: whitening by Cholesky ({compress.PLAIN}) failed on near-singular calibration "
+                  f"covariances (--samples {a.samples}; more samples whiten better), so it fell back: "
+                  + "; ".join(fallbacks), file=sys.stderr, flush=True)
         if a.calibration is not None:
             evals["after"] = loss_of(model_cfg, params, val_x, val_y)
         out["compression"] = {"method": a.method, "rank": a.rank, "layers": report,

@@ -55,8 +55,8 @@ class Sampling:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise ConfigError(f"{name} must be a number, got {value!r}")
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # inf would sample uniformly, whatever the model says
+            raise ConfigError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

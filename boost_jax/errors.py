@@ -37,6 +37,12 @@ class CheckpointError(BoostJaxError, RuntimeError):
     kind = "checkpoint error"
 
 
+class DiskFullError(BoostJaxError, OSError):
+    """A write found no space left on its device; the message names the path, the space free and needed."""
+
+    kind = "disk full"
+
+
 class DivergenceError(BoostJaxError, FloatingPointError):
     """Training produced a non-finite loss or gradient norm; the message names the first bad step."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from boost_jax.cli import run_dir_args, run_dir_parser, run_main
@@ -61,7 +62,8 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
     if not data.eval_sets(split):
         raise ConfigError(f"{data.directory} has no validation split (data.val_fraction=0?); pass --split train")
     check_run_tokenizer(data.tokenizer, run_dir / "tokenizer.json")
-    batches = math.ceil(max_tokens / (t.batch_size * t.seq_len)) if max_tokens else t.eval_batches
+    batches = split_batches(data.eval_sets(split), split, max_tokens, t.batch_size, t.seq_len) if max_tokens \
+        else t.eval_batches
     evaluator = Evaluator(cfg, evaluation(cfg, plan), data, (jax.process_index(), jax.process_count()), split, batches)
     out = evaluator({"params": params})
     per_dataset = {name: {"loss": out[f"eval_loss/{name}"], "bits_per_byte": out[f"eval_bpb/{name}"]}
@@ -70,6 +72,20 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
             "loss": out["eval_loss"], "perplexity": out["eval_ppl"], "bits_per_byte": out["eval_bpb"],
             "tokens": out["eval_tokens"], "bytes": sum(evaluator.bytes(name) for name in evaluator.sets),
             **({"datasets": per_dataset} if per_dataset else {})}
+
+
+def split_batches(sets: dict, split: str, max_tokens: int, batch_size: int, seq_len: int) -> int:
+    """The batches --max-tokens asks for, at most the split's whole batches (its smallest dataset's,
+    for a mixture): past them the windows would be counted twice. A clamp is named on stderr."""
+    asked = math.ceil(max_tokens / (batch_size * seq_len))
+    windows = min(s.num_windows for s in sets.values())
+    whole = max(1, windows // batch_size)
+    if asked <= whole:
+        return asked
+    print(f"note: --max-tokens {max_tokens:,} is more than the {split} split holds ({windows:,} windows of "
+          f"{seq_len} tokens): evaluating its {whole} whole batch(es) of train.batch_size={batch_size}, "
+          f"{whole * batch_size * seq_len:,} tokens", file=sys.stderr, flush=True)
+    return whole
 
 
 def _main(argv: list[str]) -> None:

@@ -28,7 +28,7 @@ from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ModelConfig, from_dict
 from boost_jax.errors import BoostJaxError
 from boost_jax.model import Model
-from boost_jax.paths import check_writable_dir
+from boost_jax.paths import check_writable_dir, disk_full, is_disk_full
 
 FORMAT, FORMAT_VERSION = "boost_jax", 1
 WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
@@ -84,15 +84,23 @@ def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     hf = is_hf_llama(m)
     tensors = _to_tensors(nnx.to_pure_dict(nnx.state(model, nnx.Param)), hf)
-    # transformers refuses safetensors files without a "format" entry in their metadata.
-    save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
     meta = _hf_config(m, cfg.train.seq_len) if hf else {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
     }
-    (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
-    if tokenizer_path is not None:
-        shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
+    try:
+        # transformers refuses safetensors files without a "format" entry in their metadata.
+        save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
+        (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
+        if tokenizer_path is not None:
+            shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
+    except Exception as e:  # safetensors raises its own error type around the OSError
+        if not is_disk_full(e):
+            raise
+        for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no half-written export is left
+            (out_dir / name).unlink(missing_ok=True)
+        raise disk_full(out_dir, "the export", sum(t.nbytes for t in tensors.values()),
+                        "no part of it is left there") from None
 
 
 def _to_tensors(params: dict, hf: bool) -> dict[str, np.ndarray]:
@@ -187,9 +195,13 @@ def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
         if where[name] not in handles:
             handles[where[name]] = _open_weights(where[name])
         try:
-            return handles[where[name]].get_tensor(name)
+            x = handles[where[name]].get_tensor(name)
         except Exception as e:  # safetensors raises its own errors for a damaged body
             raise ExportError(f"{where[name]}: cannot read the tensor {name} ({e})") from None
+        if x.dtype.kind in "biuc":  # integer (e.g. quantized), bool or complex: casting would not mean weights
+            raise ExportError(f"{where[name]}: the tensor {name} is {x.dtype}, not a float type (float32, float16 "
+                              "or bfloat16); quantized or integer weights cannot be imported")
+        return x
 
     def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
         path = _path_str(key_path)

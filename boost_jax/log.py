@@ -3,15 +3,18 @@ events and (log.wandb) the same scalars in Weights & Biases."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from tqdm import tqdm
 
 from boost_jax.config import LogConfig
+from boost_jax.paths import disk_full, is_disk_full
 
 
 class RunLog:
@@ -21,22 +24,26 @@ class RunLog:
                  run_config: dict | None = None):
         """`run_config`: the run's whole config, which a Weights & Biases run records."""
         self.path = run_dir / "metrics.jsonl"
-        self.primary = primary
+        self.primary, self.failed = primary, False
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                         disable=None if cfg.progress and primary else True, file=sys.stderr)  # None: off unless a TTY
         if primary:
             self._truncate_after(start_step)  # a resumed run rewrites the steps it repeats
         self.file = self.path.open("a") if primary else open(os.devnull, "w")
-        self.tb = None
+        self.row_bytes, self.rows_left = 0, total_steps - start_step  # what the rest of the run appends
+        self.tb, self.tb_failure, self.excepthook = None, None, threading.excepthook
         if cfg.tensorboard and primary:
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
+            threading.excepthook = self._tb_thread_failed
         self.wandb = _wandb_run(run_dir, cfg, run_config or {}) if cfg.wandb and primary else None
 
     def _truncate_after(self, step: int) -> None:
         """Keep the rows of steps <= `step`. A line that is no row (a write cut short by a crash or
-        a full disk) is dropped, and the file as it was is set aside, not fatal."""
+        a full disk) is dropped, and the file as it was is set aside, not fatal. Rows after `step`
+        (the run starts again from an older checkpoint, or from step 0 with none) are rewritten
+        by this run: the file as it was is set aside first, so no row is lost."""
         if not self.path.exists():
             return
         lines = [line for line in self.path.read_text(errors="replace").splitlines() if line.strip()]
@@ -45,11 +52,28 @@ class RunLog:
             aside = self.path.with_name(self.path.name + ".damaged")
             shutil.copyfile(self.path, aside)
             self.line(f"{self.path}: dropped {damaged} damaged line(s); the file as it was is in {aside}")
+        if after := [at for at in steps if at is not None and at > step]:
+            aside = _free_name(self.path.with_name(f"{self.path.name}.before-step-{step}"))
+            shutil.copyfile(self.path, aside)
+            self.line(f"{self.path}: this run starts after step {step}, and the file holds rows up to step "
+                      f"{max(after)}, which it rewrites; the file as it was is in {aside}")
         kept = [line for line, at in zip(lines, steps) if at is not None and at <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
 
+    def _tb_thread_failed(self, args) -> None:
+        """tensorboardX writes events on a thread of its own: a full disk there is kept for `flush`
+        to report (not a thread's traceback), and once the run failed so is its writer's fall after
+        it (a closed queue); anything else goes to the hook as it was."""
+        if type(args.thread).__module__.startswith("tensorboardX") and (self.failed or is_disk_full(args.exc_value)):
+            self.tb_failure, self.failed = self.tb_failure or args.exc_value, True
+        else:
+            self.excepthook(args)
+
     def record(self, row: dict) -> None:
-        self.file.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        self.row_bytes, self.rows_left = max(self.row_bytes, len(line)), self.rows_left - 1
+        with self._space(self.path, "metrics rows"):
+            self.file.write(line)
         scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
         if self.tb is not None:
             for k, v in scalars.items():
@@ -71,15 +95,42 @@ class RunLog:
             self.bar.set_postfix(postfix, refresh=False)
 
     def flush(self) -> None:
-        self.file.flush()
+        with self._space(self.path, "metrics rows"):
+            self.file.flush()
         if self.tb is not None:
-            self.tb.flush()
+            with self._space(self.tb.logdir, "TensorBoard events"):
+                if self.tb_failure:
+                    raise self.tb_failure
+                self.tb.flush()
+
+    @contextlib.contextmanager
+    def _space(self, path, what: str):
+        """A write that found the disk full: one message with the space the rest of the run's rows
+        need. The rows already on disk stay (a torn last line is set aside on resume)."""
+        try:
+            yield
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self.failed = True
+            raise disk_full(path, what, max(self.rows_left, 1) * max(self.row_bytes, 1024),
+                            "the rows and checkpoints already written are kept") from None
 
     def close(self) -> None:
         self.bar.close()
-        self.file.close()
-        if self.tb is not None:
-            self.tb.close()
+        with contextlib.suppress(OSError) if self.failed else contextlib.nullcontext():  # reported already
+            self.file.close()
+            if self.tb is not None:
+                self.tb.close()
+        if self.failed and self.tb is not None and self.tb.file_writer is not None:
+            # tensorboardX's close stopped at the full disk: end its writer thread, and mark the writer
+            # closed, or its atexit close would flush into the full disk again
+            writer = self.tb.file_writer.event_writer
+            with contextlib.suppress(Exception):
+                writer._worker.stop()
+            writer._closed = True
+        if not (self.failed and self.tb is not None):  # a failed writer's thread may still fall: stay quiet
+            threading.excepthook = self.excepthook
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -94,6 +145,15 @@ def _wandb_run(run_dir: Path, cfg: LogConfig, run_config: dict):
     run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
     return wandb.init(project=cfg.wandb_project, id=run_id, name=run_dir.name, dir=str(run_dir), config=run_config,
                       resume="allow")
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ...: the first that does not exist."""
+    n, free = 0, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.name}.{n}")
+    return free
 
 
 def _step_of(line: str) -> int | None:

@@ -4,15 +4,17 @@ one writer at a time (`lock_dir`)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import shutil
 import socket
 import tempfile
 import time
 from pathlib import Path
 from typing import IO
 
-from boost_jax.errors import ConfigError
+from boost_jax.errors import ConfigError, DiskFullError
 
 
 def check_writable_dir(path: str | Path, key: str) -> None:
@@ -64,3 +66,25 @@ def lock_dir(path: str | Path, key: str) -> IO[str]:
     f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()
     return f
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is ENOSPC (Orbax and TensorStore wrap it)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def disk_full(path: str | Path, what: str, needed_bytes: int, kept: str) -> DiskFullError:
+    """The error of a write of `what` to `path` that found its device full: the space free there and
+    about `needed_bytes` more, and what is `kept`."""
+    path = Path(path)
+    existing = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    mb = lambda n: f"{n / 2**20:,.1f} MB"
+    return DiskFullError(f"no space left writing {what} to {path}: {mb(free)} free on its device, about "
+                         f"{mb(needed_bytes)} needed; {kept}. Free space there and rerun the same command")

@@ -16,8 +16,8 @@ import jax
 from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
-from boost_jax.errors import PackageError
-from boost_jax.paths import check_writable_dir
+from boost_jax.errors import ConfigError, DiskFullError, PackageError
+from boost_jax.paths import check_writable_dir, disk_full, is_disk_full
 
 USAGE = __doc__.strip().splitlines()[0]
 
@@ -32,10 +32,20 @@ def _main(args: list[str]) -> None:
         return
     cfg = from_args(args)
     from boost_jax.parallel import init_distributed, prepare_jax
+    from boost_jax.parallel.peers import watch
 
     prepare_jax(cfg.parallel)
     init_distributed(cfg.parallel)
-    train(cfg)
+    try:
+        with watch(cfg.parallel.heartbeat_timeout_s):  # a lost peer ends this process with one message
+            train(cfg)
+    except DiskFullError:
+        raise
+    except OSError as e:  # a full disk under a write without its own message (config.yaml, tokenizer.json)
+        if not is_disk_full(e):
+            raise
+        raise disk_full(e.filename or cfg.run_dir, "the run's files", 1 << 20,
+                        "the checkpoints committed before are untouched") from None
 
 
 def check_packages(cfg: Config) -> None:
@@ -60,6 +70,9 @@ def check_packages(cfg: Config) -> None:
 
 def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"train.train takes a Config (api.config(...) or config.load_config(...)), got "
+                          f"{type(cfg).__name__}")
     check_packages(cfg)
     from boost_jax.cache import cache_root
     from boost_jax.data.build import build_data, check_run_tokenizer

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -27,9 +28,9 @@ import jax
 import numpy as np
 
 from boost_jax.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
-from boost_jax.config import Config, ConfigError, load_yaml
+from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.errors import DivergenceError
-from boost_jax.paths import check_writable_dir, lock_dir
+from boost_jax.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
 
 
 class RunDir:
@@ -41,7 +42,11 @@ class RunDir:
         self.cfg, self.path = cfg, Path(cfg.run_dir)
         self.saved = check_resume_compatible(cfg, self.path)  # the saved config of a run being resumed
         check_writable_dir(self.path, "run_dir")
-        if cfg.checkpoint.every:
+        for name in ("metrics.jsonl", LOCK):  # files the run writes: a folder in their place is named now
+            if (self.path / name).is_dir():
+                raise ConfigError(f"run_dir: {self.path / name} is a folder, not a file; move it aside "
+                                  "(the run writes that file)")
+        if saves_checkpoints(cfg):
             check_writable_dir(self.path / "checkpoints", "run_dir")
         self.lock = lock_dir(self.path, "run_dir") if primary else None  # one writer: before anything is written
         self.claimed = False
@@ -83,6 +88,10 @@ def check_resume_compatible(cfg: Config, run_dir: Path) -> dict | None:
         raise ConfigError(f"{e}; {aside}") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{saved_path} is damaged (not a mapping of config keys); {aside}")
+    try:
+        from_dict(saved)  # an unknown section or key in it is named, as eval and generate name it
+    except ConfigError as e:
+        raise ConfigError(f"{saved_path} is damaged or edited: {e}; {aside}") from None
     changed = changed_keys(identity(saved), identity(cfg.to_dict()))
     if changed:
         raise ConfigError(
@@ -104,15 +113,21 @@ def check_optimizer_switch(saved: str, cfg: Config, where: str) -> bool:
     return saved != now
 
 
+def saves_checkpoints(cfg: Config) -> bool:
+    """Whether the run checkpoints: by steps (`checkpoint.every`), by time (`checkpoint.every_minutes`) or both."""
+    return cfg.checkpoint.every > 0 or cfg.checkpoint.every_minutes > 0
+
+
 class Checkpoints:
     """Orbax checkpoints of the train state, each with the run's identity and data position."""
 
     def __init__(self, cfg: Config, run, run_dir: Path):
         self.cfg, self.run = cfg, run
         c = cfg.checkpoint
-        self.ckpt = Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save) if c.every else None
+        self.ckpt = (Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save)
+                     if saves_checkpoints(cfg) else None)
         self.identity = identity(cfg.to_dict())
-        self.saved_step, self.restored, self.meta = 0, False, {}
+        self.saved_step, self.restored, self.meta, self.state_bytes = 0, False, {}, 0
         self.last_save = time.monotonic()
 
     def resume(self, state):
@@ -144,8 +159,9 @@ class Checkpoints:
         return state, start, meta.get("loss")
 
     def due(self, done: int) -> bool:
-        """A save after step `done` by the step count: every `checkpoint.every` steps and at the end."""
-        return self.ckpt is not None and (done % self.cfg.checkpoint.every == 0 or done == self.cfg.train.steps)
+        """A save after step `done` by the step count: every `checkpoint.every` steps (if > 0) and at the end."""
+        every = self.cfg.checkpoint.every
+        return self.ckpt is not None and ((every > 0 and done % every == 0) or done == self.cfg.train.steps)
 
     def overdue(self) -> bool:
         """`checkpoint.every_minutes` have passed since the last save (or the start)."""
@@ -158,8 +174,23 @@ class Checkpoints:
         devices, then writes it in the background (checkpoint.async_save)."""
         meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
                 "loss": loss, "identity": self.identity, "optimizer": self.cfg.train.optimizer, **(record or {})}
-        self.ckpt.save(done, state, meta)
+        self.state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
+        with self._space():  # a full disk surfaces here, or at the next save or the close (async)
+            self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
+
+    @contextlib.contextmanager
+    def _space(self):
+        """A save that found the disk full: one message with the space a checkpoint needs. Orbax
+        commits a step by renaming its finished folder, so the committed ones are untouched."""
+        try:
+            yield
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            committed = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+            raise disk_full(self.directory, "a checkpoint", self.state_bytes,
+                            f"the committed checkpoints (steps {committed}) are untouched") from None
 
     @property
     def enabled(self) -> bool:
@@ -173,7 +204,8 @@ class Checkpoints:
     def close(self) -> None:
         """Wait for saves in flight and release Orbax."""
         if self.ckpt:
-            self.ckpt.close()
+            with self._space():
+                self.ckpt.close()
 
 
 class Preemption:

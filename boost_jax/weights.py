@@ -111,8 +111,9 @@ def restore_params(run_dir: str | Path, cfg: Config, plan: Plan, step: int | Non
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
     ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.keep, read_only=True)
     try:
-        step = checkpoint_step(run_dir, ckpt, step)
-        state, meta = ckpt.restore(step, like, model_identity(cfg.to_dict()), subset=True)
+        asked, step = step is not None, checkpoint_step(run_dir, ckpt, step)
+        read = lambda at: ckpt.restore(at, like, model_identity(cfg.to_dict()), subset=True)
+        (state, meta), step = ckpt.read_live(step, read, asked=asked)  # a live run's retention may delete it
     finally:
         ckpt.close()
     return adopt_layers(state, meta, plan.layer_order(cfg.model.n_layers), {"params": shardings})["params"], step

@@ -10,6 +10,9 @@ name what it must) is not. Prints every case and the share that ended cleanly (-
 and stderr tail of each case that did not); exits 1 below 95%. Fixtures (a trained llama-tiny run
 dir, its Hugging Face export and an svd import of it, two prepared datasets of different tokenizers,
 damaged and binary files) are made under a temporary folder first (about a minute on 2 cores).
+The faults of a cluster (`faults_of_a_cluster`) are cases too: a peer of a two-process run killed,
+stopped or never joining; a checkpoint, metrics row, TensorBoard event, prepare or export on a full
+size-limited tmpfs (mounting needs root: elsewhere those cases end unclean, saying why).
 """
 
 from __future__ import annotations
@@ -577,6 +580,8 @@ def cases(f: dict[str, Path], tmp: Path) -> list[Case]:
         ("api.generate temperature a string", model + "api.generate(model, [[1, 2]], max_new_tokens=2, temperature='hot')",
          "temperature"),
         ("api.generate cache bogus", model + "api.generate(model, [[1, 2]], max_new_tokens=2, cache='bogus')", "cache"),
+        ("api.generate max_new_tokens=10**9", model + "api.generate(model, [[1, 2]], max_new_tokens=10**9)", "max_len"),
+        ("train.train with a dict", "from boost_jax.train import train\ntrain({'model': {}})", "train.train takes a Config"),
         ("api.generate_text no tokenizer", model + "api.generate_text(model, None, ['def'], max_new_tokens=2)",
          "tokenizer"),
         ("api.generate_text of a restored run", f"from tokenizers import Tokenizer\ncfg, model, step = api.restore('{run_dir}')\n"
@@ -603,6 +608,129 @@ def cases(f: dict[str, Path], tmp: Path) -> list[Case]:
     return out
 
 
+# Two training processes on 127.0.0.1; process 1 is killed or stopped once 6 steps are logged (or, "never
+# joins", never started): the survivor's stderr and exit status are the case's, a wait past 60 s is 124.
+LOST_PEER = """
+import pathlib, signal, socket, subprocess, sys, time
+mode, run, tiny = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3:]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+args = lambda i: [sys.executable, "-m", "boost_jax.train", *tiny, "train.steps=400", "checkpoint.every=4", "log.every=1",
+                  "parallel.dp=2", "parallel.cpu_devices=1", "parallel.heartbeat_timeout_s=10", "parallel.num_processes=2",
+                  "parallel.coordinator_timeout_s=20", f"parallel.coordinator=127.0.0.1:{port}", f"parallel.process_id={i}",
+                  f"run_dir={run}"]
+procs = [subprocess.Popen(args(i), stderr=subprocess.PIPE, text=True) for i in range(1 if mode == "never" else 2)]
+metrics = run / "metrics.jsonl"
+while mode != "never" and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 6):
+    if procs[0].poll() is not None:
+        break
+    time.sleep(0.2)
+if mode != "never":
+    procs[1].send_signal(signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+t0 = time.time()
+try:
+    err = procs[0].communicate(timeout=60 if mode != "never" else 120)[1]
+except subprocess.TimeoutExpired:
+    err, procs[0].returncode = "", 124
+for p in procs:
+    p.kill()
+    p.wait()
+sys.stderr.write(err + f"(ended {time.time() - t0:.1f} s after the fault)\\n")
+sys.exit(procs[0].returncode)
+"""
+
+# A command whose output folder is a size-limited tmpfs (unmounted after): its stderr and exit status.
+DISK_FULL = """
+import pathlib, subprocess, sys
+where, size, argv = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+where.mkdir(parents=True, exist_ok=True)
+mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+if mount.returncode:
+    sys.exit(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+try:
+    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+finally:
+    subprocess.run(["umount", "-l", str(where)])
+sys.stderr.write(p.stderr)
+sys.exit(p.returncode)
+"""
+
+
+def faults_of_a_cluster(f: dict[str, Path], tmp: Path) -> list[Case]:
+    """A lost peer, a full disk, and the last inputs that slipped through (issue 50)."""
+    run_dir, data, out = str(f["run"]), str(f["data"]), []
+    train = lambda *a: ["-m", "boost_jax.train", *TINY, "train.steps=2", *a]
+    add = lambda name, argv, **kw: out.append(Case(name, argv, **kw))
+    for mode, needle in [("kill", "lost peer: process 1"), ("stop", "lost peer: process 1"), ("never", "did not join")]:
+        add(f"lost peer: process 1 {mode}", ["-c", LOST_PEER, mode, str(tmp / f"peer_{mode}"), *TINY], needle=needle,
+            timeout=300)
+    big = tmp / "big.txt"
+    big.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n" for i in range(20000)))
+    for name, where, size, argv, needle in [
+        ("a checkpoint save", tmp / "df_ckpt" / "checkpoints", "2500k",
+         train("train.steps=6", "checkpoint.every=2", f"run_dir={tmp / 'df_ckpt'}"), "writing a checkpoint"),
+        ("a metrics row", tmp / "df_metrics", "40k", train("train.steps=200", "log.every=1", "checkpoint.every=0",
+                                                          f"run_dir={tmp / 'df_metrics'}"), "writing metrics rows"),
+        ("a TensorBoard event", tmp / "df_tb" / "tensorboard", "8k",
+         train("train.steps=200", "log.every=1", "checkpoint.every=0", "log.tensorboard=true",
+               f"run_dir={tmp / 'df_tb'}"), "writing TensorBoard events"),
+        ("data prepare", tmp / "df_prep", "64k", ["-m", "boost_jax.data", "prepare", str(big), "--out",
+                                                  str(tmp / "df_prep"), "--vocab-size", "300", "--workers", "1"],
+         "writing the prepared dataset"),
+        ("export", tmp / "df_export", "256k", ["-m", "boost_jax.export", run_dir, str(tmp / "df_export")],
+         "writing the export")]:
+        add(f"full disk: {name}", ["-c", DISK_FULL, str(where), size, *argv], needle=needle, timeout=300)
+    add("train checkpoint.every=0 with every_minutes", train("checkpoint.every=0", "checkpoint.every_minutes=0.0001",
+                                                             f"run_dir={tmp / 'by_time'}"), fails=False)
+    rerun = tmp / "rerun_over_metrics"
+    shutil.copytree(f["run"], rerun)
+    shutil.rmtree(rerun / "checkpoints")
+    add("train rerun over metrics it did not resume from", train("model.arch=dense", f"run_dir={rerun}"), fails=False)
+    add("data prepare of an empty file", ["-m", "boost_jax.data", "prepare", str(f["empty.txt"]), "--out",
+                                          str(tmp / "empty_prep")], needle="holds no documents")
+    add("eval --max-tokens 1e12", ["-m", "boost_jax.eval", run_dir, "--max-tokens", "1000000000000"], fails=False)
+    int_weights = tmp / "int_weights"
+    shutil.copytree(f["hf"], int_weights)
+    from safetensors.numpy import load_file, save_file  # the battery runs in the project's environment
+
+    tensors = load_file(int_weights / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype("int32")
+    save_file(tensors, int_weights / "model.safetensors", metadata={"format": "pt"})
+    conv = lambda *a: ["-m", "boost_jax.convert", "import", *a]
+    add("convert int32 safetensors weights", conv(str(int_weights), str(tmp / "c_int")), needle="model.norm.weight")
+    own_data = next(p for p in (tmp / "cache" / "prepared").iterdir() if (p / "index.json").is_file())  # its tokenizer
+    add("convert whiten on 4 samples", conv(run_dir, str(tmp / "c_white"), "--to", "svd", "--rank", "8", "--method",
+                                           "whiten", "--calibration", str(own_data), "--samples", "4"), fails=False)
+    add("generate --temperature inf", ["-m", "boost_jax.generate", run_dir, "--prompt", "def", "--temperature", "inf"],
+        needle="temperature")
+    for name in ("metrics.jsonl", ".boost_jax.lock"):
+        (tmp / f"folder_{name}" / name).mkdir(parents=True)
+        add(f"train {name} is a folder", train(f"run_dir={tmp / f'folder_{name}'}"), needle=name)
+    extra = tmp / "resume_extra_section"
+    shutil.copytree(f["run"], extra)
+    (extra / "config.yaml").write_text((extra / "config.yaml").read_text() + "extras:\n  x: 1\n")
+    add("train resume: unknown section in config.yaml", train("model.arch=dense", "train.steps=6", f"run_dir={extra}"),
+        needle="extras")
+    live = tmp / "live"  # evals of a run whose retention (keep 1, a save every step) deletes what they chose
+    add("eval while a live run's retention deletes steps", ["-c", (
+        "import subprocess, sys, pathlib\n"
+        f"args = [sys.executable, '-m', 'boost_jax.train', *{TINY!r}, 'checkpoint.every=1', 'checkpoint.keep=1',"
+        f" 'run_dir={live}']\n"
+        "subprocess.run([*args, 'train.steps=1'], check=True, capture_output=True)  # a first checkpoint\n"
+        "run = subprocess.Popen([*args, 'train.steps=60'], stderr=subprocess.DEVNULL)\n"
+        "codes = []\n"
+        "while run.poll() is None:\n"
+        f"    e = subprocess.run([sys.executable, '-m', 'boost_jax.eval', '{live}'], capture_output=True, text=True)\n"
+        "    codes.append(e.returncode)\n"
+        "    if e.returncode or 'damaged' in e.stderr or 'Fix or move' in e.stderr:\n"
+        "        sys.stderr.write(e.stderr)\n"
+        "        run.kill()\n"
+        "        sys.exit(1)\n"
+        "print(codes)\n")], fails=False, timeout=400)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="", help="run the cases whose name contains this")
@@ -615,7 +743,7 @@ def main() -> None:
         tmp = Path(tmp)
         env["BOOST_JAX_CACHE"] = str(tmp / "cache")
         f = fixtures(tmp, env)
-        todo = [c for c in cases(f, tmp) if a.only in c.name]
+        todo = [c for c in cases(f, tmp) + faults_of_a_cluster(f, tmp) if a.only in c.name]
         with ThreadPoolExecutor(a.jobs) as pool:
             results = list(pool.map(lambda c: run(c, env), todo))
     clean = sum(r["clean"] for r in results)

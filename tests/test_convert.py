@@ -187,3 +187,31 @@ def test_cli_errors_are_one_message(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "boost_jax.convert", "import", str(tmp_path / "nope"), str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "is not a folder" in proc.stderr
+
+
+def test_whitening_a_near_singular_covariance_falls_back_and_says_how():
+    """4 calibration rows for 48 inputs, summed in float32 as the model's grams are: Cholesky fails
+    at SVD-LLM's ridge; a larger ridge or the eigendecomposition whitens, and still fits the outputs."""
+    rng = np.random.default_rng(2)
+    w, x = rng.normal(size=(48, 40)), rng.normal(size=(4, 48)) * 1e3
+    exact = x.T @ x / len(x)
+    cov = exact - 1e-5 * np.mean(np.diag(exact)) * np.eye(48)  # float32 sums can leave it slightly indefinite
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(cov + compress.DAMPING[0] * np.mean(np.diag(cov)) * np.eye(48))
+    lower, how = compress.whitening(cov)
+    assert how in (f"cholesky, damping {compress.DAMPING[1]:g}", f"cholesky, damping {compress.DAMPING[2]:g}")
+    a, b = compress.whitened_factor(w, 4, lower)
+    assert compress.errors(w, a, b, exact)["output"] < compress.errors(w, *compress.factor(w, 4), exact)["output"]
+    lower, how = compress.whitening(-np.eye(48))  # no ridge helps: the eigendecomposition's floored root
+    assert how == "eigendecomposition" and np.all(np.isfinite(lower))
+
+
+def test_integer_weights_are_refused_by_dtype_and_tensor_name(tmp_path, dense_run):
+    cfg, model, _ = api.restore(dense_run)
+    export_model(cfg, model, tmp_path / "src", dense_run / "tokenizer.json")
+    tensors = load_file(tmp_path / "src" / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int32)
+    save_file(tensors, tmp_path / "src" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BoostJaxError, match=r"model.safetensors: the tensor model.norm.weight is int32, not a float"):
+        main_raising(["import", str(tmp_path / "src"), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

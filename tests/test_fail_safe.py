@@ -80,6 +80,17 @@ def test_plan_refuses_searches_that_cannot_give_a_layout(argv, needle):
     assert needle in command_error(main, args)
 
 
+def test_prepare_of_an_empty_corpus_is_a_data_error_and_writes_nothing(tmp_path):
+    from boost_jax.data.__main__ import main
+
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    error = command_error(main, ["prepare", str(tmp_path / "empty.txt"), str(tmp_path / "blank.txt"), "--out",
+                                 str(tmp_path / "out")])
+    assert error.startswith("data error: the corpus (2 files") and "empty.txt" in error and "holds no documents with any text" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_dir_commands_refuse_a_negative_step(tmp_path):
     from boost_jax.eval import main
 
@@ -170,6 +181,12 @@ def model():
     (lambda m: api.forward(m, jnp.zeros((1, 0), jnp.int32)), "with at least one token"),
     (lambda m: api.generate(m, [[1, 600]], max_new_tokens=2), "token id 600 is outside"),
     (lambda m: api.generate(m, [[1, 2]], max_new_tokens=2, temperature="hot"), "temperature must be a number"),
+    (lambda m: api.generate(m, [[1, 2]], max_new_tokens=2, temperature=float("inf")),
+     "temperature must be >= 0 and finite .*, got inf"),
+    (lambda m: api.generate(m, [[1, 2]], max_new_tokens=10**9),
+     r"the longest prompt \(2 tokens\) \+ max_new_tokens=1000000000 is more than max_len=32768 positions"),
+    (lambda m: api.generate(m, [[1, 2]], max_new_tokens=7, max_len=8), "is more than max_len=8 positions"),
+    (lambda m: train({"model": {}}), "train.train takes a Config .*, got dict"),
 ])
 def test_the_api_checks_its_arguments(model, call, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -248,3 +248,75 @@ def test_runs_without_the_optional_packages_import_and_a_run_names_them(tmp_path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert_one_message(proc, "missing package", "grain, for the data loader", "tensorboardX, for log.tensorboard=true")
     assert not any(tmp_path.iterdir())  # named before any work
+
+
+# ----------------------------------------------------------------------------- the last bad inputs (issue 50)
+
+
+def test_checkpointing_by_time_alone_writes_checkpoints(tiny_overrides, tmp_path):
+    """checkpoint.every=0 with every_minutes: saves by the clock (here every step) and at the end."""
+    cfg = config(tmp_path, tiny_overrides, "train.steps=3", "checkpoint.every=0", "checkpoint.every_minutes=1e-9",
+                 "checkpoint.keep=5")
+    train(cfg, jax.devices()[:1])
+    assert steps_in(tmp_path / "run") == [1, 2, 3]
+
+
+def test_a_rerun_sets_aside_the_rows_it_rewrites(tmp_path):
+    rows = "".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(1, 10))
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    RunLog(tmp_path, LogConfig(progress=False, tensorboard=False), total_steps=12, start_step=0).close()
+    assert metric_steps(tmp_path) == []
+    assert (tmp_path / "metrics.jsonl.before-step-0").read_text() == rows  # nothing lost
+    RunLog(tmp_path, LogConfig(progress=False, tensorboard=False), total_steps=12, start_step=0).close()
+    assert not (tmp_path / "metrics.jsonl.before-step-0.1").exists()  # an empty file has nothing to set aside
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    RunLog(tmp_path, LogConfig(progress=False, tensorboard=False), total_steps=12, start_step=4).close()
+    assert metric_steps(tmp_path) == [1, 2, 3, 4]
+    assert (tmp_path / "metrics.jsonl.before-step-4").read_text() == rows
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", ".boost_jax.lock"])
+def test_a_folder_where_the_run_writes_a_file_is_named(name, tiny_overrides, tmp_path):
+    (tmp_path / "run" / name).mkdir(parents=True)
+    with pytest.raises(ConfigError, match=rf"run_dir: {tmp_path / 'run' / name} is a folder, not a file"):
+        train(config(tmp_path, tiny_overrides, "train.steps=1"), jax.devices()[:1])
+
+
+def test_an_unknown_section_in_a_runs_config_yaml_is_refused_on_resume(run_copy, tiny_overrides):
+    (run_copy / "config.yaml").write_text((run_copy / "config.yaml").read_text() + "extras:\n  x: 1\n")
+    before = steps_in(run_copy), metric_steps(run_copy)
+    with pytest.raises(ConfigError, match=r"config.yaml is damaged or edited: unknown config key 'extras'"):
+        train(config(run_copy.parent, tiny_overrides, "train.steps=6", "checkpoint.every=2"), jax.devices()[:1])
+    assert (steps_in(run_copy), metric_steps(run_copy)) == before
+
+
+def test_eval_max_tokens_is_clamped_to_the_split_and_says_so(run_copy, capsys):
+    from boost_jax.eval import evaluate
+
+    whole = evaluate(run_copy, ["parallel.dp=1"], max_tokens=10**12)  # would be 2e9 batches unclamped
+    err = capsys.readouterr().err
+    assert "note: --max-tokens 1,000,000,000,000 is more than the val split holds" in err
+    batches = int(re.search(r"evaluating its (\d+) whole batch", err)[1])
+    assert whole["tokens"] == batches * 8 * 64 and batches >= 1
+    assert evaluate(run_copy, ["parallel.dp=1"], max_tokens=batches * 8 * 64)["loss"] == whole["loss"]
+
+
+def test_a_step_deleted_by_a_live_runs_retention_is_no_damage(run_copy, monkeypatch, capsys):
+    """eval, generate and export read through weights.restore_params: the step they chose vanishes under
+    them (a live run's checkpoint.keep) -> the newest step left, named; asked by number -> named as deleted."""
+    restore = Checkpointer._restore
+
+    def deleted_by_retention(self, step, **items):
+        if step == 4:
+            shutil.rmtree(self.directory / "4")
+        return restore(self, step, **items)
+
+    monkeypatch.setattr(Checkpointer, "_restore", deleted_by_retention)
+    cfg, model, step = api.restore(run_copy)
+    assert step == 2
+    assert ("note: checkpoint step 4 in" in (err := capsys.readouterr().err) and "was deleted by its run's retention"
+            in err and "reading step 2, the newest now" in err)
+    monkeypatch.setattr(Checkpointer, "_restore", lambda self, step, **items: (
+        shutil.rmtree(self.directory / str(step)), restore(self, step, **items))[1])
+    with pytest.raises(CheckpointError, match=r"step 2 in .* was deleted by its run's retention .* holds steps \[\]"):
+        api.restore(run_copy, step=2)

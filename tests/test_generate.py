@@ -262,6 +262,7 @@ def test_cli_streams_one_prompt(run_dir, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--temperature", "inf"], "temperature must be >= 0 and finite (0 = greedy), got inf"),
     (["--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--max-new-tokens", "100"], "more than the model's 64 (train.seq_len"),
     (["model.d_model=128"], "different model.d_model"),

@@ -34,6 +34,7 @@ from boost_jax.data.corpus import Corpus, Skipped
 from boost_jax.data.shards import INDEX, SPLITS, TOKENIZER, Index, Shard, read_index, shard_name, token_dtype, write_index
 from boost_jax.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash, train_tokenizer, trainer_id
 from boost_jax.errors import DataError
+from boost_jax.paths import disk_full, is_disk_full
 
 _PARTS, _PLAN = ".parts", "plan.json"
 _JOB_BYTES = 1 << 20  # text per encode job: big enough to amortise the hand-off to a worker
@@ -68,7 +69,18 @@ class Prepared:
 
 def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
     """Prepare `corpus` into `out`, finishing an interrupted prepare of the same inputs; an `out`
-    already done returns at once. A non-empty `out` holding anything else is refused, untouched."""
+    already done returns at once. A non-empty `out` holding anything else is refused, untouched. A
+    full disk is one message: each shard is committed by rename, so a rerun finishes the prepare."""
+    try:
+        return _prepare(corpus, out, cfg)
+    except Exception as e:  # a worker process's OSError comes back wrapped
+        if not is_disk_full(e):
+            raise
+        raise disk_full(out, "the prepared dataset", corpus.size() * 2 // 3,  # ~3 bytes of text a token, 2 bytes each
+                        "the shards finished are kept and a rerun of the same command goes on from them") from None
+
+
+def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
     t0 = time.perf_counter()
     given = load_tokenizer(Path(cfg.tokenizer_path).expanduser()) if cfg.tokenizer_path else None
     plan = {"source_fingerprint": corpus.fingerprint(),
@@ -79,6 +91,11 @@ def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
             raise DataError(f"{out} already holds a dataset prepared from other inputs or settings; "
                             "choose another --out (it was left untouched)")
         return Prepared(index, time.perf_counter() - t0)
+    peek = Skipped()  # before anything is written: an empty corpus leaves no folder behind
+    if next((d for d in corpus.documents(peek) if d.text.strip()), None) is None:
+        raise DataError(f"the corpus ({len(corpus.files)} files: {', '.join(map(str, corpus.files[:3]))}"
+                        f"{', ...' if len(corpus.files) > 3 else ''}) holds no documents with any text"
+                        + (f"; {peek.lines} malformed lines were skipped" if peek.lines else ""))
     parts = out / _PARTS
     if (parts / _PLAN).is_file():
         if json.loads((parts / _PLAN).read_text()) != plan:
@@ -90,10 +107,6 @@ def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
         parts.mkdir(parents=True)
         atomic_write(parts / _PLAN, lambda f: f.write(json.dumps(plan).encode()))
 
-    peek = Skipped()
-    if next(corpus.documents(peek), None) is None:
-        raise DataError(f"the corpus ({len(corpus.files)} files) holds no documents"
-                        + (f"; {peek.lines} malformed lines were skipped" if peek.lines else ""))
     tok = given or _tokenizer(corpus, out, cfg)
     dtype = token_dtype(tok.get_vocab_size())
     setup = encode.Setup(tok.to_str(), eos_id(tok), dtype.str, cfg.val_fraction)

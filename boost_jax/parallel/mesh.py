@@ -16,6 +16,7 @@ import jax
 from jax.sharding import AxisType, Mesh
 
 from boost_jax.errors import ConfigError
+from boost_jax.parallel.peers import backstop_s
 from boost_jax.schemes import CP, DP, FSDP, MESH_AXES, PP, TP
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def init_distributed(p: ParallelConfig) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator == "auto":
         with _watchdog(coordinator, p.coordinator_timeout_s):
-            jax.distributed.initialize(initialization_timeout=p.coordinator_timeout_s + 60)
+            _initialize(p)
         return
     host, port = _address(coordinator)
     n = p.num_processes or _env_int("BOOST_JAX_NUM_PROCESSES", 0)
@@ -74,8 +75,15 @@ def init_distributed(p: ParallelConfig) -> None:
                 raise ConfigError(f"parallel.coordinator={coordinator}: process 0 cannot serve on port {port} "
                                   f"({e.strerror}); choose a free port") from None
     with _watchdog(coordinator, p.coordinator_timeout_s):
-        jax.distributed.initialize(f"{host}:{port}", num_processes=n, process_id=pid,
-                                   initialization_timeout=p.coordinator_timeout_s + 60)
+        _initialize(p, f"{host}:{port}", num_processes=n, process_id=pid)
+
+
+def _initialize(p: ParallelConfig, *args, **kwargs) -> None:
+    """jax.distributed.initialize, then `peers.Watchdog` (parallel.heartbeat_timeout_s). JAX's own
+    heartbeat, kept longer, is the backstop: what it reports is a fatal log with a C++ stack."""
+    backstop = backstop_s(p.heartbeat_timeout_s)
+    jax.distributed.initialize(*args, initialization_timeout=p.coordinator_timeout_s + 60,
+                               heartbeat_timeout_seconds=backstop, shutdown_timeout_seconds=backstop, **kwargs)
 
 
 def _address(coordinator: str) -> tuple[str, int]:

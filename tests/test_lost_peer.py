@@ -1,0 +1,146 @@
+"""A lost peer of a two-process run (CPU, gloo, 127.0.0.1; boost_jax/parallel/peers.py): a process
+killed mid-step or mid-save, or stopped, ends the survivor within parallel.heartbeat_timeout_s and a
+margin, with one message naming the lost process; the newest committed checkpoint stays readable and
+a rerun of both processes resumes from it bit for bit. (A process that never joins:
+tests/test_fail_safe.py, test_a_rendezvous_that_never_completes_is_one_message.)"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_multihost import free_port
+
+HEARTBEAT_S = 10
+BOUND_S = HEARTBEAT_S + 15  # detection, then the exit; the default (20 s) keeps it under 60 s
+
+# Process 1 waits in its save of step 8 (the survivor is then mid-save) until it is killed.
+SLOW_SAVE = ("import time, pathlib, sys\n"
+             "import boost_jax.checkpoint as c\n"
+             "save = c.Checkpointer.save\n"
+             "def slow(self, step, state, meta):\n"
+             "    if step == 8:\n"
+             "        (self.directory.parent / 'process_1_saving').touch()\n"
+             "        time.sleep(600)\n"
+             "    save(self, step, state, meta)\n"
+             "c.Checkpointer.save = slow\n"
+             "from boost_jax.train import main\n"
+             "main(sys.argv[1:])\n")
+
+
+def start(run_dir: Path, tiny_overrides, steps: int, slow_save: bool = False) -> list[subprocess.Popen]:
+    port = free_port()
+    common = [*tiny_overrides, f"run_dir={run_dir}", f"train.steps={steps}", "checkpoint.every=4", "checkpoint.keep=2",
+              "train.schedule_steps=400", "train.eval_every=0", "log.every=1", "parallel.dp=2", "parallel.cpu_devices=1",
+              f"parallel.heartbeat_timeout_s={HEARTBEAT_S}", f"parallel.coordinator=127.0.0.1:{port}",
+              "parallel.num_processes=2"]
+    argv = lambda i: (["-c", SLOW_SAVE] if slow_save and i == 1 else ["-m", "boost_jax.train"])
+    return [subprocess.Popen([sys.executable, *argv(i), *common, f"parallel.process_id={i}"],
+                             env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def rows(path: Path) -> dict[int, dict]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {r["step"]: r for r in map(json.loads, lines)}
+
+
+def wait_for(condition, procs, timeout=300):
+    t0 = time.monotonic()
+    while not condition():
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        assert time.monotonic() - t0 < timeout
+        time.sleep(0.1)
+
+
+def survivor_ends(survivor: subprocess.Popen, since: float) -> tuple[str, float]:
+    _, err = survivor.communicate(timeout=BOUND_S + 30)
+    return err, time.monotonic() - since
+
+
+def assert_one_message(err: str, rc: int, lost: str):
+    assert rc == 1, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith(f"lost peer: {lost}"), err
+    assert "Traceback" not in err and "Check failure" not in err, err
+
+
+def resumes_bit_for_bit(run_dir: Path, tiny_overrides, steps: int):
+    """Rerun both processes: they resume from the newest committed checkpoint, and each step the lost
+    run had logged past it comes out the same (the rows it had are set aside by the rerun)."""
+    committed = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    before = rows(run_dir / "metrics.jsonl")
+    procs = start(run_dir, tiny_overrides, steps)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert f"resumed from step {committed}" in outs[0][1]
+    after = rows(run_dir / "metrics.jsonl")
+    assert sorted(after) == list(range(1, steps + 1))  # contiguous
+    repeated = [s for s in before if s > committed]
+    assert repeated, "the lost run logged no step past its checkpoint"
+    for s in repeated:
+        assert (after[s]["loss"], after[s]["grad_norm"]) == (before[s]["loss"], before[s]["grad_norm"])
+    if repeated:
+        assert rows(run_dir / f"metrics.jsonl.before-step-{committed}") == before
+
+
+@pytest.mark.slow  # two training processes, twice
+def test_a_peer_killed_mid_step_ends_the_survivor_and_the_rerun_resumes(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    procs = start(run_dir, tiny_overrides, steps=400)
+    wait_for(lambda: len(rows(run_dir / "metrics.jsonl")) >= 10, procs)
+    procs[1].kill()
+    err, took = survivor_ends(procs[0], time.monotonic())
+    assert_one_message(err, procs[0].returncode, "process 1")
+    assert took < BOUND_S, took
+    resumes_bit_for_bit(run_dir, tiny_overrides, steps=max(rows(run_dir / "metrics.jsonl")) + 2)
+
+
+@pytest.mark.slow  # two training processes, twice
+def test_a_peer_killed_mid_save_leaves_the_committed_checkpoint(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    procs = start(run_dir, tiny_overrides, steps=12, slow_save=True)
+    wait_for(lambda: (run_dir / "process_1_saving").exists(), procs)
+    time.sleep(1)  # process 0 is in its save of step 8 meanwhile
+    procs[1].kill()
+    err, took = survivor_ends(procs[0], time.monotonic())
+    assert_one_message(err, procs[0].returncode, "process 1")
+    assert took < BOUND_S, took
+    (run_dir / "process_1_saving").unlink()
+    resumes_bit_for_bit(run_dir, tiny_overrides, steps=12)
+
+
+@pytest.mark.slow  # two training processes
+@pytest.mark.parametrize("stopped", [1, 0])  # process 0 serves the coordination service too
+def test_a_stopped_peer_ends_the_survivor(stopped, tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    procs = start(run_dir, tiny_overrides, steps=400)
+    wait_for(lambda: len(rows(run_dir / "metrics.jsonl")) >= 6, procs)
+    procs[stopped].send_signal(signal.SIGSTOP)
+    survivor = procs[1 - stopped]
+    try:
+        err, took = survivor_ends(survivor, time.monotonic())
+    finally:
+        procs[stopped].kill()
+        procs[stopped].communicate()
+    assert_one_message(err, survivor.returncode, f"process {stopped}")
+    assert took < BOUND_S, took
+
+
+@pytest.mark.slow  # two training processes
+def test_a_killed_coordinator_ends_the_survivor_at_once(tmp_path, tiny_overrides):
+    """Process 0 serves JAX's coordination service: killed, its survivors' JAX client aborts them at
+    once with its own fatal log (jaxlib takes no Python callback for it), before any watchdog could
+    speak; bounded, but not our one message (README, "Multi-process runs")."""
+    run_dir = tmp_path / "run"
+    procs = start(run_dir, tiny_overrides, steps=400)
+    wait_for(lambda: len(rows(run_dir / "metrics.jsonl")) >= 6, procs)
+    procs[0].kill()
+    err, took = survivor_ends(procs[1], time.monotonic())
+    assert procs[1].returncode != 0 and took < BOUND_S, (took, err)
+    assert "detected fatal errors" in err and "another task died" in err, err
