@@ -18,6 +18,7 @@ reproduces a generation whatever the chunking.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -129,16 +130,7 @@ class Decoder:
         except ValueError as e:
             raise ConfigError(f"--cache {cache}: {e}") from None
         self.graphdef, state = nnx.split(model, nnx.Param)
-        # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
-        dtype = jnp.dtype(self.cfg.dtype)
-        params = jax.tree.map(lambda w: np.asarray(w, dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w,
-                              nnx.to_pure_dict(state))
-        params = jax.device_put(params, plan.named(plan.param_specs(state)))
-        # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
-        # for it in the model, which never reads it while decoding.
-        stacked = params.pop("layers")
-        self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
-        self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
+        self._lay_out(state)
         self.rows = plan.size("batch")  # a batch is padded to a multiple of the data-parallel split
         if compiler_options is None:
             compiler_options = COMPILER_OPTIONS.get(plan.mesh.devices.flat[0].platform, {})
@@ -147,6 +139,33 @@ class Decoder:
         self._chunk = jax.jit(self._chunk_fn, static_argnames=("sampling", "max_new"), donate_argnums=(1,),
                               compiler_options=compiler_options)
         self._grow = jax.jit(self._grow_fn, static_argnames=("length",))
+
+    def _lay_out(self, state: nnx.State) -> None:
+        """Place the parameters `state` for the plan, remembering (weakly) which arrays they came from."""
+        leaves = jax.tree.leaves(nnx.to_pure_dict(state))
+        # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
+        dtype = jnp.dtype(self.cfg.dtype)
+        params = jax.tree.map(lambda w: np.asarray(w, dtype) if jnp.issubdtype(w.dtype, jnp.floating) else w,
+                              nnx.to_pure_dict(state))
+        params = jax.device_put(params, self.plan.named(self.plan.param_specs(state)))
+        # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
+        # for it in the model, which never reads it while decoding.
+        stacked = params.pop("layers")
+        self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
+        self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
+        self._sources = [weakref.ref(w) for w in leaves]
+
+    def refresh(self, model: Model) -> None:
+        """Take `model`'s parameters again if any was replaced since they were laid out (a Variable
+        assigned, `nnx.update`, an optimizer step: JAX arrays are never changed in place); the
+        compiled programs are kept. `model` has the structure this Decoder was built for."""
+        graphdef, state = nnx.split(model, nnx.Param)
+        if graphdef != self.graphdef:
+            raise ConfigError("Decoder.refresh: the model's structure differs from the one this Decoder was "
+                              "built for; build a Decoder for it")
+        leaves = jax.tree.leaves(nnx.to_pure_dict(state))
+        if len(leaves) != len(self._sources) or any(ref() is not w for ref, w in zip(self._sources, leaves)):
+            self._lay_out(state)
 
     @property
     def programs(self) -> dict[str, int]:
