@@ -73,7 +73,7 @@ def _main(argv: list[str]) -> None:
     from boost_jax import api
     from boost_jax.parallel import prepare_jax
 
-    prepare_jax(api.run_config(a.run_dir, a.config).parallel)
+    prepare_jax(api.run_config(a.run_dir, a.config))
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens)
     if a.json:
         print(json.dumps(r, indent=1))

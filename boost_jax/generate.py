@@ -81,7 +81,7 @@ def _main(argv: list[str]) -> None:
 
     tokenizer_path = a.run_dir / "tokenizer.json"
     # The run dir and its config.yaml first: what a damaged one names.
-    prepare_jax(api.run_config(a.run_dir, a.config).parallel, decoding=True)
+    prepare_jax(api.run_config(a.run_dir, a.config), decoding=True)
     if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     cfg, model, step = api.restore(a.run_dir, a.step, a.config)

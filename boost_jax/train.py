@@ -33,7 +33,7 @@ def _main(args: list[str]) -> None:
     cfg = from_args(args)
     from boost_jax.parallel import init_distributed, prepare_jax
 
-    prepare_jax(cfg.parallel)
+    prepare_jax(cfg)
     init_distributed(cfg.parallel)
     train(cfg)
 
