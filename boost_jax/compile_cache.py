@@ -5,12 +5,14 @@ devices, same options) reads it back instead.
 
 Every program is kept: JAX's thresholds, which skip programs that compiled in under a second, are
 set to nothing, since on CPU a command's many programs each compile in well under a second and
-together take most of its start. The folder is shared safely by concurrent processes: JAX writes an
-entry in place (`Path.write_bytes`), so a size bound (`MAX_BYTES`, least recently used entries go
-first) is set, under which JAX holds a file lock around every read and write of the folder. An
-entry JAX cannot read back (damaged, cut short by a killed writer, from another build) is a warning
-from JAX and a fresh compile, never a crash. A folder that cannot be used (a file, unwritable, a
-full disk) is one line on stderr naming it, and the command runs uncached.
+together take most of its start. The folder is shared safely by concurrent processes: JAX's own
+file cache writes an entry in place (`Path.write_bytes`), where a concurrent reader can meet half
+of it, and its size bound's file lock fails every write once the folder holds entries of a process
+without the bound (their access-time files are missing); so the cache is JAX's, unbounded as by
+default, with each entry written to a temporary file and renamed into place (`AtomicFileCache`).
+An entry JAX cannot read back (damaged, from another build) is a warning from JAX and a fresh
+compile, never a crash. A folder that cannot be used (a file, unwritable, a full disk) is one line
+on stderr naming it, and the command runs uncached.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import tempfile
 from pathlib import Path
 
 import jax
+# JAX's file cache and the module holding the one its compiles use: no public way to choose the
+# cache's writer in jax 0.10.
+from jax._src import compilation_cache
+from jax._src.lru_cache import _CACHE_SUFFIX, LRUCache
 
-from boost_jax.cache import cache_root
+from boost_jax.cache import atomic_write, cache_root
 from boost_jax.config import DataConfig
 
-MAX_BYTES = 8 << 30  # the cache's bound (JAX's LRU eviction; setting one also turns JAX's file lock on)
 _WARNED: set[Path] = set()  # folders already named in a warning: a bench enables per variant, warns once
 _PROBE = b"\0" * 65536  # a probe write this size fails on a full disk (a bare file creation may not)
 
@@ -42,8 +47,6 @@ def folder(data: DataConfig) -> Path | None:
 def enable(data: DataConfig) -> Path | None:
     """Point JAX's persistent compilation cache at `folder(data)` (any time before a compile; a
     folder already in use in this process is swapped); returns the folder, or None when uncached."""
-    from jax._src import compilation_cache  # no public way to drop a cache already opened in jax 0.10
-
     path = folder(data)
     if path is not None and (why := unusable(path)):
         if path not in _WARNED:
@@ -56,9 +59,26 @@ def enable(data: DataConfig) -> Path | None:
         jax.config.update("jax_compilation_cache_dir", str(path))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no size floor, none chosen for us
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
-    compilation_cache.reset_cache()  # the next compile opens the folder set now
+        jax.config.update("jax_compilation_cache_max_size", -1)
+    compilation_cache.reset_cache()  # drop a cache this process opened before
+    if path is not None:
+        with compilation_cache._cache_initialized_mutex:  # what JAX's first compile would open, made here
+            compilation_cache._cache = AtomicFileCache(path)
+            compilation_cache._cache_initialized = True
     return path
+
+
+class AtomicFileCache(LRUCache):
+    """JAX's file cache without a size bound, each entry written whole: to a temporary file in the
+    folder, then renamed into place, so that a concurrent reader meets the whole entry or none."""
+
+    def __init__(self, path: Path):
+        super().__init__(str(path), max_size=-1)
+
+    def put(self, key: str, value: bytes) -> None:
+        entry = Path(self.path) / f"{key}{_CACHE_SUFFIX}"
+        if not entry.exists():
+            atomic_write(entry, lambda f: f.write(value))
 
 
 def unusable(path: Path) -> str:

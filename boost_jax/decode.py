@@ -229,7 +229,8 @@ class Decoder:
                  max_len: int | None = None, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generation:
         """Each prompt's continuation: up to `max_new_tokens` new tokens, a row stopping at `eos_id`
         (which is not returned). `max_len`: the positions a row may reach (prompt + new), refused
-        beyond. `on_tokens` sees every row's tokens so far after each decode call (streaming)."""
+        beyond. `on_tokens` sees every row's tokens so far after the prefill (the first token) and
+        after each decode call (streaming)."""
         prompts = [list(map(int, p)) for p in prompts]
         self._check(prompts, max_new_tokens, max_len)
         n = len(prompts)
@@ -250,6 +251,8 @@ class Decoder:
         done = (first == self._eos()) | (max_new_tokens <= 1)
         out = np.full((b, max_new_tokens), -1, np.int32)
         out[:, 0] = first
+        if on_tokens is not None:
+            on_tokens(self._rows(out[:n]))
         state = jax.tree.map(put, {"last": first, "position": lengths.copy(), "count": np.ones(b, np.int32),
                                    "done": done, "out": out})
         state["index"] = jnp.int32(1)  # the generation index of the next token (its sampling key)

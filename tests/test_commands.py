@@ -5,13 +5,17 @@ config key are refused with the key to write."""
 import json
 import subprocess
 import sys
+import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 import yaml
 
 from boost_jax.bench import comm, step
 from boost_jax.config import ConfigError, from_args
 from boost_jax.planner.__main__ import parse as parse_plan
+from boost_jax.startup import PHASES, Startup
 
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
 
@@ -115,3 +119,16 @@ def test_bench_step_hf_trains_the_same_model_on_the_same_batch(capsys):
     # after the updates (3 steps each).
     assert theirs["first_loss"] == pytest.approx(ours["first_loss"], rel=1e-5)
     assert theirs["last_loss"] == pytest.approx(ours["last_loss"], rel=1e-4) and ours["last_loss"] < ours["first_loss"]
+
+
+def test_the_start_up_splits_its_seconds_into_phases():
+    startup = Startup()
+    time.sleep(0.05)
+    startup.lap("data")
+    jax.jit(lambda x: x * 3 - 1)(jnp.arange(7.0)).block_until_ready()  # a program of its own: traced and compiled here
+    startup.lap("run")
+    took = startup.seconds()
+    assert took["data"] >= 0.05 and 0 <= took["run"] < took["compile"] and took["restore"] == 0
+    assert took["total"] == pytest.approx(sum(took[k] for k in PHASES), abs=0.01)
+    with pytest.raises(ValueError, match="unknown start-up phase 'load'"):
+        startup.lap("load")

@@ -61,6 +61,8 @@ def test_a_small_program_is_kept_and_read_back_and_a_damaged_entry_recompiled(tm
     assert HIT not in compiled
     entries = sorted((tmp_path / "xla").glob("*-cache"))
     assert entries  # kept, though it compiled in milliseconds
+    assert isinstance(compilation_cache._cache, compile_cache.AtomicFileCache)  # each entry renamed into place
+    assert not [p for p in (tmp_path / "xla").iterdir() if p.suffix == ".tmp"]
     jax.clear_caches()  # as a new process would: only the folder remembers it
     read_back, out = events_of(lambda: double(x))
     assert HIT in read_back

@@ -324,6 +324,7 @@ def test_bench_decode_times_xla_defaults_side_by_side(capsys):
     from boost_jax.bench import decode
 
     decode.main(["model.preset=llama-tiny", "model.arch=dense", "--batches", "2", "--prompt-len", "8",
-                 "--new-tokens", "4", "--reps", "1", "--xla-defaults"])
+                 "--new-tokens", "4", "--reps", "1", "--xla-defaults", "--api"])
     out = capsys.readouterr().out
     assert "under XLA's default options (side by side): step ms full b2 " in out
+    assert re.search(r"api.generate in a loop, after its first call .*: full b2 [0-9,.]+ tok/s \([0-9.]+x\)", out)
