@@ -13,7 +13,8 @@ argument, not a failure deep inside JAX.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -53,8 +54,13 @@ def forward(model: Model, tokens: jax.Array, plan: Plan | None = None) -> jax.Ar
     if plan is not None and not isinstance(plan, Plan):
         raise ConfigError(f"api.forward: plan must be a Plan (parallel.make_plan) or None, got {type(plan).__name__}")
     plan = plan or single_device_plan(model.cfg)
-    graphdef, params = nnx.split(model)
-    return jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens, plan=plan))(params, tokens)
+    graphdef, state = nnx.split(model)
+    # On the plan's layout, wherever they were (a parameter replaced by a jitted update comes back
+    # committed to its own layout, and another layout would be another program).
+    params = jax.device_put(nnx.to_pure_dict(state), plan.named(plan.param_specs(state)))
+    run = _kept(model, ("forward", graphdef, plan),
+                lambda: jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens, plan=plan)))
+    return run(params, tokens)
 
 
 def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[str] = (),
@@ -110,8 +116,10 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     `seed`. `plan` None: one device. `cache`: full (keys and values) or latent (the rank-r latents
     of k and v, low-rank archs). `max_len`: the positions a row may reach (prompt + new), refused
     past it, as the command line refuses past train.seq_len (api.restore's cfg.train.seq_len);
-    None: MAX_POSITIONS. Each call compiles its programs: for many calls keep a
-    `boost_jax.decode.Decoder`."""
+    None: MAX_POSITIONS. The first call on a model (per plan, cache and eos_id) compiles
+    its programs and lays out a copy of its parameters at the compute dtype; both are kept with the
+    model until it is garbage-collected, so later calls compile only for a new shape bucket or
+    sampling mode, and a parameter replaced since (`nnx.update`, an optimizer step) is laid out again."""
     from boost_jax.decode import Decoder, Sampling
 
     _check_model(model, "api.generate")
@@ -133,7 +141,10 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
                           f"{max_new_tokens} is more than max_len={limit} positions"
                           + ("" if max_len else " (MAX_POSITIONS; pass max_len=cfg.train.seq_len, the context "
                                                 "the model was trained on)"))
-    decoder = Decoder(model, plan or single_device_plan(model.cfg), cache=cache, eos_id=eos_id)
+    plan = plan or single_device_plan(model.cfg)
+    decoder = _kept(model, ("decode", nnx.graphdef(model), plan, cache, eos_id),
+                    lambda: Decoder(model, plan, cache=cache, eos_id=eos_id))
+    decoder.refresh(model)
     return decoder.generate(prompts, max_new_tokens, Sampling(temperature, top_k, top_p, seed)).tokens
 
 
@@ -149,6 +160,22 @@ def generate_text(model: Model, tokenizer, prompts: Sequence[str], *, max_new_to
     ids = [tokenizer.encode(p).ids for p in prompts]
     out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=eos_id(tokenizer), **kwargs)
     return [tokenizer.decode(o) for o in out]
+
+
+# What the first call of forward/generate on a model compiled, kept for its later calls: a list of
+# (key, program) per model, held weakly (it goes with the model); keys are compared with == (a Plan
+# is not hashable).
+_KEPT: weakref.WeakKeyDictionary[Model, list[tuple[tuple, object]]] = weakref.WeakKeyDictionary()
+
+
+def _kept(model: Model, key: tuple, build: Callable[[], object]):
+    """The program kept for `model` under `key`, built by `build()` on first use."""
+    kept = _KEPT.setdefault(model, [])
+    for k, program in kept:
+        if k == key:
+            return program
+    kept.append((key, program := build()))
+    return program
 
 
 def _check_model(model, where: str) -> None:

@@ -22,9 +22,10 @@ T = TypeVar("T")
 
 
 # Keys that must not change when a run dir is resumed: they change what the checkpoint means. A
-# mixture's datasets and weights may (the run records each change: data/mixture.py).
+# mixture's datasets and weights may (the run records each change: data/mixture.py), and so may
+# the compilation cache (where compiled programs are kept).
 FROZEN_ON_RESUME = ("model", "data", "train.batch_size", "train.seq_len", "train.seed")
-MAY_CHANGE_ON_RESUME = ("data.mixture",)
+MAY_CHANGE_ON_RESUME = ("data.mixture", "data.compile_cache", "data.compile_cache_dir")
 
 
 # Model keys that change how a model computes, not what its parameters mean: a saved model is served

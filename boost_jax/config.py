@@ -198,6 +198,10 @@ class DataConfig:
     tokenizer: Literal["bpe", "byte_bpe", "sentencepiece"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
     cache_dir: str = ""  # "" = $BOOST_JAX_CACHE or ~/.cache/boost_jax
+    # JAX's persistent compilation cache of every command (boost_jax/compile_cache.py), in
+    # compile_cache_dir ("" = $JAX_COMPILATION_CACHE_DIR, else <cache_dir>/xla)
+    compile_cache: bool = True
+    compile_cache_dir: str = ""
     # Packed documents attend only within themselves: segment ids from the end-of-document tokens
     # (the loader computes them) mask attention across a boundary. Off: every token of a window
     # attends to every earlier one, as the loss has always been measured here.

@@ -248,6 +248,10 @@ def convert(a: argparse.Namespace) -> dict:
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
+    from boost_jax import compile_cache
+    from boost_jax.config import from_dict, raw_args
+
+    compile_cache.enable(from_dict({"data": raw_args(a.config).get("data", {})}).data)  # the command's data.* keys
     r = convert(a)
     if a.json:
         print(json.dumps(r, indent=1))

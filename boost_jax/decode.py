@@ -18,6 +18,7 @@ reproduces a generation whatever the chunking.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -141,16 +142,7 @@ class Decoder:
         except ValueError as e:
             raise ConfigError(f"--cache {cache}: {e}") from None
         self.graphdef, state = nnx.split(model, nnx.Param)
-        # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
-        # Cast and placed on the devices, never through the host; weights already in that dtype and
-        # layout (api.restore onto this plan) are used as they are, not copied.
-        params = jax.tree.map(lambda w, s: _served(w, s, jnp.dtype(self.cfg.dtype)), nnx.to_pure_dict(state),
-                              plan.named(plan.param_specs(state)))
-        # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
-        # for it in the model, which never reads it while decoding.
-        stacked = params.pop("layers")
-        self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
-        self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
+        self._lay_out(state)
         self.rows = plan.size("batch")  # a batch is padded to a multiple of the data-parallel split
         if compiler_options is None:
             compiler_options = COMPILER_OPTIONS.get(plan.mesh.devices.flat[0].platform, {})
@@ -159,6 +151,33 @@ class Decoder:
         self._chunk = jax.jit(self._chunk_fn, static_argnames=("sampling", "max_new"), donate_argnums=(1,),
                               compiler_options=compiler_options)
         self._grow = jax.jit(self._grow_fn, static_argnames=("length",))
+
+    def _lay_out(self, state: nnx.State) -> None:
+        """Place the parameters `state` for the plan, remembering (weakly) which arrays they came from."""
+        leaves = jax.tree.leaves(nnx.to_pure_dict(state))
+        # Served at the compute dtype: a step reads every weight once, so bf16 weights halve its bytes.
+        # Cast and placed on the devices, never through the host; weights already in that dtype and
+        # layout (api.restore onto this plan) are used as they are, not copied.
+        params = jax.tree.map(lambda w, s: _served(w, s, jnp.dtype(self.cfg.dtype)), nnx.to_pure_dict(state),
+                              self.plan.named(self.plan.param_specs(state)))
+        # Each layer's weights its own buffers (the layers run one by one); the stack's shapes stand in
+        # for it in the model, which never reads it while decoding.
+        stacked = params.pop("layers")
+        self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
+        self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
+        self._sources = [weakref.ref(w) for w in leaves]
+
+    def refresh(self, model: Model) -> None:
+        """Take `model`'s parameters again if any was replaced since they were laid out (a Variable
+        assigned, `nnx.update`, an optimizer step: JAX arrays are never changed in place); the
+        compiled programs are kept. `model` has the structure this Decoder was built for."""
+        graphdef, state = nnx.split(model, nnx.Param)
+        if graphdef != self.graphdef:
+            raise ConfigError("Decoder.refresh: the model's structure differs from the one this Decoder was "
+                              "built for; build a Decoder for it")
+        leaves = jax.tree.leaves(nnx.to_pure_dict(state))
+        if len(leaves) != len(self._sources) or any(ref() is not w for ref, w in zip(self._sources, leaves)):
+            self._lay_out(state)
 
     @property
     def programs(self) -> dict[str, int]:
@@ -222,7 +241,8 @@ class Decoder:
                  max_len: int | None = None, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generation:
         """Each prompt's continuation: up to `max_new_tokens` new tokens, a row stopping at `eos_id`
         (which is not returned). `max_len`: the positions a row may reach (prompt + new), refused
-        beyond. `on_tokens` sees every row's tokens so far after each decode call (streaming)."""
+        beyond. `on_tokens` sees every row's tokens so far after the prefill (the first token) and
+        after each decode call (streaming)."""
         prompts = [list(map(int, p)) for p in prompts]
         self._check(prompts, max_new_tokens, max_len)
         n = len(prompts)
@@ -243,6 +263,8 @@ class Decoder:
         done = (first == self._eos()) | (max_new_tokens <= 1)
         out = np.full((b, max_new_tokens), -1, np.int32)
         out[:, 0] = first
+        if on_tokens is not None:
+            on_tokens(self._rows(out[:n]))
         state = jax.tree.map(put, {"last": first, "position": lengths.copy(), "count": np.ones(b, np.int32),
                                    "done": done, "out": out})
         state["index"] = jnp.int32(1)  # the generation index of the next token (its sampling key)

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
-from boost_jax import api
+from boost_jax import api, compile_cache
 from boost_jax.archs import ARCHS
 from boost_jax.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ModelConfig, from_dict
@@ -348,6 +348,7 @@ def _main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.step is not None and args.step < 0:
         raise ExportError(f"--step must be a checkpoint's step (>= 0), got {args.step}")
+    compile_cache.enable(api.run_config(args.run_dir).data)
     step = export(args.run_dir, args.out_dir, args.step, args.force)
     out = Path(args.out_dir)
     layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"

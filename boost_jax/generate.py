@@ -38,6 +38,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set of this probability")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timings", action="store_true", help="print on stderr the seconds to the first token, by "
+                   "phase: import, data, restore, compile, run (--json has them always)")
     p.add_argument("--cache", default="full", choices=list(CACHES),
                    help="latent_v: keys and v's rank-r latent; latent: both latents (low-rank archs; layers/kv_cache.py)")
     a = run_dir_args(p, argv)
@@ -71,6 +73,9 @@ def read_prompts(a: argparse.Namespace) -> list[str]:
 
 
 def _main(argv: list[str]) -> None:
+    from boost_jax.startup import Startup, line
+
+    startup = Startup()
     a = parse(argv)
     prompts = read_prompts(a)
     from boost_jax import api
@@ -79,21 +84,24 @@ def _main(argv: list[str]) -> None:
     from boost_jax.parallel import make_plan, prepare_jax
     from boost_jax.parallel.mesh import mesh_devices
 
+    startup.lap("import")
     tokenizer_path = a.run_dir / "tokenizer.json"
     # The run dir and its config.yaml first: what a damaged one names.
-    prepare_jax(api.run_config(a.run_dir, a.config).parallel, decoding=True)
+    cfg = api.run_config(a.run_dir, a.config)
+    prepare_jax(cfg, decoding=True)
     if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
-    cfg = api.run_config(a.run_dir, a.config)
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
     tok = load_tokenizer(tokenizer_path)
     ids = [tok.encode(p).ids for p in prompts]
     if empty := [i for i, x in enumerate(ids) if not x]:
         raise ConfigError(f"prompt {empty[0]} encodes to no tokens")
+    startup.lap("data")
     # The parameters read straight onto the plan; the decoder keeps them (no other copy is held).
     _, model, step = api.restore(a.run_dir, a.step, a.config, plan)
     decoder = Decoder(model, plan, cache=a.cache, eos_id=eos_id(tok))
     del model
+    startup.lap("restore")
     streaming = len(prompts) == 1 and not a.json
     shown = [""]
 
@@ -103,19 +111,30 @@ def _main(argv: list[str]) -> None:
         sys.stdout.flush()
         shown[0] = text
 
+    first: dict[str, float] = {}  # the start-up's seconds, taken at the first token
+
+    def on_tokens(rows):
+        if not first:
+            startup.lap("run")
+            first.update(startup.seconds())
+        if streaming:
+            stream(rows)
+
     if streaming:
         sys.stdout.write(prompts[0])
-    out = decoder.generate(ids, a.max_new_tokens, a.sampling, max_len=cfg.train.seq_len,
-                           on_tokens=stream if streaming else None)
+    out = decoder.generate(ids, a.max_new_tokens, a.sampling, max_len=cfg.train.seq_len, on_tokens=on_tokens)
     texts = [tok.decode(t) for t in out.tokens]
     if a.json:
         print(json.dumps({"run_dir": str(a.run_dir), "step": step, "cache": a.cache, "prompts": prompts,
-                          "prompt_ids": ids, "tokens": out.tokens, "texts": texts, **out.timings()}, indent=1))
+                          "prompt_ids": ids, "tokens": out.tokens, "texts": texts, **out.timings(),
+                          "startup_s": first}, indent=1))
     elif streaming:
         print()  # the continuation was streamed
     else:
         for prompt, text in zip(prompts, texts):
             print(f"{prompt}{text}\n")
+    if a.timings:
+        print(line(first, "first token"), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -44,11 +44,12 @@ class BoostLM(_Harness):
 
     def __init__(self, run_dir: str | Path, step: int | None = None, batch_size: int = 8, **_):
         super().__init__()
-        from boost_jax import api
+        from boost_jax import api, compile_cache
         from boost_jax.data.tokenizer import eos_id, load_tokenizer
         from boost_jax.decode import Decoder
         from boost_jax.parallel import single_device_plan
 
+        compile_cache.enable(api.run_config(run_dir).data)
         self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step))
         self.tokenizer = load_tokenizer(Path(run_dir) / "tokenizer.json")
         self.eos = eos_id(self.tokenizer)

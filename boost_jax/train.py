@@ -1,8 +1,9 @@
-"""`python -m boost_jax.train [CONFIG.yaml] [section.key=value ...]`: parse, build, loop.
+"""`python -m boost_jax.train [CONFIG.yaml] [section.key=value ...] [--timings]`: parse, build, loop.
 
 With no arguments it trains the default small CoLA model on the Python standard library's source
 (offline) on whatever devices exist. Re-running with the same `run_dir` resumes from the newest
-checkpoint; the loss trajectory is bitwise identical to an uninterrupted run on CPU.
+checkpoint; the loss trajectory is bitwise identical to an uninterrupted run on CPU. --timings logs
+the seconds to the first step, by phase: import, data, restore, compile, run (boost_jax/startup.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
 from boost_jax.errors import ConfigError, DiskFullError, PackageError
 from boost_jax.paths import check_writable_dir, disk_full, is_disk_full
+from boost_jax.startup import Startup
+from boost_jax.startup import line as startup_line
 
 USAGE = __doc__.strip().splitlines()[0]
+TIMINGS = "--timings"
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: a config, then the run (one message and exit 1 on a user error)."""
@@ -30,15 +34,16 @@ def _main(args: list[str]) -> None:
     if args and args[0] in ("-h", "--help"):
         print(f"{USAGE}\n\nEvery key is documented in {BASE}. {DEBUG_HELP}")
         return
-    cfg = from_args(args)
+    startup = Startup() if TIMINGS in args else None
+    cfg = from_args([a for a in args if a != TIMINGS])
     from boost_jax.parallel import init_distributed, prepare_jax
     from boost_jax.parallel.peers import watch
 
-    prepare_jax(cfg.parallel)
+    prepare_jax(cfg)
     init_distributed(cfg.parallel)
     try:
         with watch(cfg.parallel.heartbeat_timeout_s):  # a lost peer ends this process with one message
-            train(cfg)
+            train(cfg, startup=startup)
     except DiskFullError:
         raise
     except OSError as e:  # a full disk under a write without its own message (config.yaml, tokenizer.json)
@@ -68,11 +73,13 @@ def check_packages(cfg: Config) -> None:
         raise PackageError("not installed: " + "; ".join(missing) + ". pip install what is missing")
 
 
-def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
-    """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput)."""
+def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup | None = None) -> dict:
+    """Train per `cfg` on `devices` (default: all); returns a summary of the run (losses, throughput).
+    `startup`: time the start to the first step by phase, logged after it."""
     if not isinstance(cfg, Config):
         raise ConfigError(f"train.train takes a Config (api.config(...) or config.load_config(...)), got "
                           f"{type(cfg).__name__}")
+    lap = startup.lap if startup is not None else lambda phase: None
     check_packages(cfg)
     from boost_jax.cache import cache_root
     from boost_jax.data.build import build_data, check_run_tokenizer
@@ -83,6 +90,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
     from boost_jax.training import (Checkpoints, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir,
                                     any_process, finite)
 
+    lap("import")
     t, m = cfg.train, cfg.model
     with contextlib.ExitStack() as closing:  # on any exit: release the run dir, close the log, wait for saves
         run_dir = RunDir(cfg, primary=jax.process_index() == 0)
@@ -90,6 +98,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         check_writable_dir(cache_root(cfg.data.cache_dir), "data.cache_dir")
         plan = make_plan(cfg, devices)
         data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)
+        lap("data")
         run, state = setup(cfg, plan)
         ckpt = Checkpoints(cfg, run, run_dir.path)
         closing.callback(ckpt.close)
@@ -126,11 +135,13 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
         if mixture_note:
             log.line(mixture_note)
 
+        lap("restore")  # the state (restored or initialised) and the run's log and meter
         batches = data.train.batches(start, t.batch_size, *process)  # read ahead while the device computes
         t0 = time.perf_counter()
         step_fn = run.train_step.lower(state, device_batch(data.train.batch(start, t.batch_size, *process),
                                                           run.batch_sharding)).compile()
         log.line(f"compiled train step in {time.perf_counter() - t0:.1f}s")
+        lap("compile")
         evaluate, guard, profiler = Evaluator(cfg, run, data, process), NonFiniteGuard(cfg), Profiler(cfg, run_dir.path)
         closing.callback(profiler.close)
         preempt = Preemption()
@@ -144,6 +155,10 @@ def train(cfg: Config, devices: list[jax.Device] | None = None) -> dict:
             if step == start and process[0] == 0:
                 jax.block_until_ready(metrics)
                 run_dir.claim(data.tokenizer)
+            if step == start and startup is not None:
+                jax.block_until_ready(metrics)
+                lap("run")
+                log.line(startup_line(startup.seconds(), "first step"))
             pending.append(metrics)
             done = step + 1
             if evaluate.due(done):

@@ -5,13 +5,17 @@ config key are refused with the key to write."""
 import json
 import subprocess
 import sys
+import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 import yaml
 
 from boost_jax.bench import comm, step
 from boost_jax.config import ConfigError, from_args
 from boost_jax.planner.__main__ import parse as parse_plan
+from boost_jax.startup import PHASES, Startup
 
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
 
@@ -139,3 +143,16 @@ def test_python_m_boost_jax_lists_every_command_in_one_line_each(capsys, monkeyp
     assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m boost_jax.eval ")
     with pytest.raises(SystemExit, match="unknown command 'config.yaml': choose one of train, data"):
         commands.main(["config.yaml"])
+
+
+def test_the_start_up_splits_its_seconds_into_phases():
+    startup = Startup()
+    time.sleep(0.05)
+    startup.lap("data")
+    jax.jit(lambda x: x * 3 - 1)(jnp.arange(7.0)).block_until_ready()  # a program of its own: traced and compiled here
+    startup.lap("run")
+    took = startup.seconds()
+    assert took["data"] >= 0.05 and 0 <= took["run"] < took["compile"] and took["restore"] == 0
+    assert took["total"] == pytest.approx(sum(took[k] for k in PHASES), abs=0.01)
+    with pytest.raises(ValueError, match="unknown start-up phase 'load'"):
+        startup.lap("load")

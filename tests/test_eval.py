@@ -18,6 +18,7 @@ from boost_jax import eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.errors import DataError
 from boost_jax.lm_eval import BoostLM
+from boost_jax.startup import PHASES
 from conftest import train_tiny
 
 
@@ -67,6 +68,8 @@ def test_a_run_on_simulated_devices_is_evaluated_and_decoded_on_its_layout(tmp_p
     decoded = cli("boost_jax.generate", str(run), "--prompt", "def main(", "--max-new-tokens", "4", "--json")
     assert decoded.returncode == 0, decoded.stderr
     assert len(json.loads(decoded.stdout)["tokens"][0]) <= 4
+    took = json.loads(decoded.stdout)["startup_s"]  # in a fresh process, each phase takes its time
+    assert all(took[k] > 0 for k in ("import", "restore", "compile", "run")) and took["total"] == pytest.approx(sum(took[k] for k in PHASES), abs=0.01)
 
 
 def test_eval_refuses_a_dataset_of_another_tokenizer(run_dir, tmp_path):
@@ -76,10 +79,14 @@ def test_eval_refuses_a_dataset_of_another_tokenizer(run_dir, tmp_path):
 
 
 def test_eval_cli_prints_json(run_dir, capsys):
-    boost_eval.main([str(run_dir), "--split", "train", "--max-tokens", "600", "--json"])
+    boost_eval.main([str(run_dir), "--split", "train", "--max-tokens", "600", "--json", "--timings"])
     out = capsys.readouterr()
     r = json.loads(out.out)
     assert r["split"] == "train" and r["tokens"] == 2 * 8 * 64 and r["bits_per_byte"] > 0  # whole batches
+    took = r["startup_s"]  # the seconds to the loss, by phase (boost_jax/startup.py)
+    assert list(took) == [*PHASES, "total"] and took["run"] > 0 and took["total"] == pytest.approx(sum(
+        took[k] for k in PHASES), abs=0.01)
+    assert f"start-up: {took['total']:.2f} s to the loss = import {took['import']:.2f} + data" in out.err
     # The command applies the run's parallel.cpu_reuse_memory (here too late: this process's JAX has started).
     assert "parallel.cpu_reuse_memory=true has no effect: JAX's backend has started" in out.err
 

@@ -3,18 +3,22 @@ every arch, cache kind and layout; rows of one batch never see each other; a see
 sample; one program per shape bucket, never per token, and the cache never moves; bad input is one
 message."""
 
+import contextlib
 import functools
+import gc
 import json
 import math
 import re
 import subprocess
 import sys
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax._src import dispatch
 
 from boost_jax import api, generate
 from boost_jax.config import ConfigError, ModelConfig, load_config
@@ -177,6 +181,42 @@ def test_sharded_decoding_equals_one_device(arch, scheme, dp, fsdp, tp, cache):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@contextlib.contextmanager
+def compiles():
+    """The programs built inside the block: jax.monitoring's lowering events, one per jit cache miss
+    (a hit in the tests' persistent compilation cache skips XLA's compile, not the lowering)."""
+    events = []
+    listen = lambda event, _secs, **_: events.append(event) if event == dispatch.JAXPR_TO_MLIR_MODULE_EVENT else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def test_the_api_compiles_once_per_model_and_follows_replaced_weights():
+    model, other = (Model(tiny("dense"), rngs=nnx.Rngs(seed)) for seed in (10, 11))  # own models: nothing kept yet
+    tokens = np.asarray([PROMPTS[0]], np.int32)
+    with compiles() as first:
+        out, logits = api.generate(model, PROMPTS, max_new_tokens=NEW), api.forward(model, tokens)
+    with compiles() as again:
+        assert api.generate(model, PROMPTS, max_new_tokens=NEW) == out
+        np.testing.assert_array_equal(api.forward(model, tokens), logits)
+    assert first and again == []
+    want = Decoder(other, single_device_plan(other.cfg)).generate(PROMPTS, NEW).tokens
+    want_logits = nnx.jit(lambda m, t: m(t, plan=single_device_plan(m.cfg)))(other, tokens)
+    assert want != out
+    nnx.update(model, nnx.state(other))  # the parameters replaced: the same programs, the new weights
+    with compiles() as replaced:
+        assert api.generate(model, PROMPTS, max_new_tokens=NEW) == want
+        np.testing.assert_array_equal(api.forward(model, tokens), want_logits)
+    assert replaced == []
+    kept = weakref.ref(model)
+    del model
+    gc.collect()
+    assert kept() is None  # what is kept for a model never keeps the model alive
+
+
 def test_bf16_decoding_tracks_the_bf16_forward():
     """In bf16 the cache holds bf16 keys and values: prefill + steps stay within 2% of the logits'
     scale of the full bf16 forward (what a GPU would serve)."""
@@ -304,6 +344,7 @@ def test_bench_decode_times_xla_defaults_side_by_side(capsys):
     from boost_jax.bench import decode
 
     decode.main(["model.preset=llama-tiny", "model.arch=dense", "--batches", "2", "--prompt-len", "8",
-                 "--new-tokens", "4", "--reps", "1", "--xla-defaults"])
+                 "--new-tokens", "4", "--reps", "1", "--xla-defaults", "--api"])
     out = capsys.readouterr().out
     assert "under XLA's default options (side by side): step ms full b2 " in out
+    assert re.search(r"api.generate in a loop, after its first call .*: full b2 [0-9,.]+ tok/s \([0-9.]+x\)", out)

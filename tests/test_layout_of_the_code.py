@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[1]
 FLOORS = [
     {"errors", "presets", "archs", "schemes", "cli", "cache", "paths", "configs", "pallas_kernels"},
     {"config"},
-    {"data", "remat", "parallel", "flops", "health", "host_memory", "optimizers"},
+    {"data", "remat", "parallel", "flops", "health", "host_memory", "optimizers", "compile_cache", "startup"},
     {"layers"},
     {"model"},
     {"weights", "step", "checkpoint", "log", "decode"},

@@ -1,6 +1,7 @@
 """End-to-end training: loss falls, outputs are written, resume is exact, bad runs fail early."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from boost_jax import api
 from boost_jax.checkpoint import CheckpointError
 from boost_jax.config import ConfigError, load_config
+from boost_jax.startup import Startup
 from boost_jax.train import train
 
 
@@ -68,6 +70,15 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_overrides):
     with pytest.raises(ConfigError, match="different model"):
         run(tmp_path, tiny_overrides, "train.steps=4", "model.arch=svd")
     assert sorted(p.name for p in run_dir.rglob("*")) == before and (run_dir / "config.yaml").read_text() == config
+
+
+def test_a_resume_may_move_the_compile_cache_and_times_its_first_step(tmp_path, tiny_overrides, capsys):
+    _, run_dir = run(tmp_path, tiny_overrides, "train.steps=2", "checkpoint.every=2", "train.eval_every=0")
+    cfg = load_config(None, [*tiny_overrides, f"run_dir={run_dir}", "train.steps=3", "checkpoint.every=2",
+                             "train.eval_every=0", "data.compile_cache=false", f"data.compile_cache_dir={tmp_path}"])
+    assert train(cfg, startup=Startup())["start_step"] == 2
+    assert re.search(r"start-up: [0-9.]+ s to the first step = import [0-9.]+ \+ data [0-9.]+ \+ restore [0-9.]+ \+ "
+                     r"compile [0-9.]+ \+ run [0-9.]+", capsys.readouterr().err)
 
 
 def test_corrupt_checkpoint_is_reported_not_overwritten(tmp_path, tiny_overrides):

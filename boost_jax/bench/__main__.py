@@ -31,6 +31,12 @@ def _main(args: list[str]) -> None:
 
     if cmd in SWEEP_CPU_DEVICES and jax.config.jax_platforms in (None, "", "cpu"):
         jax.config.update("jax_num_cpu_devices", SWEEP_CPU_DEVICES[cmd])
+    from boost_jax import compile_cache
+    from boost_jax.config import DataConfig
+
+    # The default cache for every command; those reading a config (bench/common.config_of) then
+    # apply its data.compile_cache.
+    compile_cache.enable(DataConfig())
     from importlib import import_module
 
     import_module(f"boost_jax.bench.{cmd}").main(argv)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import jax
 
+from boost_jax import compile_cache
 from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
 from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.host_memory import reuse_freed_memory
@@ -50,12 +51,13 @@ def variants(args: Sequence[str], vary: Sequence[str]) -> list[tuple[str, Config
 
 def config_of(args: Sequence[str], *more: str, decoding: bool = False) -> Config:
     """The config of a command line's config arguments, with `more` overrides after them (a variant:
-    another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`) and, with
-    parallel.cpu_reuse_memory, freed host memory reused (`host_memory.reuse_freed_memory`: not once
-    JAX has started, as in a test), but not for `decoding`, which keeps glibc's defaults as
-    `generate` does (host_memory.py says why)."""
+    another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`), its
+    compilation cache (`data.compile_cache`) and, with parallel.cpu_reuse_memory, freed host memory
+    reused (`host_memory.reuse_freed_memory`: not once JAX has started, as in a test), but not for
+    `decoding`, which keeps glibc's defaults as `generate` does (host_memory.py says why)."""
     cfg = from_args([*args, *more])
     simulate_mesh(cfg)
+    compile_cache.enable(cfg.data)
     if cfg.parallel.cpu_reuse_memory and not decoding:
         reuse_freed_memory()
     return cfg

@@ -13,6 +13,8 @@ the read bandwidth measured here (`flops.measure_read_bandwidth`). `--hf` times 
 `generate` (transformers + PyTorch, with its KV cache, greedy, the same prompts and token counts) on
 the same dense LLaMA, when both are installed; both sides end to end, prefill included.
 `--xla-defaults` also times each step under XLA's default options, beside `decode.COMPILER_OPTIONS`.
+`--api` also times `api.generate` called in a loop, as a user calls it (after its first call, which
+compiles), beside the same call on the kept Decoder, both end to end.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from boost_jax import api
 from boost_jax.bench import hf
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.cli import int_list
@@ -46,10 +49,11 @@ def _timed(fn) -> float:
 
 
 def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int, new_tokens: int, reps: int,
-            bandwidth: float, xla_defaults: bool = False) -> dict:
+            bandwidth: float, xla_defaults: bool = False, through_api: bool = False) -> dict:
     """Rows of speeds per (cache kind, batch size), with the memory-bound floor of each decode step;
     with `xla_defaults`, each row's step also timed (interleaved) under XLA's default options instead
-    of `decode.COMPILER_OPTIONS`."""
+    of `decode.COMPILER_OPTIONS`; with `through_api`, `api.generate` timed (interleaved) beside the
+    kept Decoder's call."""
     m = cfg.model
     model = Model(m, rngs=nnx.Rngs(cfg.train.seed))
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
@@ -65,13 +69,20 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
         per_token = CACHES[cache].bytes_per_token(m, itemsize)
         for b in batches:
             prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()
-            runs, base = [], []
+            runs, base, calls, api_calls = [], [], [], []
+            call_api = lambda: api.generate(model, prompts, max_new_tokens=new_tokens, plan=plan, cache=cache)
             for d in filter(None, (decoder, baseline)):
                 d.generate(prompts, new_tokens)  # compiles every program this shape needs
+            if through_api:
+                call_api()  # its first call: what api.generate keeps for the model is made here
             for _ in range(reps):
+                t0 = time.perf_counter()
                 runs.append(decoder.generate(prompts, new_tokens))
+                calls.append(time.perf_counter() - t0)
                 if baseline:
                     base.append(baseline.generate(prompts, new_tokens).decode_s)
+                if through_api:
+                    api_calls.append(_timed(call_api))
             prefill = statistics.median(r.prefill_s for r in runs)
             decode = statistics.median(r.decode_s for r in runs)
             steps = new_tokens - 1  # the first new token comes from the prefill
@@ -84,7 +95,9 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
                          "end_to_end_tokens_per_s": b * new_tokens / (prefill + decode),
                          "step_over_floor": decode / steps / floor, "cache_bytes_per_token": per_token,
                          "programs": decoder.programs,
-                         **({"xla_defaults_step_s": statistics.median(base) / steps} if base else {})})
+                         **({"xla_defaults_step_s": statistics.median(base) / steps} if base else {}),
+                         **({"call_s": statistics.median(calls), "api_call_s": statistics.median(api_calls),
+                             "api_tokens_per_s": b * new_tokens / statistics.median(api_calls)} if api_calls else {})})
     return {"model": m.preset, "arch": m.arch, "dtype": m.dtype, "prompt_len": prompt_len, "new_tokens": new_tokens,
             "weight_bytes": weight_bytes, "dense_cache_bytes_per_token": KVCache.bytes_per_token(m, itemsize),
             "rows": rows}
@@ -131,6 +144,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--hf", action="store_true", help="also time Hugging Face generate (needs torch and transformers)")
+    p.add_argument("--api", action="store_true",
+                   help="also time api.generate called in a loop, beside the kept Decoder's call")
     p.add_argument("--xla-defaults", action="store_true",
                    help="also time each decode step under XLA's default options, side by side (decode.COMPILER_OPTIONS)")
     a = parse(p, argv)
@@ -147,7 +162,7 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--caches {','.join(bad)}: model.arch={cfg.model.arch} has no latents (full only)")
     result = {"device": jax.devices()[0].device_kind, **measure_with_bandwidth(
         lambda bandwidth: measure(cfg, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth,
-                                  a.xla_defaults))}
+                                  a.xla_defaults, a.api))}
     if a.hf:
         result["hf"] = hf_generate(cfg, a.batches, a.prompt_len, a.new_tokens, a.reps)
     if a.json:
@@ -171,6 +186,10 @@ def print_table(r: dict) -> None:
         print("under XLA's default options (side by side): step ms "
               + ", ".join(f"{row['cache']} b{row['batch']} {1e3 * row['xla_defaults_step_s']:.2f} "
                           f"({row['xla_defaults_step_s'] / row['step_s']:.2f}x)" for row in r["rows"]))
+    if any("api_call_s" in row for row in r["rows"]):
+        print("api.generate in a loop, after its first call (end to end; x: its call's time over the kept Decoder's): "
+              + ", ".join(f"{row['cache']} b{row['batch']} {row['api_tokens_per_s']:,.1f} tok/s "
+                          f"({row['api_call_s'] / row['call_s']:.2f}x)" for row in r["rows"]))
     if hf := r.get("hf"):
         print(f"Hugging Face generate (transformers {hf['transformers']}, torch {hf['torch']}, {hf['threads']} threads):")
         for row in hf["rows"]:

@@ -20,22 +20,23 @@ from boost_jax.parallel.peers import backstop_s
 from boost_jax.schemes import CP, DP, FSDP, MESH_AXES, PP, TP
 
 if TYPE_CHECKING:
-    from boost_jax.config import ParallelConfig
+    from boost_jax.config import Config, ParallelConfig
 
 __all__ = ["CP", "DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape",
            "prepare_jax", "simulate_cpu_devices"]
 
 
-def prepare_jax(p: ParallelConfig, *, decoding: bool = False) -> None:
+def prepare_jax(cfg: Config, *, decoding: bool = False) -> None:
     """What a command sets from its config before JAX's backend starts: the simulated CPU devices
-    (`parallel.cpu_devices`, so that a run trained on them is evaluated and decoded on its layout)
-    and the host memory setting (`host_memory.apply_setting`), except when `decoding`, which keeps
-    glibc's defaults."""
-    from boost_jax import host_memory
+    (`parallel.cpu_devices`, so that a run trained on them is evaluated and decoded on its layout),
+    the persistent compilation cache (`data.compile_cache`) and the host memory setting
+    (`host_memory.apply_setting`), except when `decoding`, which keeps glibc's defaults."""
+    from boost_jax import compile_cache, host_memory
 
-    simulate_cpu_devices(p.cpu_devices)
+    simulate_cpu_devices(cfg.parallel.cpu_devices)
+    compile_cache.enable(cfg.data)
     if not decoding:
-        host_memory.apply_setting(p.cpu_reuse_memory)
+        host_memory.apply_setting(cfg.parallel.cpu_reuse_memory)
 
 
 def simulate_cpu_devices(n: int) -> None:
