@@ -165,7 +165,8 @@ class Decoder:
         stacked = params.pop("layers")
         self.params = {"rest": params, "layers": unstack_layers(stacked, self.cfg.n_layers)}
         self.stack = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), stacked)
-        self._sources = [weakref.ref(w) for w in leaves]
+        # Weak references to the arrays laid out, what refresh compares; an abstract model's have none.
+        self._sources = [weakref.ref(w) for w in leaves if isinstance(w, jax.Array)]
 
     def refresh(self, model: Model) -> None:
         """Take `model`'s parameters again if any was replaced since they were laid out (a Variable
