@@ -16,8 +16,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -176,8 +178,19 @@ class Checkpoints:
                 "loss": loss, "identity": self.identity, "optimizer": self.cfg.train.optimizer, **(record or {})}
         self.state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
         with self._space():  # a full disk surfaces here, or at the next save or the close (async)
+            self._check_room()
             self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
+
+    def _check_room(self) -> None:
+        """Refuse a save its disk cannot hold before it starts: one that fails midway leaves Orbax's
+        writer threads reporting into a closed event loop, a page of tracebacks. Where the room is
+        short, a save still in flight (not yet counted in the free space) is waited for first."""
+        if shutil.disk_usage(self.directory).free >= 2 * self.state_bytes:
+            return
+        self.ckpt.wait()
+        if shutil.disk_usage(self.directory).free < self.state_bytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.directory))
 
     @contextlib.contextmanager
     def _space(self):

@@ -270,6 +270,18 @@ def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
     assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
 
 
+def test_training_on_a_tp_mesh_with_health_ends(tmp_path, tiny_overrides):
+    """`train` of 4 layers under tp=4 with the health metrics (the factor spectra included, in the
+    step's cond, taken at step 3 only): it ends, and logs them. A QR there once deadlocked XLA's CPU
+    runtime in this very command; a fresh process, so that a hang fails by timeout."""
+    args = [*tiny_overrides, f"run_dir={tmp_path}", "parallel.cpu_devices=4", "parallel.tp=4", "parallel.dp=1",
+            "model.n_layers=4", "train.steps=3", "checkpoint.every=0", "train.eval_every=0", "log.health=true"]
+    out = subprocess.run([sys.executable, "-m", "boost_jax.train", *args], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 3 and 1 <= rows[-1]["stable_rank/layer_00/attn"] <= 16  # r = 16
+
+
 def test_bench_step_puts_each_optimizers_added_time_beside_its_newton_schulz_prediction(capsys):
     from boost_jax.bench import step
 
