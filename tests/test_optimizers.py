@@ -282,6 +282,7 @@ def test_training_on_a_tp_mesh_with_health_ends(tmp_path, tiny_overrides):
     assert rows[-1]["step"] == 3 and 1 <= rows[-1]["stable_rank/layer_00/attn"] <= 16  # r = 16
 
 
+@pytest.mark.slow  # two benchmark runs of each optimizer
 def test_bench_step_puts_each_optimizers_added_time_beside_its_newton_schulz_prediction(capsys):
     from boost_jax.bench import step
 
