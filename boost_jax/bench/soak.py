@@ -55,7 +55,10 @@ def soak(args: list[str], steps: int, eval_every: int, save_every: int, every_s:
         from_args(config)  # a bad key is named here, before the run starts
         argv = [sys.executable, "-m", "boost_jax.train", *config]
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its stderr to a file: a pipe nobody reads fills after ~600 log lines and blocks the run.
+        err_path = Path(tmp) / "train.stderr"
+        with err_path.open("w") as err_file:
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
         samples = []
         while proc.poll() is None:
             try:
@@ -64,9 +67,10 @@ def soak(args: list[str], steps: int, eval_every: int, save_every: int, every_s:
             except (FileNotFoundError, ProcessLookupError, KeyError):  # it ended between the poll and the read (a zombie has no VmRSS)
                 break
             time.sleep(every_s)
-        err = proc.communicate()[1]
+        proc.wait()
         if proc.returncode:
-            raise ConfigError(f"the soak run failed (exit {proc.returncode}): {err.strip().splitlines()[-1:]}")
+            err = err_path.read_text().strip().splitlines()[-1:]
+            raise ConfigError(f"the soak run failed (exit {proc.returncode}): {err}")
         rows = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         checkpoints = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     after = [s for s in samples if warmup * steps <= s["step"] < steps]  # not the last save and the exit
