@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from boost_jax.optimizers import factor_pairs, top_singular
+from boost_jax.optimizers import factor_pairs, power_iterate, top_singular
 
 KINDS = ("grad", "param", "update")
 POWER_STEPS = 100  # power iterations from a fixed start, on the steps that log (matrix-vector products: cheap)
@@ -63,12 +63,9 @@ def spectral_norm(m: jax.Array) -> jax.Array:
 def largest_eigenvalue(m: jax.Array) -> jax.Array:
     """[L] largest eigenvalue of each [r, r] matrix of `m` [L, r, r] whose eigenvalues are real and
     non-negative (a product of two PSD matrices), by power iteration."""
-    def iterate(_, v):
-        w = jnp.einsum("lrs,ls->lr", m, v)
-        return w / (jnp.linalg.norm(w, axis=-1, keepdims=True) + 1e-30)
-
-    v = jax.lax.fori_loop(0, POWER_STEPS, iterate, jnp.full(m.shape[:2], m.shape[1] ** -0.5, m.dtype))
-    return jnp.linalg.norm(jnp.einsum("lrs,ls->lr", m, v), axis=-1)
+    apply = lambda v: jnp.einsum("lrs,ls->lr", m, v)
+    v = power_iterate(apply, jnp.full(m.shape[:2], m.shape[1] ** -0.5, m.dtype), POWER_STEPS)
+    return jnp.linalg.norm(apply(v), axis=-1)
 
 
 def factor_spectra(params: dict, updates: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:

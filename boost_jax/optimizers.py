@@ -12,6 +12,7 @@ All three run after the global-norm clip and share the learning-rate schedule.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, get_args
 
 import jax
@@ -111,13 +112,18 @@ def top_singular(m: jax.Array, v: jax.Array, steps: int) -> tuple[jax.Array, jax
     right singular vector, by `steps` power iterations on m^T m from `v`. Only matrix-vector
     products: sigma is a lower bound that tightens as v is carried from step to step."""
     f32 = m.astype(jnp.float32)
-
-    def iterate(_, v):
-        v = jnp.einsum("lpr,lp->lr", f32, jnp.einsum("lpr,lr->lp", f32, v))
-        return v / (jnp.linalg.norm(v, axis=-1, keepdims=True) + 1e-30)
-
-    v = jax.lax.fori_loop(0, steps, iterate, v)
+    v = power_iterate(lambda v: jnp.einsum("lpr,lp->lr", f32, jnp.einsum("lpr,lr->lp", f32, v)), v, steps)
     return jnp.linalg.norm(jnp.einsum("lpr,lr->lp", f32, v), axis=-1), v
+
+
+def power_iterate(apply: Callable[[jax.Array], jax.Array], v: jax.Array, steps: int) -> jax.Array:
+    """`steps` power iterations of the linear map `apply` from the vectors `v` [L, n], each
+    renormalised to unit length: the dominant eigenvector of each of the L maps."""
+    def iterate(_, v):
+        w = apply(v)
+        return w / (jnp.linalg.norm(w, axis=-1, keepdims=True) + 1e-30)
+
+    return jax.lax.fori_loop(0, steps, iterate, v)
 
 
 def factor_pairs(tree: Any, prefix: tuple = ()) -> dict[tuple, dict]:
