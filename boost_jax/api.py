@@ -1,5 +1,5 @@
 """The Python API for notebooks and scripts. Every function checks its arguments and raises the
-project's errors (`boost_jax.errors`: ConfigError, CheckpointError, ...) with a message naming the
+project's errors (`boost_jax.runtime.errors`: ConfigError, CheckpointError, ...) with a message naming the
 argument, not a failure deep inside JAX.
 
     from boost_jax import api
@@ -24,7 +24,7 @@ from flax import nnx
 from boost_jax.config import Config, ConfigError, from_dict, load_config, load_yaml
 from boost_jax.model import Model
 from boost_jax.parallel import Plan, single_device_plan
-from boost_jax.presets import PRESETS
+from boost_jax.config.presets import PRESETS
 
 
 def config(base: str | Path | None = None, *overrides: str) -> Config:
@@ -69,7 +69,7 @@ def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[st
     for `plan` (None: one device). Only the parameters are read (`weights.restore_params`).
     `overrides` (`section.key=value`) may change anything but what the parameters mean (a
     `model.*` key outside checkpoint.COMPUTE_ONLY): e.g. model.dtype=bfloat16, parallel.tp=2."""
-    from boost_jax.weights import abstract_model, restore_params
+    from boost_jax.model.weights import abstract_model, restore_params
 
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ConfigError(f"api.restore: step must be a checkpoint's step (an int >= 0) or None, got {step!r}")
@@ -120,7 +120,7 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     its programs and lays out a copy of its parameters at the compute dtype; both are kept with the
     model until it is garbage-collected, so later calls compile only for a new shape bucket or
     sampling mode, and a parameter replaced since (`nnx.update`, an optimizer step) is laid out again."""
-    from boost_jax.decode import Decoder, Sampling
+    from boost_jax.model.decode import Decoder, Sampling
 
     _check_model(model, "api.generate")
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or any(

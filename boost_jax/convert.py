@@ -10,7 +10,7 @@ it will train on), the source's tokenizer.json and a checkpoint at step 0 with a
 `python -m boost_jax.train RUN_DIR/config.yaml` continues from it, and `eval`, `generate` and `export`
 read it. RUN_DIR must not exist or be empty; nothing is written into it unless the whole import works.
 
-`--to svd --rank R` factors every projection of a dense model into the svd arch (`boost_jax/compress.py`):
+`--to svd --rank R` factors every projection of a dense model into the svd arch (`boost_jax/model/compress.py`):
 `--method svd` by truncated SVD of each weight, `--method whiten` by SVD-LLM's activation-aware
 variant, whitened by the Cholesky factor of each projection's input covariance over `--samples`
 sequences of a prepared dataset's train split (`--calibration DIR`, the source's tokenizer). It
@@ -27,9 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, run_main
-from boost_jax.errors import ConfigError
-from boost_jax.paths import check_writable_dir
+from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, run_main
+from boost_jax.runtime.errors import ConfigError
+from boost_jax.runtime.paths import check_writable_dir
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +49,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     q.add_argument("run_dir", type=Path)
     q.add_argument("config", nargs="*", metavar="section.key=value", help=CONFIG_HELP)
     q.add_argument("--step", type=int, default=None, help="with a run dir as SRC: its checkpoint (default: the newest)")
-    q.add_argument("--to", choices=["svd"], default=None, help="factor the dense model's projections (compress.py)")
+    q.add_argument("--to", choices=["svd"], default=None, help="factor the dense model's projections (model/compress.py)")
     q.add_argument("--rank", type=int, default=0, help="with --to svd: the rank of every projection")
     q.add_argument("--method", choices=["svd", "whiten"], default="svd")
     q.add_argument("--calibration", type=Path, default=None, help="a prepared dataset with the source's tokenizer")
@@ -178,10 +178,10 @@ def write_run(cfg, params: dict, tokenizer: Path, source: str) -> None:
     import numpy as np
     from flax import nnx
 
-    from boost_jax.checkpoint import Checkpointer, identity
+    from boost_jax.training.checkpoint import Checkpointer, identity
     from boost_jax.parallel import single_device_plan
-    from boost_jax.step import setup
-    from boost_jax.weights import abstract_model
+    from boost_jax.training.step import setup
+    from boost_jax.model.weights import abstract_model
 
     run_dir = Path(cfg.run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,7 @@ def write_run(cfg, params: dict, tokenizer: Path, source: str) -> None:
 
 def convert(a: argparse.Namespace) -> dict:
     """The import the command line describes; returns its report."""
-    from boost_jax import compress
+    from boost_jax.model import compress
 
     model_cfg, params, tokenizer = read_source(a.src, a.step)
     out = {"source": str(a.src), "run_dir": str(a.run_dir), "arch": model_cfg.arch}
@@ -248,10 +248,11 @@ def convert(a: argparse.Namespace) -> dict:
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
-    from boost_jax import compile_cache
     from boost_jax.config import from_dict, raw_args
+    from boost_jax.launch.prepare import prepare_jax
 
-    compile_cache.enable(from_dict({"data": raw_args(a.config).get("data", {})}).data)  # the command's data.* keys
+    # the command's data.* keys (its model is on one device; its parallel.* keys are the new run's)
+    prepare_jax(from_dict({"data": raw_args(a.config).get("data", {})}), reuse_memory=False)
     r = convert(a)
     if a.json:
         print(json.dumps(r, indent=1))

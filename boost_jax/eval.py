@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from boost_jax.cli import run_dir_args, run_dir_parser, run_main
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
+from boost_jax.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
-    from boost_jax.startup import Startup
+    from boost_jax.launch.startup import Startup
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,9 +54,9 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
     from boost_jax.data.build import build_data, check_run_tokenizer
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
-    from boost_jax.step import evaluation
-    from boost_jax.training import Evaluator
-    from boost_jax.weights import restore_params
+    from boost_jax.training.step import evaluation
+    from boost_jax.training.parts import Evaluator
+    from boost_jax.model.weights import restore_params
 
     lap = startup.lap if startup is not None else lambda phase: None
     lap("import")
@@ -102,12 +102,12 @@ def split_batches(sets: dict, split: str, max_tokens: int, batch_size: int, seq_
 
 
 def _main(argv: list[str]) -> None:
-    from boost_jax.startup import Startup, line
+    from boost_jax.launch.startup import Startup, line
 
     startup = Startup()
     a = parse(argv)
     from boost_jax import api
-    from boost_jax.parallel import prepare_jax
+    from boost_jax.launch.prepare import prepare_jax
 
     prepare_jax(api.run_config(a.run_dir, a.config))
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens, startup)

@@ -22,13 +22,14 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
-from boost_jax import api, compile_cache
-from boost_jax.archs import ARCHS
-from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax import api
+from boost_jax.launch.prepare import prepare_jax
+from boost_jax.config.archs import ARCHS
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ModelConfig, from_dict
-from boost_jax.errors import BoostJaxError
+from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.model import Model
-from boost_jax.paths import check_writable_dir, disk_full, is_disk_full
+from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
 
 FORMAT, FORMAT_VERSION = "boost_jax", 1
 WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
@@ -348,7 +349,7 @@ def _main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.step is not None and args.step < 0:
         raise ExportError(f"--step must be a checkpoint's step (>= 0), got {args.step}")
-    compile_cache.enable(api.run_config(args.run_dir).data)
+    prepare_jax(api.run_config(args.run_dir), reuse_memory=False)  # no training-sized steps
     step = export(args.run_dir, args.out_dir, args.step, args.force)
     out = Path(args.out_dir)
     layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"

@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from boost_jax.cli import run_dir_args, run_dir_parser, run_main
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES
 
 
@@ -45,7 +45,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = run_dir_args(p, argv)
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
-    from boost_jax.decode import Sampling
+    from boost_jax.model.decode import Sampling
 
     a.sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)  # checks --temperature, --top-k, --top-p
     return a
@@ -73,22 +73,23 @@ def read_prompts(a: argparse.Namespace) -> list[str]:
 
 
 def _main(argv: list[str]) -> None:
-    from boost_jax.startup import Startup, line
+    from boost_jax.launch.startup import Startup, line
 
     startup = Startup()
     a = parse(argv)
     prompts = read_prompts(a)
     from boost_jax import api
     from boost_jax.data.tokenizer import eos_id, load_tokenizer
-    from boost_jax.decode import Decoder
-    from boost_jax.parallel import make_plan, prepare_jax
+    from boost_jax.model.decode import Decoder
+    from boost_jax.launch.prepare import prepare_jax
+    from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
 
     startup.lap("import")
     tokenizer_path = a.run_dir / "tokenizer.json"
     # The run dir and its config.yaml first: what a damaged one names.
     cfg = api.run_config(a.run_dir, a.config)
-    prepare_jax(cfg, decoding=True)
+    prepare_jax(cfg, reuse_memory=False)  # decoding keeps glibc's defaults (launch/host_memory.py)
     if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     plan = make_plan(cfg, mesh_devices(cfg.parallel))

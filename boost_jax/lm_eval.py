@@ -16,7 +16,7 @@ The three requests the harness makes, each answered from the model's own forward
   consecutive windows of the model's context, the first token predicted from the end-of-document
   token (the harness's perplexity and bits per byte).
 - `generate_until(context, {until, max_gen_toks, temperature, do_sample})`: the decoder's continuation
-  (`boost_jax/decode.py`), cut at the first stop string.
+  (`boost_jax/model/decode.py`), cut at the first stop string.
 
 The class works without lm-eval installed (tests drive it with plain request objects); with it, it
 is an `lm_eval.api.model.LM` registered as "boost_jax".
@@ -44,12 +44,13 @@ class BoostLM(_Harness):
 
     def __init__(self, run_dir: str | Path, step: int | None = None, batch_size: int = 8, **_):
         super().__init__()
-        from boost_jax import api, compile_cache
+        from boost_jax import api
+        from boost_jax.launch.prepare import prepare_jax
         from boost_jax.data.tokenizer import eos_id, load_tokenizer
-        from boost_jax.decode import Decoder
+        from boost_jax.model.decode import Decoder
         from boost_jax.parallel import single_device_plan
 
-        compile_cache.enable(api.run_config(run_dir).data)
+        prepare_jax(api.run_config(run_dir), reuse_memory=False)  # decoding's scoring: glibc's defaults
         self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step))
         self.tokenizer = load_tokenizer(Path(run_dir) / "tokenizer.json")
         self.eos = eos_id(self.tokenizer)
@@ -73,7 +74,7 @@ class BoostLM(_Harness):
     def score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """(sum of log-probs, all greedy) of the last `n` tokens of each token sequence, each predicted
         from the tokens before it (sequences cut to the model's context + 1, padded to a bucket)."""
-        from boost_jax.decode import bucket
+        from boost_jax.model.decode import bucket
 
         out = []
         for lo in range(0, len(sequences), self.rows):
@@ -113,7 +114,7 @@ class BoostLM(_Harness):
 
     def generate_until(self, requests) -> list[str]:
         """The continuation of each request's context (`args`: context, gen_kwargs), cut at `until`."""
-        from boost_jax.decode import Sampling
+        from boost_jax.model.decode import Sampling
 
         out = []
         for request in requests:
@@ -137,7 +138,7 @@ if register_model is not None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line (one message and exit 1 on a user error)."""
-    from boost_jax.cli import run_main
+    from boost_jax.runtime.cli import run_main
 
     run_main(_main, argv)
 
@@ -146,8 +147,8 @@ def _main(argv: list[str]) -> None:
     import argparse
 
     from boost_jax import api
-    from boost_jax.cli import DEBUG_HELP
-    from boost_jax.errors import ConfigError, PackageError
+    from boost_jax.runtime.cli import DEBUG_HELP
+    from boost_jax.runtime.errors import ConfigError, PackageError
 
     p = argparse.ArgumentParser(prog="python -m boost_jax.lm_eval", description=__doc__, epilog=DEBUG_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

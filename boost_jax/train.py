@@ -3,7 +3,7 @@
 With no arguments it trains the default small CoLA model on the Python standard library's source
 (offline) on whatever devices exist. Re-running with the same `run_dir` resumes from the newest
 checkpoint; the loss trajectory is bitwise identical to an uninterrupted run on CPU. --timings logs
-the seconds to the first step, by phase: import, data, restore, compile, run (boost_jax/startup.py).
+the seconds to the first step, by phase: import, data, restore, compile, run (boost_jax/launch/startup.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import time
 
 import jax
 
-from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
-from boost_jax.errors import ConfigError, DiskFullError, PackageError
-from boost_jax.paths import check_writable_dir, disk_full, is_disk_full
-from boost_jax.startup import Startup
-from boost_jax.startup import line as startup_line
+from boost_jax.runtime.errors import ConfigError, DiskFullError, PackageError
+from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
+from boost_jax.launch.startup import Startup
+from boost_jax.launch.startup import line as startup_line
 
 USAGE = __doc__.strip().splitlines()[0]
 TIMINGS = "--timings"
@@ -36,7 +36,8 @@ def _main(args: list[str]) -> None:
         return
     startup = Startup() if TIMINGS in args else None
     cfg = from_args([a for a in args if a != TIMINGS])
-    from boost_jax.parallel import init_distributed, prepare_jax
+    from boost_jax.launch.prepare import prepare_jax
+    from boost_jax.parallel import init_distributed
     from boost_jax.parallel.peers import watch
 
     prepare_jax(cfg)
@@ -81,13 +82,13 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
                           f"{type(cfg).__name__}")
     lap = startup.lap if startup is not None else lambda phase: None
     check_packages(cfg)
-    from boost_jax.cache import cache_root
+    from boost_jax.runtime.cache import cache_root
     from boost_jax.data.build import build_data, check_run_tokenizer
-    from boost_jax.flops import count, device_peak_flops
-    from boost_jax.log import RunLog
+    from boost_jax.analysis.flops import count, device_peak_flops
+    from boost_jax.training.log import RunLog
     from boost_jax.parallel import make_plan
-    from boost_jax.step import device_batch, setup
-    from boost_jax.training import (Checkpoints, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir,
+    from boost_jax.training.step import device_batch, setup
+    from boost_jax.training.parts import (Checkpoints, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir,
                                     any_process, finite)
 
     lap("import")

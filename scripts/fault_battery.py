@@ -589,7 +589,7 @@ def cases(f: dict[str, Path], tmp: Path) -> list[Case]:
          None),
     ]:
         body = "\n".join("    " + line for line in code.splitlines())
-        add(name, ["-c", "import sys\nfrom boost_jax import api\nfrom boost_jax.errors import BoostJaxError\n"
+        add(name, ["-c", "import sys\nfrom boost_jax import api\nfrom boost_jax.runtime.errors import BoostJaxError\n"
                          "import jax.numpy as jnp\ntry:\n" + body + "\nexcept Exception as e:\n"
                          "    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
                          "    sys.exit(1 if isinstance(e, BoostJaxError) else 3)\n"], fails=needle is not None,

@@ -13,7 +13,7 @@ from boost_jax.analysis.timeline import (CATEGORIES, LAYOUTS, Interval, Op, _cat
                                          op_bytes, op_seconds)
 from boost_jax.analysis.work import analyze
 from boost_jax.bench.profile import ROOFLINE_ROWS, gemm_work, profile, roofline
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.errors import ConfigError
 
 
 def test_profile_puts_a_tiny_steps_time_in_categories(tmp_path):

@@ -88,7 +88,7 @@ def test_megatron_backward_all_reduces_each_input_gradient_once():
 
 @pytest.mark.parametrize("arch, scheme", [("dense", "megatron"), ("cola", "vanilla"), ("cola", "btp")])
 def test_backward_matches_analytic(arch, scheme):
-    """Each partial sum the scheme's backward leaves (schemes.py), combined or not by XLA, is one part
+    """Each partial sum the scheme's backward leaves (config/schemes.py), combined or not by XLA, is one part
     of an all-reduce in the layers' backward: same sizes, no other collective."""
     r = comm(arch, scheme)
     assert r["layer_backward_all_reduce_parts"] == r["analytic_layer_backward_all_reduces"]

@@ -15,7 +15,7 @@ import yaml
 from boost_jax.bench import comm, step
 from boost_jax.config import ConfigError, from_args
 from boost_jax.planner.__main__ import parse as parse_plan
-from boost_jax.startup import PHASES, Startup
+from boost_jax.launch.startup import PHASES, Startup
 
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
 
@@ -96,7 +96,7 @@ def test_bench_hf_without_torch_names_the_packages_before_any_work(monkeypatch):
     import importlib.util
 
     from boost_jax.bench import decode
-    from boost_jax.errors import PackageError
+    from boost_jax.runtime.errors import PackageError
 
     find = importlib.util.find_spec  # neither installed, whatever this machine has
     monkeypatch.setattr(importlib.util, "find_spec",

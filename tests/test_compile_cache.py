@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache (boost_jax/compile_cache.py): small CPU programs are kept and
+"""JAX's persistent compilation cache (boost_jax/launch/compile_cache.py): small CPU programs are kept and
 read back by a later compile, a damaged entry is a warning and a fresh compile, and a folder that
 cannot hold the cache is one warning, the command running uncached."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax._src import compilation_cache
 
-from boost_jax import compile_cache
+from boost_jax.launch import compile_cache
 from boost_jax.config import DataConfig, load_config
 
 SETTINGS = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from boost_jax.config import Config, ConfigError, ModelConfig, from_dict, load_config
-from boost_jax.presets import PRESETS
+from boost_jax.config.presets import PRESETS
 
 from boost_jax.configs import BASE
 

@@ -13,10 +13,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from boost_jax import api, compress
+from boost_jax import api
+from boost_jax.model import compress
 from boost_jax.config import ConfigError, load_config
 from boost_jax.convert import main
-from boost_jax.errors import BoostJaxError
+from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.export import export_model
 from boost_jax.train import train
 from conftest import train_tiny

@@ -27,9 +27,9 @@ from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.shards import INDEX, TOKENIZER, read_index
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.data.tokenizer import (
-    MAX_VOCAB, VocabWarning, check_vocab_size, eos_id, load_tokenizer, train_tokenizer,
+    MAX_TRAINED_VOCAB, VocabWarning, check_vocab_size, eos_id, load_tokenizer, train_tokenizer,
 )
-from boost_jax.errors import ConfigError, DataError
+from boost_jax.runtime.errors import ConfigError, DataError
 
 CAP = 300_000
 VOCAB = 512
@@ -197,7 +197,7 @@ def test_vocab_size_bounds_and_small_corpus_warning(stdlib_texts):
     with pytest.raises(DataError, match="vocab_size=256 .* needs 260 <= vocab_size"):
         check_vocab_size(256, "bpe")
     # Past the bound, the Rust trainer aborts the whole process (exit 134): refused first, by name.
-    with pytest.raises(DataError, match=f"vocab_size=5000000000 .* <= {MAX_VOCAB:,}"):
+    with pytest.raises(DataError, match=f"vocab_size=5000000000 .* <= {MAX_TRAINED_VOCAB:,}"):
         train_tokenizer("bpe", 5_000_000_000, ["never read"])
 
 

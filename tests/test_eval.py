@@ -16,9 +16,9 @@ import pytest
 from boost_jax import api
 from boost_jax import eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
-from boost_jax.errors import DataError
+from boost_jax.runtime.errors import DataError
 from boost_jax.lm_eval import BoostLM
-from boost_jax.startup import PHASES
+from boost_jax.launch.startup import PHASES
 from conftest import train_tiny
 
 
@@ -83,7 +83,7 @@ def test_eval_cli_prints_json(run_dir, capsys):
     out = capsys.readouterr()
     r = json.loads(out.out)
     assert r["split"] == "train" and r["tokens"] == 2 * 8 * 64 and r["bits_per_byte"] > 0  # whole batches
-    took = r["startup_s"]  # the seconds to the loss, by phase (boost_jax/startup.py)
+    took = r["startup_s"]  # the seconds to the loss, by phase (boost_jax/launch/startup.py)
     assert list(took) == [*PHASES, "total"] and took["run"] > 0 and took["total"] == pytest.approx(sum(
         took[k] for k in PHASES), abs=0.01)
     assert f"start-up: {took['total']:.2f} s to the loss = import {took['import']:.2f} + data" in out.err

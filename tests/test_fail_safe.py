@@ -15,7 +15,7 @@ import pytest
 
 from boost_jax import api
 from boost_jax.config import ConfigError, ParallelConfig, load_config
-from boost_jax.paths import check_writable_dir, check_writable_file, lock_dir
+from boost_jax.runtime.paths import check_writable_dir, check_writable_file, lock_dir
 from boost_jax.train import train
 
 
@@ -39,7 +39,7 @@ def test_a_run_dir_has_one_writer_and_a_dead_holder_is_no_obstacle(tiny_override
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before anything was written
     held.close()
     # A holder killed with SIGKILL leaves its lock file, not its lock.
-    code = (f"from boost_jax.paths import lock_dir\nimport os, signal\nlock_dir({str(tmp_path / 'run')!r}, 'run_dir')\n"
+    code = (f"from boost_jax.runtime.paths import lock_dir\nimport os, signal\nlock_dir({str(tmp_path / 'run')!r}, 'run_dir')\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")
     assert subprocess.run([sys.executable, "-c", code]).returncode == -signal.SIGKILL
     assert len(train(cfg, jax.devices()[:1])["losses"]) == 2
@@ -103,7 +103,7 @@ def test_run_dir_commands_refuse_a_negative_step(tmp_path):
 def test_files_that_are_not_what_they_should_be_are_named(tmp_path):
     from boost_jax.analysis.perf_model import HARDWARE_FILE as HARDWARE, load_hardware
     from boost_jax.data.corpus import Skipped, files_corpus
-    from boost_jax.errors import DataError
+    from boost_jax.runtime.errors import DataError
 
     binary = tmp_path / "recipe.yaml"
     binary.write_bytes(bytes(range(256)))

@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from boost_jax import api, flops
-from boost_jax.checkpoint import Checkpointer
+from boost_jax import api
+from boost_jax.analysis import flops
+from boost_jax.training.checkpoint import Checkpointer
 from boost_jax.config import ConfigError, LogConfig, load_config
-from boost_jax.errors import CheckpointError, DivergenceError
+from boost_jax.runtime.errors import CheckpointError, DivergenceError
 from boost_jax.export import ExportError, export
-from boost_jax.log import RunLog
+from boost_jax.training.log import RunLog
 from boost_jax.train import train
-from boost_jax.training import Evaluator
+from boost_jax.training.parts import Evaluator
 
 
 def config(tmp_path, tiny_overrides, *extra, name="run"):
@@ -80,7 +81,7 @@ def test_divergence_stops_and_keeps_the_last_finite_checkpoint(run_copy, tiny_ov
 
 def test_skip_mode_drops_a_non_finite_update(tiny_overrides, tmp_path):
     from boost_jax.parallel import make_plan
-    from boost_jax.step import setup
+    from boost_jax.training.step import setup
 
     cfg = config(tmp_path, tiny_overrides, "train.on_nonfinite=skip", "parallel.dp=1", "train.warmup_steps=0")
     run, state = setup(cfg, make_plan(cfg, jax.devices()[:1]))

@@ -13,7 +13,7 @@ import pytest
 
 from boost_jax import api
 from boost_jax.config import load_config
-from boost_jax.errors import DiskFullError
+from boost_jax.runtime.errors import DiskFullError
 from boost_jax.train import train
 from conftest import train_tiny
 

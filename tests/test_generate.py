@@ -22,7 +22,7 @@ from jax._src import dispatch
 
 from boost_jax import api, generate
 from boost_jax.config import ConfigError, ModelConfig, load_config
-from boost_jax.decode import Decoder, Sampling
+from boost_jax.model.decode import Decoder, Sampling
 from boost_jax.layers.kv_cache import empty
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan, single_device_plan

@@ -1,4 +1,4 @@
-"""parallel.cpu_reuse_memory (boost_jax/host_memory.py): on CPU, a program's freed buffers come back to
+"""parallel.cpu_reuse_memory (boost_jax/launch/host_memory.py): on CPU, a program's freed buffers come back to
 the next run instead of fresh pages, counted as the page faults of a fresh process."""
 
 import json
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from boost_jax.host_memory import runs_on_cpu
+from boost_jax.launch.host_memory import runs_on_cpu
 
 # Runs a program with a 64 MiB temporary (a block glibc maps afresh and unmaps by default) 16 times
 # on a fresh JAX and prints the page faults of the last 6 runs (the reused heap takes some runs to
@@ -17,7 +17,7 @@ from boost_jax.host_memory import runs_on_cpu
 PROBE = textwrap.dedent("""
     import json, resource, sys
     import jax, jax.numpy as jnp
-    from boost_jax.host_memory import reuse_freed_memory
+    from boost_jax.launch.host_memory import reuse_freed_memory
     applied = reuse_freed_memory() == "" if sys.argv[1] == "reuse" else False
     x = jax.random.normal(jax.random.key(0), (2048, 4096))
     f = jax.jit(lambda x: jnp.cumsum(jnp.exp(x), axis=0)[::512].sum())
@@ -55,7 +55,7 @@ def test_only_a_cpu_backend_changes_the_allocator():
 def test_a_started_backend_keeps_glibcs_defaults():
     import jax
 
-    from boost_jax.host_memory import reuse_freed_memory
+    from boost_jax.launch.host_memory import reuse_freed_memory
 
     jax.devices()  # the test process's backend has started: its threads have their arenas
     assert "backend has started" in reuse_freed_memory()
@@ -63,9 +63,10 @@ def test_a_started_backend_keeps_glibcs_defaults():
 
 def test_decoding_keeps_glibcs_defaults(monkeypatch):
     from boost_jax.bench import common
+    from boost_jax.launch import host_memory
 
     applied = []
-    monkeypatch.setattr(common, "reuse_freed_memory", lambda: applied.append(True) or "")
+    monkeypatch.setattr(host_memory, "reuse_freed_memory", lambda: applied.append(True) or "")
     common.config_of(["model.preset=llama-tiny"], decoding=True)  # bench decode's
     assert applied == []
     common.config_of(["model.preset=llama-tiny", "parallel.cpu_reuse_memory=false"])

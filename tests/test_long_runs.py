@@ -22,8 +22,8 @@ from boost_jax.data.corpus import files_corpus
 from boost_jax.data.mixture import Mixture, counts, proportions
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.synthetic import write_synthetic
-from boost_jax.errors import DataError
-from boost_jax.step import spike_window
+from boost_jax.runtime.errors import DataError
+from boost_jax.training.step import spike_window
 from boost_jax.train import train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -279,7 +279,7 @@ def test_time_based_saves_between_the_step_based_ones(tiny_overrides, tmp_path):
 @pytest.mark.slow
 def test_wandb_logs_the_same_scalars_offline(tiny_overrides, tmp_path, monkeypatch):
     """A real offline Weights & Biases run (no network) receives every metrics.jsonl row's scalars."""
-    from boost_jax import log
+    from boost_jax.training import log
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

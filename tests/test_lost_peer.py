@@ -21,7 +21,7 @@ BOUND_S = HEARTBEAT_S + 15  # detection, then the exit; the default (20 s) keeps
 
 # Process 1 waits in its save of step 8 (the survivor is then mid-save) until it is killed.
 SLOW_SAVE = ("import time, pathlib, sys\n"
-             "import boost_jax.checkpoint as c\n"
+             "import boost_jax.training.checkpoint as c\n"
              "save = c.Checkpointer.save\n"
              "def slow(self, step, state, meta):\n"
              "    if step == 8:\n"

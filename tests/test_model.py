@@ -217,7 +217,7 @@ def test_abstract_model_is_traced_once_and_each_caller_owns_its_copy():
     """`abstract_model` is cached per model config (planning and analysis ask for it many times); a
     caller that edits the state it got does not change what the next caller gets."""
     from boost_jax.config import load_config
-    from boost_jax.weights import abstract_model
+    from boost_jax.model.weights import abstract_model
 
     cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=cola"])
     graphdef, first = abstract_model(cfg)

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from boost_jax.config import ConfigError, load_config
-from boost_jax.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
-from boost_jax.weights import init_params
+from boost_jax.training.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
+from boost_jax.model.weights import init_params
 
 
 def tiny(*extra):
@@ -226,9 +226,9 @@ def test_the_planner_prices_the_newton_schulz_gemms():
     from flax import nnx
 
     from boost_jax.analysis.perf_model import load_hardware
-    from boost_jax.optimizers import newton_schulz_flops
+    from boost_jax.training.optimizers import newton_schulz_flops
     from boost_jax.planner.price import _analytic_parts
-    from boost_jax.weights import abstract_model
+    from boost_jax.model.weights import abstract_model
 
     cfg = tiny("model.arch=cola", "train.optimizer=muon", "parallel.tp=2", "parallel.dp=1")
     params = nnx.to_pure_dict(abstract_model(cfg)[1])
@@ -244,7 +244,7 @@ def test_the_planner_prices_the_newton_schulz_gemms():
 
 
 def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
-    from boost_jax.health import health_norms
+    from boost_jax.training.health import health_norms
 
     cfg = tiny("model.arch=cola")
     params = init_params(cfg)
@@ -298,7 +298,7 @@ def optimizer_collectives(*overrides):
     """The collectives of the optimizer's update alone, compiled as the train step lays out its state."""
     from boost_jax.analysis.hlo import collectives
     from boost_jax.parallel import make_plan
-    from boost_jax.step import setup
+    from boost_jax.training.step import setup
 
     cfg = tiny("model.arch=cola", "log.health=false", "train.batch_size=4", "train.seq_len=32", "parallel.dp=1",
                *overrides)

@@ -187,7 +187,7 @@ def test_recomputing_more_is_never_priced_faster(layout):
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.parallel import abstract_plan
     from boost_jax.planner.price import DiskCache, step_seconds
-    from boost_jax.remat import REMAT_POLICIES, SLOWER_THAN
+    from boost_jax.parallel.remat import REMAT_POLICIES, SLOWER_THAN
 
     config = ["model.preset=llama-mini", "model.arch=cola", "train.batch_size=4", "train.seq_len=256"]
     seconds = {}

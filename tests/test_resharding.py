@@ -11,7 +11,7 @@ import pytest
 
 from boost_jax.config import load_config
 from boost_jax.parallel import make_plan
-from boost_jax.step import batch_keys, setup
+from boost_jax.training.step import batch_keys, setup
 
 WARNING = "Involuntary full rematerialization"
 

@@ -16,7 +16,7 @@ import pytest
 from boost_jax.data.corpus import files_corpus
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.tokenizer import train_tokenizer, trainer_id
-from boost_jax.errors import PackageError
+from boost_jax.runtime.errors import PackageError
 
 HAS_SP = importlib.util.find_spec("sentencepiece") is not None
 KINDS = ["bpe", "byte_bpe", *(["sentencepiece"] if HAS_SP else [])]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from boost_jax import api
-from boost_jax.checkpoint import CheckpointError
+from boost_jax.training.checkpoint import CheckpointError
 from boost_jax.config import ConfigError, load_config
-from boost_jax.startup import Startup
+from boost_jax.launch.startup import Startup
 from boost_jax.train import train
 
 

@@ -1,4 +1,4 @@
-"""boost_jax/weights.py: a checkpoint's parameters are read alone (Orbax never deserializes an
+"""boost_jax/model/weights.py: a checkpoint's parameters are read alone (Orbax never deserializes an
 optimizer moment) straight into a plan's shardings, whatever layout trained them; a run dir whose
 newest checkpoint holds no parameters, or belongs to another model, and a serving mesh that does
 not divide the model are each one message from every inference command, with nothing written."""
@@ -15,10 +15,10 @@ from flax import nnx
 
 from boost_jax import api, generate
 from boost_jax import eval as boost_eval
-from boost_jax.checkpoint import Checkpointer
-from boost_jax.errors import CheckpointError
+from boost_jax.training.checkpoint import Checkpointer
+from boost_jax.runtime.errors import CheckpointError
 from boost_jax.parallel import make_plan
-from boost_jax.weights import param_shardings, restore_params
+from boost_jax.model.weights import param_shardings, restore_params
 from conftest import train_tiny
 
 

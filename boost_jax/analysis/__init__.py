@@ -2,7 +2,8 @@
 abstract inputs; hlo.py audits the collectives of its compiled HLO and issued.py counts those the
 jaxpr issues; comm.py sets them per decoder layer beside the scheme's analytic volume; work.py
 reads its GEMMs and memory traffic; timeline.py reads a profiler trace's op times by category;
-memory_model.py and perf_model.py turn them into bytes per device and seconds per step."""
+memory_model.py and perf_model.py turn them into bytes per device and seconds per step; flops.py
+counts a model's parameters and FLOPs per token and measures the host's matmul peak (MFU's denominator)."""
 
 from boost_jax.analysis.hlo import Collective, audit, collectives, summarize
 

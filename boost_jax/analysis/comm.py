@@ -1,5 +1,5 @@
 """Collectives per decoder layer, forward and backward, measured on the compiled HLO of a `Program`
-next to its scheme's analytic volume (`boost_jax/schemes.py`; docs/design.md derives it).
+next to its scheme's analytic volume (`boost_jax/config/schemes.py`; docs/design.md derives it).
 
 Per layer = the collectives inside the scanned layer body (each runs once per layer). One compile of
 the loss's value and gradient holds both passes: forward are its collectives that JAX did not name as
@@ -19,10 +19,10 @@ from boost_jax.analysis.hlo import Collective, audit, canonical_groups, nbytes, 
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import Program
 from boost_jax.parallel import Plan
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
 from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
-from boost_jax.schemes import CP
+from boost_jax.config.schemes import CP
 
 
 P2P = "collective-permute"

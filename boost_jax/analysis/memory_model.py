@@ -10,7 +10,7 @@ Parts (docs/design.md, "Memory model"):
                     with gradient accumulation, a second fp32 copy that sums the micro-batches
   fsdp_gathered     under FSDP, the rest of each weight's tp shard: XLA gathers the stacked
                     weights for the whole step (measured on the compiled program)
-  optimizer         train.optimizer's state as its init makes it (optimizers.py): AdamW two fp32
+  optimizer         train.optimizer's state as its init makes it (training/optimizers.py): AdamW two fp32
                     moments per parameter it updates, Muon one per matrix (and spectron an [L, r]
                     vector per factor, replicated), each moment sharded like its parameter
   activations       what one decoder layer saves for the backward pass under train.remat (read off
@@ -48,14 +48,14 @@ from jax.extend.core import Var
 from jax.sharding import PartitionSpec as P
 
 from boost_jax.config import Config
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 from boost_jax.model import PROJECTIONS, RESIDUAL_AXES, decoder_layer
 from boost_jax.parallel import Plan, abstract_plan, make_plan
 from boost_jax.parallel.plan import abstract_config
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.optimizers import make_optimizer
-from boost_jax.step import optimizer_state_specs
-from boost_jax.weights import abstract_model
+from boost_jax.training.optimizers import make_optimizer
+from boost_jax.training.step import optimizer_state_specs
+from boost_jax.model.weights import abstract_model
 
 FP32 = 4
 # What the analyses read (XLA's optimized HLO, its buffer assignment) is fixed before the CPU backend
@@ -203,7 +203,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
     # The head and loss run once per micro-batch under accumulation, but once on all M merged
-    # micro-batches after a pipeline (model.py); train.loss_chunk: one chunk's logits (and
+    # micro-batches after a pipeline (model/__init__.py); train.loss_chunk: one chunk's logits (and
     # cotangent) at a time; under context parallelism, the device's 1/cp of those positions.
     loss_rows = rows * (t.microbatches if pipe is not None else 1)
     logits = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab") * FP32

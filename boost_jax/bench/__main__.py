@@ -6,7 +6,7 @@ Every benchmark reads the train config (an optional YAML file, then `section.key
 
 import sys
 
-from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
 
 COMMANDS = ("comm", "step", "profile", "memory", "kernels", "decode", "quality", "paper", "planner", "report", "data",
             "checkpoint", "soak")
@@ -27,16 +27,12 @@ def _main(args: list[str]) -> None:
         unknown = f"unknown command {args[0]!r}; " if args and not args[0].startswith("-") else ""
         sys.exit(f"{unknown}usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")
     cmd, argv = args[0], args[1:]
-    import jax
+    from boost_jax.config import Config, ParallelConfig
+    from boost_jax.launch.prepare import prepare_jax
 
-    if cmd in SWEEP_CPU_DEVICES and jax.config.jax_platforms in (None, "", "cpu"):
-        jax.config.update("jax_num_cpu_devices", SWEEP_CPU_DEVICES[cmd])
-    from boost_jax import compile_cache
-    from boost_jax.config import DataConfig
-
-    # The default cache for every command; those reading a config (bench/common.config_of) then
-    # apply its data.compile_cache.
-    compile_cache.enable(DataConfig())
+    # The defaults (compilation cache, a sweep's devices); a command reading a config then prepares
+    # for it (bench/common.config_of), host memory included.
+    prepare_jax(Config(parallel=ParallelConfig(cpu_reuse_memory=False)), devices=SWEEP_CPU_DEVICES.get(cmd, 0))
     from importlib import import_module
 
     import_module(f"boost_jax.bench.{cmd}").main(argv)

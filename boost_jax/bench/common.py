@@ -10,11 +10,10 @@ from collections.abc import Sequence
 
 import jax
 
-from boost_jax import compile_cache
-from boost_jax.cli import CONFIG_HELP, refuse_retired_flags
+from boost_jax.runtime.cli import CONFIG_HELP, refuse_retired_flags
 from boost_jax.config import Config, ConfigError, from_args
-from boost_jax.host_memory import reuse_freed_memory
-from boost_jax.schemes import MESH_AXES
+from boost_jax.launch.prepare import prepare_jax
+from boost_jax.config.schemes import MESH_AXES
 
 
 def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.ArgumentParser:
@@ -51,30 +50,14 @@ def variants(args: Sequence[str], vary: Sequence[str]) -> list[tuple[str, Config
 
 def config_of(args: Sequence[str], *more: str, decoding: bool = False) -> Config:
     """The config of a command line's config arguments, with `more` overrides after them (a variant:
-    another scheme, remat mode, ...), its mesh's devices simulated on CPU (`simulate_mesh`), its
-    compilation cache (`data.compile_cache`) and, with parallel.cpu_reuse_memory, freed host memory
-    reused (`host_memory.reuse_freed_memory`: not once JAX has started, as in a test), but not for
-    `decoding`, which keeps glibc's defaults as `generate` does (host_memory.py says why)."""
+    another scheme, remat mode, ...), and JAX prepared for it (launch/prepare.py): its mesh's devices
+    simulated on CPU (parallel.cpu_devices if set; dp = -1 counts 1, so it fills what the other axes
+    leave, as in a run), its compilation cache, and parallel.cpu_reuse_memory, except for `decoding`,
+    which keeps glibc's defaults as `generate` does (launch/host_memory.py says why)."""
     cfg = from_args([*args, *more])
-    simulate_mesh(cfg)
-    compile_cache.enable(cfg.data)
-    if cfg.parallel.cpu_reuse_memory and not decoding:
-        reuse_freed_memory()
+    prepare_jax(cfg, devices=math.prod(max(getattr(cfg.parallel, a), 1) for a in MESH_AXES),
+                reuse_memory=not decoding)
     return cfg
-
-
-def simulate_mesh(cfg: Config) -> None:
-    """On CPU, before JAX starts: as many simulated devices as cfg's mesh names (parallel.cpu_devices
-    if set; dp = -1 counts 1), so dp = -1 fills what the other axes leave, as in a run. Once JAX has
-    started (a test, a notebook) the devices it has stay."""
-    p = cfg.parallel
-    n = p.cpu_devices or math.prod(max(getattr(p, a), 1) for a in MESH_AXES)
-    if jax.config.jax_platforms not in (None, "", "cpu"):
-        return
-    try:
-        jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices))
-    except RuntimeError:  # the backend has started: keep its devices
-        pass
 
 
 def train_to_end(cfg: Config, devices: Sequence[jax.Device] | None = None) -> dict:

@@ -29,7 +29,7 @@ from boost_jax.data.build import build_data
 from boost_jax.data.corpus import files_corpus
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.synthetic import write_synthetic
-from boost_jax.paths import check_writable_dir
+from boost_jax.runtime.paths import check_writable_dir
 
 _SHARD = 1 << 27  # tokens per synthetic shard (256 MB of uint16)
 

@@ -3,7 +3,7 @@ memory-bound floor.
 
 For the config's model (random weights of its shape, one device unless the config's mesh says
 otherwise), each cache kind (--caches) and batch size (--batches): prompts of --prompt-len tokens
-are prefilled and --new-tokens generated greedily (`boost_jax/decode.py`), after a warm-up that
+are prefilled and --new-tokens generated greedily (`boost_jax/model/decode.py`), after a warm-up that
 compiles the programs. Reported: prefill and decode tokens/s, the time of one decode step, the
 bytes one cached token takes (all layers, beside what a dense model of the same shape keeps), and
 the step against its memory-bound floor: a step reads every weight once (at the compute dtype: the
@@ -31,11 +31,11 @@ from flax import nnx
 from boost_jax import api
 from boost_jax.bench import hf
 from boost_jax.bench.common import config_of, parse, parser
-from boost_jax.cli import int_list
-from boost_jax.archs import ARCHS
+from boost_jax.runtime.cli import int_list
+from boost_jax.config.archs import ARCHS
 from boost_jax.config import Config, ConfigError
-from boost_jax.flops import measure_read_bandwidth
-from boost_jax.decode import Decoder
+from boost_jax.analysis.flops import measure_read_bandwidth
+from boost_jax.model.decode import Decoder
 from boost_jax.layers.kv_cache import CACHES, KVCache
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan

@@ -16,7 +16,7 @@ what context parallelism saves), each against `--budget-gib` of memory per devic
 fwd+bwd peak plus the AdamW moments); with `--time` the variants within the budget also train a few
 steps here, and those over it are not started.
 
-`--inference [--cache full|latent_v|latent]` instead compiles generation's programs (boost_jax/decode.py)
+`--inference [--cache full|latent_v|latent]` instead compiles generation's programs (boost_jax/model/decode.py)
 under the config's layout: the prefill of `train.batch_size` prompts of `train.seq_len` tokens into
 a cache of as many positions, and a call of the decode loop against that cache. Per device it prints
 the weights (at the compute dtype, as served) and the cache, beside each program's compiled memory
@@ -42,8 +42,8 @@ from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
 from boost_jax.layers.kv_cache import CACHES
-from boost_jax.optimizers import make_optimizer
-from boost_jax.step import accumulated_grad, optimizer_state_specs
+from boost_jax.training.optimizers import make_optimizer
+from boost_jax.training.step import accumulated_grad, optimizer_state_specs
 
 MODES = ("none", "full", "lowrank")
 MIB = 2**20
@@ -233,10 +233,10 @@ def inference(cfg: Config, cache: str) -> dict:
     its prefill and decode programs (compiled on abstract inputs: nothing allocated)."""
     from flax import nnx
 
-    from boost_jax.decode import Decoder
+    from boost_jax.model.decode import Decoder
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
-    from boost_jax.weights import abstract_model
+    from boost_jax.model.weights import abstract_model
 
     graphdef, abstract = abstract_model(cfg)
     decoder = Decoder(nnx.merge(graphdef, abstract), make_plan(cfg, mesh_devices(cfg.parallel)), cache=cache)

@@ -41,7 +41,7 @@ from boost_jax.analysis.perf_model import HARDWARE_FILE, Work, collective_second
 from boost_jax.analysis.program import build, peak_bytes
 from boost_jax.bench.common import parse, parser
 from boost_jax.config import Config, ConfigError, load_config
-from boost_jax.flops import count
+from boost_jax.analysis.flops import count
 from boost_jax.layers.attention import query_group
 
 GIB = 2**30

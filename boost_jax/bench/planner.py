@@ -23,8 +23,8 @@ import time
 from boost_jax.analysis.perf_model import HARDWARE_FILE, Hardware, one_machine
 from boost_jax.bench.common import parse, parser
 from boost_jax.bench.paper import PAPER, row_config
-from boost_jax.cli import int_list
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.cli import int_list
+from boost_jax.runtime.errors import ConfigError
 
 # What a planner row fixes of the paper's protocol (the layout keys are the planner's to choose).
 ROW_KEYS = ("model.preset", "model.arch", "model.dtype", "train.batch_size", "train.seq_len")
@@ -89,7 +89,7 @@ def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), sch
         log=print) -> dict:
     import jax
 
-    from boost_jax.cache import cache_root
+    from boost_jax.runtime.cache import cache_root
     from boost_jax.planner.price import DiskCache
     from boost_jax.planner.workers import Workers, default_workers
 

@@ -26,7 +26,7 @@ from boost_jax.bench.profile import profile
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.config import ConfigError
-from boost_jax.flops import PEAK_BF16_FLOPS, count
+from boost_jax.analysis.flops import PEAK_BF16_FLOPS, count
 
 GIB = 2**30
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
@@ -279,7 +279,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "bf16 payload per device; backward = gradient program minus forward. The op count is after XLA combines independent "
         "all-reduces (vanilla issues 7 per layer forward, XLA merges them into 4 with the same bytes).",
         "- **GEMM FLOPs** are the compiled `dot`s with their loop trip counts (`analysis/work.py`), next to "
-        "6 x matmul parameters x tokens / TP (`flops.py`). **Attention** FLOPs in the HLO are the full S x S score and value "
+        "6 x matmul parameters x tokens / TP (`analysis/flops.py`). **Attention** FLOPs in the HLO are the full S x S score and value "
         "matmuls including the backward's recompute of the scores (7 matmuls, as FlashAttention-2 does), against the analytic "
         "causal count (3 x 2 matmuls x half the square). Vanilla TP runs attention replicated on every rank: its HLO attention "
         "FLOPs are TP times those of the other schemes.",
@@ -379,7 +379,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     for r in sd["rows"]:
         L.append(f"| {r['model']} | {r['arch']} | {1e3 * r['median_step_s']:.0f} | {r['tokens_per_s']:,.0f} | "
                  f"{r['model_flops_per_s'] / 1e9:.1f} | {100 * r['fraction_of_matmul_peak']:.0f}% |")
-    L += ["", "Model FLOPs are the analytic training count (`flops.py`: 6 per matmul parameter per token plus causal "
+    L += ["", "Model FLOPs are the analytic training count (`analysis/flops.py`: 6 per matmul parameter per token plus causal "
           "attention), so recomputation and elementwise work are not credited.", ""]
     if "profile" in result:
         L += profile_section(result["profile"])
@@ -444,7 +444,7 @@ def _verdict(ratio: float) -> str:
 def decode_section(dec: dict) -> list[str]:
     """Markdown: `bench decode` per model, cache kind and batch size, against the memory-bound floor."""
     L = ["## 5. Decoding on this machine", "",
-         f"`bench decode` (`boost_jax/decode.py`): random weights of each shape, prompts of {dec['runs'][0]['prompt_len']} "
+         f"`bench decode` (`boost_jax/model/decode.py`): random weights of each shape, prompts of {dec['runs'][0]['prompt_len']} "
          f"tokens prefilled in one forward, {dec['runs'][0]['new_tokens']} new tokens greedily in the compiled decode "
          "loop, the median of the repetitions after a warm-up that compiles. A decode step reads every weight once (at "
          "the compute dtype; of the untied embedding table only the rows it looks up) and every cached token of every "
@@ -614,8 +614,8 @@ def main(argv: list[str]) -> None:
     a = parse(p, argv)
     if a.reps < 1 or a.steps < 1 or a.step_batch < 1 or a.step_seq < 1:
         raise ConfigError("--reps, --steps, --step-batch and --step-seq must be at least 1")
-    from boost_jax.paths import check_writable_dir
-    from boost_jax.presets import PRESETS
+    from boost_jax.runtime.paths import check_writable_dir
+    from boost_jax.config.presets import PRESETS
 
     for flag, names in (("--step-model", a.step_model), ("--single-models", a.single_models),
                         ("--decode-model", a.decode_model)):

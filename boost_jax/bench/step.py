@@ -28,11 +28,11 @@ from boost_jax.analysis.program import peak_bytes
 from boost_jax.bench import hf
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
-from boost_jax.flops import count, datasheet_peak_flops, measure_matmul_peak
-from boost_jax.optimizers import newton_schulz_flops
+from boost_jax.analysis.flops import count, datasheet_peak_flops, measure_matmul_peak
+from boost_jax.training.optimizers import newton_schulz_flops
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.step import batch_keys, device_batch, setup
+from boost_jax.training.step import batch_keys, device_batch, setup
 
 
 class Runner:
@@ -69,7 +69,7 @@ class Runner:
                 "fsdp": mesh["fsdp"], "pp": mesh["pp"], "cp": mesh["cp"],
                 "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
-                "model_flops_per_s": flops / med,  # analytic training FLOPs (flops.py), all devices together
+                "model_flops_per_s": flops / med,  # analytic training FLOPs (analysis/flops.py), all devices together
                 "peak_bytes_per_device": self.peak, "first_loss": self.first_loss,
                 "last_loss": float(self.metrics["loss"]), "optimizer": self.cfg.train.optimizer,
                 "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state["params"])}

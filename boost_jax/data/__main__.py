@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from boost_jax.cli import DEBUG_HELP, run_main
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,18 +44,18 @@ def _main(argv: list[str]) -> None:
 
 
 def _prepare(a: argparse.Namespace) -> None:
-    from boost_jax.cli import at_least
+    from boost_jax.runtime.cli import at_least
     from boost_jax.data.corpus import files_corpus
     from boost_jax.data.prepare import PrepareConfig, prepare
-    from boost_jax.data.tokenizer import MAX_VOCAB, MIN_VOCAB
-    from boost_jax.errors import ConfigError
-    from boost_jax.paths import check_writable_dir
+    from boost_jax.data.tokenizer import MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB
+    from boost_jax.runtime.errors import ConfigError
+    from boost_jax.runtime.paths import check_writable_dir
 
     if not 0 <= a.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
     at_least(a, workers=1, shard_mb=1, sample_mb=1, max_bytes=0)
-    if not a.tokenizer and not MIN_VOCAB <= a.vocab_size <= MAX_VOCAB:
-        raise ConfigError(f"--vocab-size must be in {MIN_VOCAB}..{MAX_VOCAB:,} (3 special + 256 byte tokens + merges), "
+    if not a.tokenizer and not MIN_TRAINED_VOCAB <= a.vocab_size <= MAX_TRAINED_VOCAB:
+        raise ConfigError(f"--vocab-size must be in {MIN_TRAINED_VOCAB}..{MAX_TRAINED_VOCAB:,} (3 special + 256 byte tokens + merges), "
                           f"got {a.vocab_size}")
     check_writable_dir(a.out, "--out")
     cfg = PrepareConfig(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from boost_jax.errors import DataError
+from boost_jax.runtime.errors import DataError
 
 # Installed third-party packages and bytecode are not the standard library's source.
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}

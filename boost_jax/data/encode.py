@@ -13,7 +13,9 @@ from boost_jax.data.corpus import unit_hash
 
 
 @dataclass(frozen=True)
-class Setup:
+class EncodeSettings:
+    """What every encode worker encodes with: the tokenizer (as JSON), <eos>, the shards' dtype, the val split."""
+
     tokenizer_json: str
     eos_id: int
     dtype: str  # numpy dtype string of the shards
@@ -32,18 +34,18 @@ class Encoded:
         return len(self.train) + len(self.val)
 
 
-_state: tuple[Tokenizer, Setup] | None = None  # set once per process by `init`
+_state: tuple[Tokenizer, EncodeSettings] | None = None  # set once per process by `init`
 
 
-def init(setup: Setup, parallel: bool) -> None:
+def init(settings: EncodeSettings, parallel: bool) -> None:
     """Load the tokenizer. In a pool of worker processes each encodes on one thread (`parallel`
     False): the processes are the parallelism, and threads on top would oversubscribe the cores."""
     global _state
     if not parallel:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    tok = Tokenizer.from_str(setup.tokenizer_json)
+    tok = Tokenizer.from_str(settings.tokenizer_json)
     tok.encode_special_tokens = True  # a literal "<eos>" in a document is text
-    _state = (tok, setup)
+    _state = (tok, settings)
 
 
 def is_val(text: str, val_fraction: float) -> bool:
@@ -54,12 +56,12 @@ def is_val(text: str, val_fraction: float) -> bool:
 
 def encode(texts: list[str]) -> Encoded:
     assert _state is not None, "encode.init was not called in this process"
-    tok, setup = _state
-    dtype = np.dtype(setup.dtype)
-    val = [is_val(t, setup.val_fraction) for t in texts]
+    tok, settings = _state
+    dtype = np.dtype(settings.dtype)
+    val = [is_val(t, settings.val_fraction) for t in texts]
     # encode_batch_fast: like encode_batch, minus the character offsets we do not need.
     encodings = tok.encode_batch_fast(texts, add_special_tokens=False)
     parts: dict[bool, list[np.ndarray]] = {False: [np.zeros(0, dtype)], True: [np.zeros(0, dtype)]}
     for e, v in zip(encodings, val):
-        parts[v].append(np.array(e.ids + [setup.eos_id], dtype))
+        parts[v].append(np.array(e.ids + [settings.eos_id], dtype))
     return Encoded(np.concatenate(parts[False]), val.count(False), np.concatenate(parts[True]), val.count(True))

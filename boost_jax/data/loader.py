@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from boost_jax.data.shards import Shard
-from boost_jax.errors import ConfigError, DataError
+from boost_jax.runtime.errors import ConfigError, DataError
 
 Batch = dict[str, np.ndarray]  # inputs, targets (and segment_ids): int32 [rows, seq_len]
 

@@ -26,7 +26,7 @@ import grain
 import numpy as np
 
 from boost_jax.data.loader import Batch, Split, to_batch
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.errors import ConfigError
 
 PRECISION = 10**6  # weights are apportioned as integers of this resolution
 

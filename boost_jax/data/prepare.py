@@ -29,12 +29,12 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from boost_jax.data import encode
-from boost_jax.cache import atomic_write
+from boost_jax.runtime.cache import atomic_write
 from boost_jax.data.corpus import Corpus, Skipped
 from boost_jax.data.shards import INDEX, SPLITS, TOKENIZER, Index, Shard, read_index, shard_name, token_dtype, write_index
 from boost_jax.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash, train_tokenizer, trainer_id
-from boost_jax.errors import DataError
-from boost_jax.paths import disk_full, is_disk_full
+from boost_jax.runtime.errors import DataError
+from boost_jax.runtime.paths import disk_full, is_disk_full
 
 _PARTS, _PLAN = ".parts", "plan.json"
 _JOB_BYTES = 1 << 20  # text per encode job: big enough to amortise the hand-off to a worker
@@ -109,7 +109,7 @@ def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
 
     tok = given or _tokenizer(corpus, out, cfg)
     dtype = token_dtype(tok.get_vocab_size())
-    setup = encode.Setup(tok.to_str(), eos_id(tok), dtype.str, cfg.val_fraction)
+    settings = encode.EncodeSettings(tok.to_str(), eos_id(tok), dtype.str, cfg.val_fraction)
     done = _records(out, dtype)
     skipped = Skipped()
     # The bar counts text bytes: its total is the files' size only where that is text.
@@ -118,7 +118,7 @@ def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
                disable=not cfg.progress)
     writer: _Writer | None = None
     encoded = tokens = 0
-    with _pool(cfg.workers, setup) as pool:
+    with _pool(cfg.workers, settings) as pool:
         pending: deque[tuple[int, int, Future | encode.Encoded]] = deque()
 
         def take() -> None:
@@ -149,7 +149,7 @@ def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
     records = _records(out, dtype)
     tok.save(str(out / TOKENIZER))
     index = Index(
-        dtype=dtype.name, vocab_size=tok.get_vocab_size(), eos_id=setup.eos_id,
+        dtype=dtype.name, vocab_size=tok.get_vocab_size(), eos_id=settings.eos_id,
         tokenizer_sha256=tokenizer_hash(tok), source_fingerprint=plan["source_fingerprint"],
         recipe=plan["recipe"], splits={s: [records[c][s] for c in sorted(records)] for s in SPLITS},
         stats={"skipped_lines": skipped.lines},
@@ -207,14 +207,14 @@ def _jobs(corpus: Corpus, skipped: Skipped, chunk_bytes: int) -> Iterator[tuple[
         yield chunk, texts, size
 
 
-def _pool(workers: int, setup: encode.Setup) -> ProcessPoolExecutor | nullcontext[None]:
+def _pool(workers: int, settings: encode.EncodeSettings) -> ProcessPoolExecutor | nullcontext[None]:
     """Worker processes, or None (jobs then run inline, tokenizers still using every core)."""
     if workers <= 1:
-        encode.init(setup, parallel=True)
+        encode.init(settings, parallel=True)
         return nullcontext()
     # spawn, not fork: the caller may be a training process with JAX's threads running.
     return ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=encode.init,
-                               initargs=(setup, False))
+                               initargs=(settings, False))
 
 
 class _Writer:

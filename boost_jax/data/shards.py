@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from boost_jax.cache import atomic_write
-from boost_jax.errors import DataError
+from boost_jax.runtime.cache import atomic_write
+from boost_jax.runtime.errors import DataError
 
 INDEX, TOKENIZER = "index.json", "tokenizer.json"
 SPLITS = ("train", "val")

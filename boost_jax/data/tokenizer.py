@@ -25,15 +25,15 @@ from pathlib import Path
 import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from boost_jax.errors import DataError, PackageError
+from boost_jax.runtime.errors import DataError, PackageError
 
 KINDS = ("bpe", "byte_bpe", "sentencepiece")
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2
 _BYTES = tuple(f"<0x{b:02X}>" for b in range(256))  # SentencePiece's byte-fallback pieces
-MIN_VOCAB = len(SPECIALS) + 256 + 1  # every kind needs every byte encodable, plus room to learn
+MIN_TRAINED_VOCAB = len(SPECIALS) + 256 + 1  # every kind needs every byte encodable, plus room to learn
 # The BPE trainer allocates ~66 bytes per requested token up front and aborts the process (exit 134)
 # when that fails (2^30 tokens ask for 70 GB); 2^24 is past any real LLM vocabulary (32k-256k).
-MAX_VOCAB = 1 << 24
+MAX_TRAINED_VOCAB = 1 << 24
 _EOS_NAMES = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>")  # ours, LLaMA/T5, GPT-2, LLaMA-3
 # GPT-2's split without the English contractions: a word or number or punctuation run with its
 # leading space, and whitespace runs that leave their last space to the next word, so that a newline
@@ -56,10 +56,10 @@ def check_vocab_size(vocab_size: int, kind: str) -> None:
     """Refuse, before any work, a kind or a size BPE training cannot produce."""
     if kind not in KINDS:
         raise DataError(f"unknown tokenizer kind {kind!r}; the kinds are {', '.join(KINDS)}")
-    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+    if not MIN_TRAINED_VOCAB <= vocab_size <= MAX_TRAINED_VOCAB:
         raise DataError(
             f"model.vocab_size={vocab_size} cannot be trained as a {kind!r} tokenizer: it needs "
-            f"{MIN_VOCAB} <= vocab_size <= {MAX_VOCAB:,} (3 special + 256 byte tokens + merges; above "
+            f"{MIN_TRAINED_VOCAB} <= vocab_size <= {MAX_TRAINED_VOCAB:,} (3 special + 256 byte tokens + merges; above "
             "that the trainer cannot allocate its tables)"
         )
 

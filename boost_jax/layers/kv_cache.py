@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
 
 

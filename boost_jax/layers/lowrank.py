@@ -1,4 +1,4 @@
-"""The one linear layer of every arch (`boost_jax/archs.py`): dense `x @ W`, or a bottleneck pair
+"""The one linear layer of every arch (`boost_jax/config/archs.py`): dense `x @ W`, or a bottleneck pair
 A: [d_in, r], B: [r, d_out] with the arch's latent function between them.
 
 The layer holds the weights and the math of its pieces (`down`, `activation`, `up`); how the
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 
 
 def matmul(x: jax.Array, w: jax.Array, *, flat: bool) -> jax.Array:

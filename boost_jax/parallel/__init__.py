@@ -1,11 +1,11 @@
 """Parallelism: the mesh (mesh.py), the plan handed to the model (plan.py), how each scheme runs a
 block's projections (projections.py), the shard_map blocks whose collectives must be exact
 (blocks.py), pipeline stages (pipeline.py), context parallelism (context.py) and the heartbeat that
-names a lost peer process (peers.py). The schemes themselves are a table in `boost_jax/schemes.py`;
+names a lost peer process (peers.py); remat.py names the activations the blocks save and the
+checkpoint policies (`train.remat`) that keep them. The schemes themselves are a table in `boost_jax/config/schemes.py`;
 docs/design.md explains the math; the README's "Extending boost_jax" says where a new scheme goes."""
 
-from boost_jax.parallel.mesh import init_distributed, make_mesh, prepare_jax, simulate_cpu_devices
+from boost_jax.parallel.mesh import init_distributed, make_mesh
 from boost_jax.parallel.plan import Plan, abstract_plan, make_plan, single_device_plan
 
-__all__ = ["Plan", "abstract_plan", "init_distributed", "make_mesh", "make_plan", "prepare_jax", "simulate_cpu_devices",
-           "single_device_plan"]
+__all__ = ["Plan", "abstract_plan", "init_distributed", "make_mesh", "make_plan", "single_device_plan"]

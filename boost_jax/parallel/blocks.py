@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.remat import LATENT
+from boost_jax.parallel.remat import LATENT
 from pallas_kernels import grouped_matmul, norm_down
 
 if TYPE_CHECKING:

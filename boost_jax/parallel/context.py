@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boost_jax.schemes import CP
+from boost_jax.config.schemes import CP
 
 if TYPE_CHECKING:
     from boost_jax.parallel.plan import Plan

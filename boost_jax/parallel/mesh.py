@@ -1,4 +1,4 @@
-"""The device mesh from `parallel.*` (its axes are named in `boost_jax/schemes.py`); simulated CPU
+"""The device mesh from `parallel.*` (its axes are named in `boost_jax/config/schemes.py`); simulated CPU
 devices and the rest of a command's set-up before JAX starts; multi-process init."""
 
 from __future__ import annotations
@@ -15,35 +15,14 @@ from typing import TYPE_CHECKING
 import jax
 from jax.sharding import AxisType, Mesh
 
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.parallel.peers import backstop_s
-from boost_jax.schemes import CP, DP, FSDP, MESH_AXES, PP, TP
+from boost_jax.config.schemes import CP, DP, FSDP, MESH_AXES, PP, TP
 
 if TYPE_CHECKING:
-    from boost_jax.config import Config, ParallelConfig
+    from boost_jax.config import ParallelConfig
 
-__all__ = ["CP", "DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape",
-           "prepare_jax", "simulate_cpu_devices"]
-
-
-def prepare_jax(cfg: Config, *, decoding: bool = False) -> None:
-    """What a command sets from its config before JAX's backend starts: the simulated CPU devices
-    (`parallel.cpu_devices`, so that a run trained on them is evaluated and decoded on its layout),
-    the persistent compilation cache (`data.compile_cache`) and the host memory setting
-    (`host_memory.apply_setting`), except when `decoding`, which keeps glibc's defaults."""
-    from boost_jax import compile_cache, host_memory
-
-    simulate_cpu_devices(cfg.parallel.cpu_devices)
-    compile_cache.enable(cfg.data)
-    if not decoding:
-        host_memory.apply_setting(cfg.parallel.cpu_reuse_memory)
-
-
-def simulate_cpu_devices(n: int) -> None:
-    """Ask for n host devices; must run before JAX's backend starts (a no-op for n == 0)."""
-    if n <= 0:
-        return
-    jax.config.update("jax_num_cpu_devices", n)
+__all__ = ["CP", "DP", "FSDP", "MESH_AXES", "PP", "TP", "init_distributed", "make_mesh", "mesh_devices", "mesh_shape"]
 
 
 def init_distributed(p: ParallelConfig) -> None:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from boost_jax.schemes import PP
+from boost_jax.config.schemes import PP
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ caller may keep the rank-r latents (a latent cache) and project them later.
 - btp (low-rank): BOOST's fused path (`parallel/blocks.py`): norm + grouped down-projection and
   one all-reduce of the latents (and the norm's statistics), grouped up-projections.
 
-Adding a scheme: an entry in `boost_jax/schemes.py` and its strategy in `STRATEGIES` here (a test
+Adding a scheme: an entry in `boost_jax/config/schemes.py` and its strategy in `STRATEGIES` here (a test
 keeps the two tables' names equal).
 """
 
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 from boost_jax.parallel.blocks import btp_down, grouped_up
-from boost_jax.remat import LATENT
+from boost_jax.parallel.remat import LATENT
 
 if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
@@ -178,7 +178,7 @@ class BTPProjections(Projections):
         return linear.up(self._cross(name, self._activate(linear, pre, tag=False)), flat=self.flat)
 
 
-# Scheme name (boost_jax/schemes.py) -> its strategy.
+# Scheme name (boost_jax/config/schemes.py) -> its strategy.
 STRATEGIES: dict[str, type[Projections]] = {
     "megatron": MegatronProjections,
     "vanilla": VanillaProjections,

@@ -24,7 +24,7 @@ import math
 import re
 import sys
 
-from boost_jax.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
+from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
 from boost_jax.config import ConfigError, from_args, raw_args
 
 GIB = 2**30
@@ -67,8 +67,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if a.gpus < 1 or a.max_priced < 0 or a.top < 1 or a.workers < 0 or not 0 <= a.headroom < 1:
         raise ConfigError("--gpus and --top must be at least 1, --max-priced and --workers >= 0 and --headroom in [0, 1)")
     check_no_layout_keys(a.config)
-    from boost_jax.remat import REMAT_POLICIES
-    from boost_jax.schemes import SCHEMES
+    from boost_jax.parallel.remat import REMAT_POLICIES
+    from boost_jax.config.schemes import SCHEMES
 
     if bad := [r for r in a.remat.split(",") if r not in REMAT_POLICIES]:
         raise ConfigError(f"--remat: unknown {bad}; choose from {list(REMAT_POLICIES)}")
@@ -83,7 +83,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise ConfigError("--pp-repeats > 1 applies to pipelines: give --pp sizes above 1, or leave --pp-repeats")
     a.pp_repeats = a.pp_repeats or (1, 2)
     if a.out:
-        from boost_jax.paths import check_writable_file
+        from boost_jax.runtime.paths import check_writable_file
 
         check_writable_file(a.out, "--out")
     return a
@@ -103,9 +103,8 @@ def check_no_layout_keys(args: list[str]) -> None:
 def _main(argv: list[str]) -> None:
     a = parse(argv)
     cfg = from_args(a.config)  # a bad config fails before JAX starts
-    import jax
-
     from boost_jax.analysis.perf_model import one_machine
+    from boost_jax.launch.prepare import prepare_jax
     from boost_jax.planner.layouts import Space, enumerate_layouts
 
     space = Space(schemes=tuple(s for s in a.schemes.split(",") if s), tp=a.tp, pp=a.pp,
@@ -118,9 +117,8 @@ def _main(argv: list[str]) -> None:
     if not layouts:
         raise ConfigError(no_layout(a, cfg, hw, []))
     devices = max(l.tp * l.pp * l.cp for l in layouts)
-    if jax.config.jax_platforms in (None, "", "cpu"):
-        jax.config.update("jax_num_cpu_devices", devices)
-    from boost_jax.cache import cache_root
+    prepare_jax(cfg, devices=devices, reuse_memory=False)  # compiles only
+    from boost_jax.runtime.cache import cache_root
     from boost_jax.planner.price import DiskCache
     from boost_jax.planner.recipe import write_recipe
     from boost_jax.planner.search import plan

@@ -33,12 +33,12 @@ from boost_jax.analysis.perf_model import (ADAMW_BYTES_PER_PARAM, Hardware, Work
                                            predict, ring_seconds)
 from boost_jax.config import Config
 from boost_jax.parallel import abstract_plan
-from boost_jax.cache import atomic_write, digest
-from boost_jax.flops import count
+from boost_jax.runtime.cache import atomic_write, digest
+from boost_jax.analysis.flops import count
 from boost_jax.layers.attention import query_group
-from boost_jax.optimizers import newton_schulz_flops
+from boost_jax.training.optimizers import newton_schulz_flops
 from boost_jax.planner.workers import Workers
-from boost_jax.weights import abstract_model
+from boost_jax.model.weights import abstract_model
 
 
 @functools.cache
@@ -225,7 +225,7 @@ def lower_bound(cfg: Config, hw: Hardware, param_elems: int, layer: LayerWork, o
                + attention / (hw.peak_flops * hw.attention_efficiency))
     if p.pp > 1:  # M * R + S - 1 iterations of the forward loop and of the backward loop, each
         # shifting one micro-batch's carry round the ring of stages (of the compiled tp x pp x cp mesh)
-        carry = rows * t.seq_len // p.cp * pipeline_carry_width(abstract_plan(cfg), m.resolved()) * itemsize
+        carry = rows * t.seq_len // p.cp * pipeline_carry_width(abstract_plan(cfg), m) * itemsize
         shift = ring_seconds("collective-permute", 2, carry, p.pp * p.cp * p.tp > hw.gpus_per_node, hw)
         program += 2 * (t.microbatches * p.pp_repeats + p.pp - 1) * shift
     analytic = _analytic_parts(cfg, hw, param_elems)

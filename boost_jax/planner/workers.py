@@ -16,10 +16,9 @@ def default_workers() -> int:
 
 
 def _start(devices: int) -> None:
-    import jax
+    from boost_jax.launch.prepare import simulate_cpu_devices
 
-    if jax.config.jax_platforms in (None, "", "cpu"):
-        jax.config.update("jax_num_cpu_devices", devices)
+    simulate_cpu_devices(devices)
 
 
 class Workers:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from boost_jax.optimizers import factor_pairs, power_iterate, top_singular
+from boost_jax.training.optimizers import factor_pairs, power_iterate, top_singular
 
 KINDS = ("grad", "param", "update")
 POWER_STEPS = 100  # power iterations from a fixed start, on the steps that log (matrix-vector products: cheap)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from boost_jax.errors import ConfigError, DiskFullError
+from boost_jax.runtime.errors import ConfigError, DiskFullError
 
 
 def check_writable_dir(path: str | Path, key: str) -> None:

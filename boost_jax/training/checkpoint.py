@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import jax
 import orbax.checkpoint as ocp
 
-from boost_jax.errors import CheckpointError
+from boost_jax.runtime.errors import CheckpointError
 
 T = TypeVar("T")
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from boost_jax.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
+from boost_jax.training.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
-from boost_jax.errors import DivergenceError
-from boost_jax.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
+from boost_jax.runtime.errors import DivergenceError
+from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
 
 
 class RunDir:
@@ -137,7 +137,7 @@ class Checkpoints:
         import's, `python -m boost_jax.convert`), or the fresh state at step 0. The checkpoint's
         record stays in `meta`; parts of the state it lacks (`OPTIONAL_STATE`, e.g. the spike window
         of a run that turned train.spike_skip on) start fresh."""
-        from boost_jax.step import OPTIONAL_STATE
+        from boost_jax.training.step import OPTIONAL_STATE
 
         start = self.ckpt.latest_step() if self.ckpt else None
         if start is None:
@@ -312,7 +312,7 @@ class Evaluator:
         return bool(self.sets) and t.eval_every > 0 and (done % t.eval_every == 0 or done == t.steps)
 
     def __call__(self, state) -> dict:
-        from boost_jax.step import device_batch
+        from boost_jax.training.step import device_batch
 
         t = self.cfg.train
         tokens = self.batches * t.batch_size * t.seq_len

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES, Cache, empty
 from boost_jax.model import Model, unstack_layers
 from boost_jax.parallel.plan import Plan

@@ -2,7 +2,7 @@
 
 The state is a plain pytree `{params, opt_state, step, rng}` of sharded arrays, so Orbax saves it
 as is and restores it onto any mesh. The parameters themselves (their shapes, the seed's initial
-values, their layout on a plan) are boost_jax/weights.py's.
+values, their layout on a plan) are boost_jax/model/weights.py's.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, TrainConfig
-from boost_jax.health import health_norms
+from boost_jax.training.health import health_norms
 from boost_jax.model import loss_fn
-from boost_jax.optimizers import lr_schedule, make_optimizer
+from boost_jax.training.optimizers import lr_schedule, make_optimizer
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
-from boost_jax.weights import abstract_model, adopt_layers, in_plan_order, param_shardings, place_params
+from boost_jax.model.weights import abstract_model, adopt_layers, in_plan_order, param_shardings, place_params
 
 TrainState = dict[str, Any]
 # Parts of the state that exist under some settings only: a checkpoint without one resumes with it

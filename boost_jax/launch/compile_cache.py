@@ -28,7 +28,7 @@ import jax
 from jax._src import compilation_cache
 from jax._src.lru_cache import _CACHE_SUFFIX, LRUCache
 
-from boost_jax.cache import atomic_write, cache_root
+from boost_jax.runtime.cache import atomic_write, cache_root
 from boost_jax.config import DataConfig
 
 _WARNED: set[Path] = set()  # folders already named in a warning: a bench enables per variant, warns once

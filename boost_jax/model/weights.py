@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from boost_jax.checkpoint import Checkpointer, model_identity
+from boost_jax.training.checkpoint import Checkpointer, model_identity
 from boost_jax.config import Config, ModelConfig
-from boost_jax.errors import ConfigError
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.model import Model
 from boost_jax.parallel.plan import Plan
 

@@ -18,12 +18,23 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 
-if TYPE_CHECKING:
-    from boost_jax.config import ModelConfig
+
+class ModelShape(Protocol):
+    """What a scheme's analytic communication reads of a model (a resolved `config.ModelConfig`): named
+    here so that this table does not import the config that validates against it."""
+
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    attn_rank: int
+    mlp_rank: int
+    grouping: bool
 
 # Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
 # parallel (ZeRO-3), context parallel (the sequence split: parallel/context.py), tensor parallel
@@ -44,7 +55,7 @@ ACTIVATION_AXES = ("batch", "seq", "act_embed", "act_heads", "act_kv_heads", "ac
 LOGICAL_AXES = frozenset(PARAM_AXES + ACTIVATION_AXES)
 
 # `model.*` knobs of BOOST's optimizations and their defaults; a scheme lists those it acts on, and
-# a non-default value under a scheme that ignores it is refused (config.py).
+# a non-default value under a scheme that ignores it is refused (config/__init__.py).
 KNOB_DEFAULTS = {"norm": "online", "grouping": True, "kernels": "xla"}
 
 
@@ -67,12 +78,12 @@ class Scheme:
     rules: Rules
     requires: tuple[Requirement, ...]
     # Elements all-reduced per decoder layer forward, per device, for `tokens` tokens per replica.
-    layer_forward_elements: Callable[[ModelConfig, int], int]
+    layer_forward_elements: Callable[[ModelShape, int], int]
     # The backward's all-reduces per decoder layer (elements of each, per device, one entry per
     # partial sum) for `tokens` tokens per replica at a tp size: each input gradient that is a
     # partial sum over tp (docs/design.md, "Communication per layer, backward"); None where XLA
     # alone decides it (kv heads replicated because tp does not divide them).
-    layer_backward_all_reduces: Callable[[ModelConfig, int, int], tuple[int, ...] | None]
+    layer_backward_all_reduces: Callable[[ModelShape, int, int], tuple[int, ...] | None]
     summary: str
 
     def rules_for(self, n_kv_heads: int, tp: int, pp: int) -> Rules:
@@ -100,16 +111,16 @@ _COMMON_REQUIRES = (
 _LOW_RANK = tuple(name for name, arch in ARCHS.items() if arch.low_rank)
 
 
-def _megatron_elements(m: ModelConfig, tokens: int) -> int:
+def _megatron_elements(m: ModelShape, tokens: int) -> int:
     return tokens * 2 * m.d_model  # after o and after down
 
 
-def _vanilla_elements(m: ModelConfig, tokens: int) -> int:
+def _vanilla_elements(m: ModelShape, tokens: int) -> int:
     dq, dkv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     return tokens * (dq + 2 * dkv + m.d_model + 2 * m.d_ff + m.d_model)  # every projection's full output
 
 
-def _btp_elements(m: ModelConfig, tokens: int) -> int:
+def _btp_elements(m: ModelShape, tokens: int) -> int:
     return tokens * (4 * m.attn_rank + 3 * m.mlp_rank)  # the rank-r latents only
 
 
@@ -119,7 +130,7 @@ def _partial_sums(split: dict[str, int], grouping: bool) -> int:
     return len(set(split.values())) if grouping else len(split)
 
 
-def _attention_split(m: ModelConfig, tp: int) -> dict[str, int] | None:
+def _attention_split(m: ModelShape, tp: int) -> dict[str, int] | None:
     """The output widths of q/k/v, column-parallel on heads; None where tp does not divide the kv
     heads: they are replicated (Scheme.rules_for) and the gradient of k and v, read by split q
     heads, is a partial sum XLA places itself (on k|v, or on their latents: no one analytic)."""
@@ -128,7 +139,7 @@ def _attention_split(m: ModelConfig, tp: int) -> dict[str, int] | None:
     return {"q": m.n_heads * m.head_dim, "k": m.n_kv_heads * m.head_dim, "v": m.n_kv_heads * m.head_dim}
 
 
-def _megatron_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...] | None:
+def _megatron_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...] | None:
     # Column-parallel q/k/v and gate/up: each GEMM's input gradient a partial sum of [T, d].
     if (split := _attention_split(m, tp)) is None:
         return None
@@ -137,7 +148,7 @@ def _megatron_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...] 
     return (tokens * m.d_model,) * (attention + mlp)
 
 
-def _vanilla_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...]:
+def _vanilla_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...]:
     # Every A column-parallel (split on r): its input gradient a partial sum of the input's full width;
     # grouping stacks the A's of one input and rank (q|k|v, gate|up) into one GEMM. 3 x [T, d] +
     # [T, d_ff] at MHA llama shapes, as the authors' baseline (docs/design.md section 2).
@@ -147,7 +158,7 @@ def _vanilla_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...]:
     return (d,) * qkv + (tokens * m.n_heads * m.head_dim,) + (d,) * gate_up + (tokens * m.d_ff,)
 
 
-def _btp_backward(m: ModelConfig, tokens: int, tp: int) -> tuple[int, ...] | None:
+def _btp_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...] | None:
     # The latents' gradients, each a partial sum at its column-parallel B; grouping batches the B's of
     # equal width (GQA: B_q apart from B_k|B_v), one partial sum of their stacked latents.
     r, q = m.attn_rank, m.mlp_rank

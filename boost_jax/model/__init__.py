@@ -3,17 +3,24 @@
 Where the tokens sit comes from the caller (`Positions`: positions and document segments; by
 default 0 .. S-1, one document per row), and so does the cache of decoding (`Model.decode`: one per
 layer, `layers/kv_cache.py`); decoding runs the layers one by one.
+
+Beside the decoder: weights.py (a model's parameters: init, placement on a plan, restore of a
+checkpoint's parameters only), decode.py (generation against the caches) and compress.py (a dense
+model's weights factored by SVD).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.layers.attention import Attention, Positions
 from boost_jax.layers.cross_entropy import cross_entropy_sum
 from boost_jax.layers.kv_cache import Cache, KVCache, LatentCache
@@ -23,7 +30,7 @@ from boost_jax.layers.norm import RMSNorm
 from boost_jax.parallel.blocks import embed_lookup
 from boost_jax.parallel.pipeline import merge_microbatches, run_pipeline, split_microbatches
 from boost_jax.parallel.plan import Plan
-from boost_jax.remat import RESIDUAL, remat
+from boost_jax.parallel.remat import RESIDUAL, remat
 
 # Projections whose latents LaX carries from one layer to the next.
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -62,7 +69,9 @@ class Model(nnx.Module):
     """The decoder: `model(tokens, plan=...)` gives logits; `decode` runs tokens against a KV cache."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        cfg = cfg.resolved()
+        if unset := [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is None]:
+            raise ConfigError(f"Model needs a resolved ModelConfig (as a loaded config holds; else "
+                              f"ModelConfig(...).resolved()): {', '.join(unset)} unset")
         self.cfg = cfg
         pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         emb = cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), pdt)

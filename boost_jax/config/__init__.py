@@ -3,7 +3,7 @@
 Defaults live in the dataclasses below; `boost_jax/configs/base.yaml` documents every knob (a test keeps the
 two equal). A run is `defaults <- optional YAML file <- dotted key=value overrides`, validated
 before any work starts: an unknown key or a bad value raises `ConfigError` naming the key. This
-module imports no JAX: it validates against the tables of `archs.py`, `schemes.py` and `presets.py`.
+module imports no JAX: it validates against the tables beside it in config/: `archs.py`, `schemes.py` and `presets.py`.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from typing import Any, Literal
 
 import yaml
 
-from boost_jax import presets
-from boost_jax.archs import ARCHS
-from boost_jax.errors import ConfigError
-from boost_jax.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
+from boost_jax.config import presets
+from boost_jax.config.archs import ARCHS
+from boost_jax.runtime.errors import ConfigError
+from boost_jax.config.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
 
-MAX_VOCAB = 2**31 - 1
-# Choices read from their tables (archs.py, parallel/schemes.py), so adding an entry there is enough.
+MAX_INT32_VOCAB = 2**31 - 1
+# Choices read from their tables (config/archs.py, config/schemes.py), so adding an entry there is enough.
 Arch = Literal[tuple(ARCHS)]
 SchemeName = Literal[("auto", *SCHEMES)]
 DType = Literal["float32", "bfloat16"]
-OptimizerName = Literal["adamw", "muon", "spectron"]  # boost_jax/optimizers.py
+OptimizerName = Literal["adamw", "muon", "spectron"]  # boost_jax/training/optimizers.py
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class DataConfig:
     tokenizer: Literal["bpe", "byte_bpe", "sentencepiece"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
     cache_dir: str = ""  # "" = $BOOST_JAX_CACHE or ~/.cache/boost_jax
-    # JAX's persistent compilation cache of every command (boost_jax/compile_cache.py), in
+    # JAX's persistent compilation cache of every command (boost_jax/launch/compile_cache.py), in
     # compile_cache_dir ("" = $JAX_COMPILATION_CACHE_DIR, else <cache_dir>/xla)
     compile_cache: bool = True
     compile_cache_dir: str = ""
@@ -238,7 +238,7 @@ class ParallelConfig:
     scheme: SchemeName = "auto"
     cpu_devices: int = 0  # >0: simulate this many host devices (set before JAX starts)
     # On CPU, each step's temporaries reuse the host memory the last step freed instead of fresh
-    # pages: faster steps, more host memory (boost_jax/host_memory.py; set before JAX starts), in
+    # pages: faster steps, more host memory (boost_jax/launch/host_memory.py; set before JAX starts), in
     # train, eval and bench; decoding keeps glibc's defaults. Nothing changes on an accelerator.
     cpu_reuse_memory: bool = True
     # Multi-process runs on JAX's distributed runtime: "" = one process; "auto" = JAX's cluster
@@ -461,7 +461,7 @@ def _validate_model(m: ModelConfig) -> None:
                  + (" (d_model must divide by n_heads, or set head_dim)" if name == "head_dim" else "")
                  + (" (null means the default, d_model / 4)" if name.endswith("_rank") else ""))
     # Token ids travel as int32 (and tokenizers' ids are u32): a larger vocab cannot be addressed.
-    _require(m.vocab_size <= MAX_VOCAB, "model.vocab_size", f"must be at most {MAX_VOCAB:,} (token ids are "
+    _require(m.vocab_size <= MAX_INT32_VOCAB, "model.vocab_size", f"must be at most {MAX_INT32_VOCAB:,} (token ids are "
              f"int32), got {m.vocab_size:,}")
     _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
              f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads}")

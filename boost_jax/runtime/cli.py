@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from boost_jax.errors import BoostJaxError, ConfigError
+from boost_jax.runtime.errors import BoostJaxError, ConfigError
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "BOOST_JAX_DEBUG"
 DEBUG_HELP = f"{DEBUG_FLAG} (or {DEBUG_ENV}=1) shows the traceback behind an error message."

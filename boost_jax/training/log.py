@@ -14,7 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from boost_jax.config import LogConfig
-from boost_jax.paths import disk_full, is_disk_full
+from boost_jax.runtime.paths import disk_full, is_disk_full
 
 
 class RunLog:

@@ -17,9 +17,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from boost_jax.archs import ARCHS
+from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
-from boost_jax.cache import atomic_write
+from boost_jax.runtime.cache import atomic_write
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
 
 
 def count(cfg: ModelConfig, seq_len: int) -> Counts:
-    cfg = cfg.resolved()
+    """Parameters and FLOPs of a resolved model config at a sequence length."""
     d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
     per_layer = sum(ARCHS[cfg.arch].linear_params(*s) for s in layer_linear_shapes(cfg).values())
     head = d * v
