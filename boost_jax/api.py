@@ -95,13 +95,22 @@ def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
 
 
 def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:
-    """A run dir's config.yaml (with `overrides`), any problem named by its file."""
+    """A run dir's config.yaml (with `overrides`), any problem named by its file; an override that
+    changes what the run's parameters mean (a `model.*` key outside checkpoint.COMPUTE_ONLY) is refused
+    here, before any work (restoring checks each checkpoint's own record too)."""
+    from boost_jax.training.checkpoint import COMPUTE_ONLY, changed_keys, model_identity
+
     raw = load_yaml(path)
     try:
-        from_dict(raw)
+        saved = from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path} is damaged or edited: {e}") from None
-    return load_config(path, overrides)
+    cfg = load_config(path, overrides)
+    if changed := changed_keys(model_identity(saved.to_dict()), model_identity(cfg.to_dict())):
+        raise ConfigError(f"{path.parent} holds a model with a different {', '.join(changed)}: the overrides may "
+                          f"change how it computes ({', '.join(COMPUTE_ONLY)}) and its layout (parallel.*), "
+                          "not what its parameters mean")
+    return cfg
 
 
 # The positions a row of api.generate may reach when no max_len is given: a bound on its KV cache.

@@ -1,12 +1,14 @@
-"""python -m boost_jax.lm_eval RUN_DIR [--step N] --tasks TASKS [lm-eval's flags]
+"""python -m boost_jax.lm_eval RUN_DIR [section.key=value ...] [--step N] --tasks TASKS [lm-eval's flags]
 
 A boost_jax run's checkpoint as an lm-evaluation-harness model (`pip install -e ".[eval]"`): the
 command is lm-eval's own (`lm-eval run`: --tasks, --include_path, --limit, --output_path,
 --log_samples, --batch_size, ...) with the model a run dir's, because lm-eval's `lm_eval` command
-never imports boost_jax. From Python: `lm_eval.simple_evaluate(model=BoostLM(run_dir="runs/default"),
-tasks=[...])`.
+never imports boost_jax. `section.key=value` overrides of the run's config.yaml choose the layout as
+for `eval` and `generate` (`parallel.tp=2 parallel.dp=1`, fsdp, dp; no pipeline stages or context
+parallelism, as decoding); a key that would change what the parameters mean is refused. From Python:
+`lm_eval.simple_evaluate(model=BoostLM(run_dir="runs/default", overrides=["parallel.tp=2"]), tasks=[...])`.
 
-The three requests the harness makes, each answered from the model's own forward (one device):
+The three requests the harness makes, each answered from the model's own forward on that layout:
 - `loglikelihood(context, continuation)`: the summed log-probability of the continuation's tokens
   after the context's, and whether each is the greedy choice. The continuation's tokens are those of
   context + continuation past the context's (a leading space belongs to the continuation); an empty
@@ -24,13 +26,18 @@ is an `lm_eval.api.model.LM` registered as "boost_jax".
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from boost_jax.config import Config
 
 try:  # the harness is an optional extra
     from lm_eval.api.model import LM as _Harness
@@ -42,25 +49,33 @@ except ImportError:
 class BoostLM(_Harness):
     """An lm-evaluation-harness model over a boost_jax run dir's checkpoint."""
 
-    def __init__(self, run_dir: str | Path, step: int | None = None, batch_size: int = 8, **_):
+    def __init__(self, run_dir: str | Path, step: int | None = None, batch_size: int = 8,
+                 overrides: Sequence[str] | str = (), **_):
+        """`overrides`: `section.key=value` strings (or one string of them separated by spaces, as
+        lm-eval's `--model_args ...,overrides=parallel.tp=2 parallel.dp=1` passes them)."""
         super().__init__()
         from boost_jax import api
-        from boost_jax.launch.prepare import prepare_jax
         from boost_jax.data.tokenizer import eos_id, load_tokenizer
+        from boost_jax.launch.prepare import prepare_jax
         from boost_jax.model.decode import Decoder
-        from boost_jax.parallel import single_device_plan
+        from boost_jax.parallel import make_plan
+        from boost_jax.parallel.mesh import mesh_devices
 
-        prepare_jax(api.run_config(run_dir), reuse_memory=False)  # decoding's scoring: glibc's defaults
-        self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step))
+        overrides = overrides.split() if isinstance(overrides, str) else list(overrides)
+        cfg = api.run_config(run_dir, overrides)
+        prepare_jax(cfg, reuse_memory=False)  # decoding's scoring: glibc's defaults
+        plan = make_plan(cfg, mesh_devices(cfg.parallel))
+        self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step), overrides,
+                                                      plan=plan)
         self.tokenizer = load_tokenizer(Path(run_dir) / "tokenizer.json")
         self.eos = eos_id(self.tokenizer)
+        self.decoder = Decoder(self.model, plan, eos_id=self.eos)  # refuses pipeline stages and cp by name
         self.context = self.cfg.train.seq_len
-        self.rows = int(batch_size)
-        plan = single_device_plan(self.model.cfg)
+        split = plan.size("batch")  # rows are padded to a multiple of the data-parallel split
+        self.rows = -(-int(batch_size) // split) * split
         graphdef, params = nnx.split(self.model)
         self._log_probs = jax.jit(lambda p, t: jax.nn.log_softmax(nnx.merge(graphdef, p)(t, plan=plan), axis=-1))
         self._params = params
-        self.decoder = Decoder(self.model, plan, eos_id=self.eos)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> BoostLM:
@@ -80,7 +95,7 @@ class BoostLM(_Harness):
         for lo in range(0, len(sequences), self.rows):
             part = [(ids[-(self.context + 1):], n) for ids, n in sequences[lo:lo + self.rows]]
             width = bucket(max(len(ids) - 1 for ids, _ in part))
-            tokens = np.zeros((len(part), width), np.int32)
+            tokens = np.zeros((self.rows, width), np.int32)  # one row count: one program per width
             for i, (ids, _) in enumerate(part):
                 tokens[i, :len(ids) - 1] = ids[:-1]
             log_probs = np.asarray(self._log_probs(self._params, jnp.asarray(tokens)))
@@ -135,6 +150,8 @@ class BoostLM(_Harness):
 if register_model is not None:
     register_model("boost_jax")(BoostLM)
 
+SECTIONS = {f.name for f in dataclasses.fields(Config)}  # what starts a `section.key=value` override
+
 
 def main(argv: list[str] | None = None) -> None:
     """The command line (one message and exit 1 on a user error)."""
@@ -154,18 +171,21 @@ def _main(argv: list[str]) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
-    a, harness_args = p.parse_known_args(argv)
+    a, rest = p.parse_known_args(argv)
+    # Our config's `section.key=value` overrides; everything else is lm-eval's.
+    is_override = lambda x: not x.startswith("-") and x.split(".", 1)[0] in SECTIONS and "=" in x.split(".", 1)[-1]
+    overrides, harness_args = [x for x in rest if is_override(x)], [x for x in rest if not is_override(x)]
     if taken := [f for f in ("--model", "--model_args") if any(x.split("=")[0] == f for x in harness_args)]:
         raise ConfigError(f"{taken[0]}: the model is RUN_DIR's (python -m boost_jax.lm_eval RUN_DIR --tasks ...)")
     if a.step is not None and a.step < 0:
         raise ConfigError(f"--step must be a checkpoint's step (>= 0), got {a.step}")
-    api.run_config(a.run_dir)  # a run dir, named before the harness starts
+    api.run_config(a.run_dir, overrides)  # a run dir and its overrides, named before the harness starts
     if register_model is None:
         raise PackageError("python -m boost_jax.lm_eval needs lm-eval: pip install -e \".[eval]\" (or pip install lm-eval)")
     from lm_eval.__main__ import cli_evaluate
 
-    model_args = f"run_dir={a.run_dir}" + ("" if a.step is None else f",step={a.step}")
-    sys.argv = ["lm-eval", "run", "--model", "boost_jax", "--model_args", model_args, *harness_args]
+    model_args = {"run_dir": str(a.run_dir), "overrides": overrides, **({} if a.step is None else {"step": a.step})}
+    sys.argv = ["lm-eval", "run", "--model", "boost_jax", "--model_args", json.dumps(model_args), *harness_args]
     cli_evaluate()
 
 

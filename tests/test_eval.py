@@ -16,7 +16,7 @@ import pytest
 from boost_jax import api
 from boost_jax import eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
-from boost_jax.runtime.errors import DataError
+from boost_jax.runtime.errors import ConfigError, DataError
 from boost_jax.lm_eval import BoostLM
 from boost_jax.launch.startup import PHASES
 from conftest import train_tiny
@@ -147,12 +147,38 @@ def test_generate_until_stops_at_the_first_stop_string(harness):
     assert cut == free[:free.find(stop)]
 
 
+@pytest.mark.parametrize("layout", [
+    ["parallel.tp=2", "parallel.dp=1"],
+    pytest.param(["parallel.fsdp=2", "parallel.dp=1"], marks=pytest.mark.slow),
+    pytest.param(["parallel.dp=2"], marks=pytest.mark.slow),
+])
+def test_the_harness_answers_the_same_on_any_layout(run_dir, harness, layout):
+    """Trained on one device, served to the harness under tp, fsdp (weights sharded) or dp: the same
+    scores (fp32, 1e-5) and the same greedy continuation as one device's."""
+    on_mesh = BoostLM(run_dir, batch_size=3, overrides=" ".join(layout))  # as lm-eval's --model_args passes them
+    assert on_mesh.rows % on_mesh.decoder.plan.size("batch") == 0
+    pairs = [request("def main(", " return 1"), request("", "import os"), request("x = ", "[1, 2, 3]")]
+    for (score, greedy), (want, want_greedy) in zip(on_mesh.loglikelihood(pairs), harness.loglikelihood(pairs)):
+        assert score == pytest.approx(want, rel=1e-5, abs=1e-4) and greedy == want_greedy
+    text = [request("import os\nprint(os.path.join('a', 'b'))\n" * 6)]
+    assert on_mesh.loglikelihood_rolling(text) == pytest.approx(harness.loglikelihood_rolling(text), rel=1e-5)
+    ask = [request("def main(", {"until": [], "max_gen_toks": 10})]
+    assert on_mesh.generate_until(ask) == harness.generate_until(ask)
+
+
+def test_the_harness_refuses_a_layout_decoding_cannot_run(run_dir):
+    with pytest.raises(ConfigError, match="decoding runs without pipeline stages or context parallelism"):
+        BoostLM(run_dir, overrides=["parallel.cp=2", "parallel.dp=1"])
+
+
 def test_the_lm_eval_command_refuses_bad_input_by_name(run_dir, tmp_path):
     from boost_jax.lm_eval import main
 
     for argv, needle in [([str(tmp_path / "nope"), "--tasks", "x"], "run dir not found"),
                          ([str(run_dir), "--model", "hf", "--tasks", "x"], "--model: the model is RUN_DIR's"),
-                         ([str(run_dir), "--step", "-1", "--tasks", "x"], "--step must be a checkpoint's step")]:
+                         ([str(run_dir), "--step", "-1", "--tasks", "x"], "--step must be a checkpoint's step"),
+                         ([str(run_dir), "model.d_model=8", "--tasks", "x"], "different model.d_model"),
+                         ([str(run_dir), "parallel.tpp=2", "--tasks", "x"], "parallel.tpp")]:
         with pytest.raises(SystemExit, match=needle):
             main(argv)
 
@@ -181,8 +207,8 @@ DOCS = [{"question": "def main(", "choices": [" return 1", " pass", "x = 2"], "a
 
 @pytest.mark.slow  # lm-eval in a fresh process: ~60 s
 def test_the_lm_eval_command_runs_local_tasks_of_every_request_type(run_dir, harness, tmp_path):
-    """`python -m boost_jax.lm_eval RUN_DIR --tasks ... --include_path DIR` end to end on local tasks
-    (a JSON file, no network): each request's answer is the in-process model's, and the scores follow."""
+    """`python -m boost_jax.lm_eval RUN_DIR parallel.tp=2 ... --tasks ... --include_path DIR` end to end on
+    local tasks (a JSON file, no network): each request's answer is the in-process model's, and the scores follow."""
     pytest.importorskip("lm_eval")
     (tmp_path / "data.json").write_text(json.dumps(DOCS))
     tasks = tmp_path / "tasks"
@@ -191,7 +217,9 @@ def test_the_lm_eval_command_runs_local_tasks_of_every_request_type(run_dir, har
         (tasks / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: json\ndataset_kwargs: {{data_files: "
                                             f"{{test: {tmp_path / 'data.json'}}}}}\ntest_split: test\n{body}\n")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "boost_jax.lm_eval", str(run_dir), "--tasks", ",".join(TASKS),
+    # Served on tp=2 (two simulated devices) by the command's overrides, scored against one device in process.
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.lm_eval", str(run_dir), "parallel.cpu_devices=2",
+                           "parallel.tp=2", "parallel.dp=1", "--tasks", ",".join(TASKS),
                            "--include_path", str(tasks), "--output_path", str(tmp_path / "out"), "--log_samples"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
