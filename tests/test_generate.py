@@ -67,8 +67,8 @@ def test_greedy_decoding_equals_repeated_full_forwards(arch, kw):
     model = model_of(arch, **dict(kw))
     got = Decoder(model, single_device_plan(model.cfg)).generate(PROMPTS, NEW)
     assert got.tokens == greedy_by_full_forwards(model, PROMPTS, NEW)
-    # One prefill program and one decode loop per cache bucket (16 -> 32 -> 64 positions), not per token.
-    assert got.programs == {"prefill": 1, "decode": 3, "grow": 2}
+    # One prefill program and one decode loop, its cache holding every position a row may reach; not per token.
+    assert got.programs == {"prefill": 1, "decode": 1}
 
 
 @pytest.mark.parametrize("arch", ["lax", pytest.param("svd", marks=pytest.mark.slow),

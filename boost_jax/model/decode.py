@@ -9,8 +9,9 @@ each row then decodes at its own next position (the cache and causality keep row
 tokens never depend on the others in its batch). Programs are compiled per (batch size, prompt
 length bucket) for the prefill and per (batch size, cache length bucket) for the decode loop, never
 per token: the loop runs up to `CHUNK` steps per call in a `lax.while_loop` and stops early when
-every row is done; when a row reaches the end of the cache the cache grows to the next bucket (a
-power of two). Sampling is greedy at temperature 0; otherwise temperature, top-k and top-p (nucleus)
+every row is done. The cache holds, from the prefill on, the positions the longest row may reach
+(its prompt + max_new_tokens, to the next power of two): one decode program per generation, where a
+cache grown on demand took one per bucket passed and a program to grow it each time. Sampling is greedy at temperature 0; otherwise temperature, top-k and top-p (nucleus)
 shape the distribution and token i of every row is drawn with `fold_in(key(seed), i)`, so a seed
 reproduces a generation whatever the chunking.
 """
@@ -26,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES, Cache, empty
@@ -88,10 +90,16 @@ def bucket(n: int) -> int:
     return max(MIN_BUCKET, 1 << (max(n, 1) - 1).bit_length())
 
 
-def furthest(state: dict):
-    """The highest position a row still decoding will write next (on device or host arrays)."""
-    xp = np if isinstance(state["done"], np.ndarray) else jnp
-    return xp.max(xp.where(state["done"], 0, state["position"]))
+def _as_returned(sharding: NamedSharding) -> NamedSharding:
+    """`sharding` as a program returns it: without the mesh axes of size 1 (and trailing None), as
+    XLA writes an output's layout. The decode loop's state, first placed this way, is then laid out
+    as the loop hands it back, and the loop's next call is the same program."""
+    sizes = sharding.mesh.shape
+    keep = lambda entry: tuple(a for a in (entry if isinstance(entry, tuple) else (entry,)) if a and sizes[a] > 1)
+    entries = [axes[0] if len(axes) == 1 else (axes or None) for axes in map(keep, sharding.spec)]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return NamedSharding(sharding.mesh, PartitionSpec(*entries))
 
 
 def sample(logits: jax.Array, key: jax.Array, index: jax.Array, sampling: Sampling) -> jax.Array:
@@ -150,7 +158,6 @@ class Decoder:
                                 compiler_options=compiler_options)
         self._chunk = jax.jit(self._chunk_fn, static_argnames=("sampling", "max_new"), donate_argnums=(1,),
                               compiler_options=compiler_options)
-        self._grow = jax.jit(self._grow_fn, static_argnames=("length",))
 
     def _lay_out(self, state: nnx.State) -> None:
         """Place the parameters `state` for the plan, remembering (weakly) which arrays they came from."""
@@ -183,8 +190,7 @@ class Decoder:
     @property
     def programs(self) -> dict[str, int]:
         """Compiled programs so far: prefill per (batch, prompt bucket), the loop per (batch, cache bucket)."""
-        return {"prefill": self._prefill._cache_size(), "decode": self._chunk._cache_size(),
-                "grow": self._grow._cache_size()}
+        return {"prefill": self._prefill._cache_size(), "decode": self._chunk._cache_size()}
 
     def _decode(self, params, tokens, cache: Cache, positions, logits_at):
         model = nnx.merge(self.graphdef, {**params["rest"], "layers": self.stack})
@@ -203,12 +209,12 @@ class Decoder:
         return sample(logits, key, jnp.int32(0), sampling), cache
 
     def _chunk_fn(self, params, cache, state, key, *, sampling: Sampling, max_new: int):
-        """Up to CHUNK decode steps, stopping early when every row is done or a row reaches the cache's end."""
-        length = cache[0].length
+        """Up to CHUNK decode steps, stopping early when every row is done (the cache holds every
+        position a row may reach: `generate` sizes it)."""
 
         def more(carry):
             i, _, s = carry
-            return (i < CHUNK) & ~jnp.all(s["done"]) & (furthest(s) < length)
+            return (i < CHUNK) & ~jnp.all(s["done"])
 
         def step(carry):
             i, cache, s = carry
@@ -224,16 +230,9 @@ class Decoder:
                                   "count": count, "done": done, "out": out, "index": s["index"] + 1}
 
         _, cache, state = jax.lax.while_loop(more, step, (jnp.int32(0), cache, state))
-        return cache, state
-
-    def _grow_fn(self, cache: Cache, *, length: int) -> Cache:
-        """The cache padded with empty slots to `length` positions (its second-last axis)."""
-        def grow(v):
-            pad = [(0, 0)] * v.ndim
-            pad[-2] = (0, length - v.shape[-2])
-            return jnp.pad(v, pad)
-
-        return tuple(jax.tree.map(grow, c).constrain(self.plan.constrain) for c in cache)
+        # The state laid out as it came in (its rows on the batch axes), so the next call is this program.
+        rows = lambda v: self.plan.constrain(v, ("batch",) + (None,) * (v.ndim - 1)) if v.ndim else v
+        return cache, jax.tree.map(rows, state)
 
     def _eos(self) -> int:
         return -1 if self.eos_id is None else self.eos_id
@@ -255,8 +254,8 @@ class Decoder:
         for i, p in enumerate(rows):
             tokens[i, :len(p)] = p
         key = jax.random.key(sampling.seed)
-        length = bucket(int(lengths.max()) + 1)
-        put = lambda x: jax.device_put(x, self.plan.sharding(("batch",) + (None,) * (x.ndim - 1)))
+        length = bucket(int(lengths.max()) + max_new_tokens)  # every position a row may reach
+        put = lambda x: jax.device_put(x, _as_returned(self.plan.sharding(("batch",) + (None,) * (x.ndim - 1))))
         t0 = time.perf_counter()
         first, cache = self._prefill(self.params, put(tokens), put(lengths), key, length=length, sampling=sampling)
         first = np.asarray(first)
@@ -268,12 +267,11 @@ class Decoder:
             on_tokens(self._rows(out[:n]))
         state = jax.tree.map(put, {"last": first, "position": lengths.copy(), "count": np.ones(b, np.int32),
                                    "done": done, "out": out})
-        state["index"] = jnp.int32(1)  # the generation index of the next token (its sampling key)
+        # The generation index of the next token (its sampling key), on the mesh as the loop returns it:
+        # the second call of the loop is then the first's program.
+        state["index"] = jax.device_put(jnp.int32(1), _as_returned(self.plan.sharding(())))
         t0 = time.perf_counter()
-        while not np.all((now := jax.device_get({k: state[k] for k in ("done", "position")}))["done"]):
-            if furthest(now) >= length:  # a row reached the cache's end
-                length *= 2
-                cache = self._grow(cache, length=length)
+        while not np.all(jax.device_get(state["done"])):
             cache, state = self._chunk(self.params, cache, state, key, sampling=sampling, max_new=max_new_tokens)
             if on_tokens is not None:
                 on_tokens(self._rows(jax.device_get(state["out"])[:n]))
