@@ -41,8 +41,8 @@ from boost_jax.bench.step import Runner
 from boost_jax.config import Config
 from boost_jax.errors import ConfigError
 from boost_jax.flops import measure_matmul_peak, measure_read_bandwidth
-from boost_jax.layers.attention import query_group
 from boost_jax.parallel import make_plan
+from boost_jax.parallel.context import query_group
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.paths import check_writable_dir
 

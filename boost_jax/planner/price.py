@@ -35,7 +35,7 @@ from boost_jax.config import Config
 from boost_jax.parallel import abstract_plan
 from boost_jax.cache import atomic_write, digest
 from boost_jax.flops import count
-from boost_jax.layers.attention import query_group
+from boost_jax.parallel.context import query_group
 from boost_jax.optimizers import newton_schulz_flops
 from boost_jax.planner.workers import Workers
 from boost_jax.weights import abstract_model
