@@ -234,7 +234,8 @@ class Attention(nnx.Module):
             out, cache = self._over_cache(x, norm, proj, where.of(b, s), cache)
         else:
             out, cache = self._over_latents(x, norm, proj, where.of(b, s), cache)
-        return proj.plan.constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads")), cache
+        out = out.reshape(b, s, self.n_heads * self.head_dim)
+        return proj.plan.constrain(out, ("batch", "seq", "act_heads")), cache
 
     @property
     def linears(self) -> dict[str, Linear]:

@@ -2,8 +2,9 @@
 under it read of it (layout.py), how each scheme runs a block's projections and where attention
 finds its keys (projections.py), the shard_map blocks whose collectives must be exact (blocks.py),
 pipeline stages (pipeline.py), context parallelism: its token order and attention's shard_map
-regions (context.py), and the heartbeat that names a lost peer process (peers.py). The schemes themselves are a table in `boost_jax/schemes.py`;
-docs/design.md explains the math; the README's "Extending boost_jax" says where a new scheme goes."""
+regions (context.py), and the heartbeat that names a lost peer process (peers.py). The schemes
+themselves are a table in `boost_jax/schemes.py`; docs/design.md explains the math; the README's
+"Extending boost_jax" says where a new scheme goes."""
 
 from boost_jax.parallel.mesh import init_distributed, make_mesh, prepare_jax, simulate_cpu_devices
 from boost_jax.parallel.plan import Plan, abstract_plan, make_plan, single_device_plan

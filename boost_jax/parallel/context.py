@@ -2,7 +2,8 @@
 
 Everything position-wise (norms, the projections, the MLP, the LM head and the loss) runs on its own
 chunk with no added communication: the logical axis `seq` maps to `cp` in every scheme. Attention
-is the one place a token needs others, and `parallel.cp_attention` says how it gets them:
+is the one place a token needs others, and `parallel.cp_attention` says how it gets them (the
+projections' `attention` picks the way and hands the layer's math, `Attending`, to its region here):
 
 - gather: each device all-gathers k and v over cp (its queries stay local); causality and documents
   are masked by the tokens' positions and segments, gathered once per step.
@@ -16,7 +17,8 @@ is the one place a token needs others, and `parallel.cp_attention` says how it g
 Causal load balance: a sequence cut into 2 cp chunks puts chunks i and 2 cp - 1 - i on device i, so
 every device holds as many early (cheap) as late (dear) queries. The train step reorders each batch
 once (`balance`); positions travel with their tokens, and the loss, a mean over all tokens, does not
-see the order.
+see the order. `query_group` tells the work analysis how many query heads share a kv head on one
+device, as the plan splits (or, here, slices) them.
 """
 
 from __future__ import annotations

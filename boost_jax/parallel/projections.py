@@ -6,9 +6,13 @@ look at the scheme themselves:
     proj = plan.projections(cfg, plan, latents)       # one per block call (it threads LaX's latents)
     y = proj.normed(x, norm, {"q": q, "k": k, "v": v}, out_axes)   # projections of norm(x)
     z = proj("o", o, attention_out, ("act_heads", "heads"))        # one projection of an activation
+    heads = proj.attention(x, norm, attention, where)              # self-attention of norm(x), no cache
 
 `normed` of a low-rank strategy is `up(latents(...))`: the two halves are separate so that a
-caller may keep the rank-r latents (a latent cache) and project them later.
+caller may keep the rank-r latents (a latent cache) and project them later. `attention` is where
+the plan's tokens meet: it makes attention's q, k, v (or the latents of k and v under
+`parallel.cp_attention=latent`) and hands them to the layer's math where the plan keeps the
+tokens (parallel/context.py); the layer never reads the scheme or the low-rank factors.
 
 - megatron (dense): the GEMMs as written, sharded by the layouts alone (XLA derives the two
   all-reduces per layer); with `model.grouping`, projections of one input and equal width as one
@@ -32,7 +36,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.archs import ARCHS
 from boost_jax.parallel.blocks import btp_down, grouped_up
-from boost_jax.parallel.context import KEYS, QUERIES, Attending, Tokens, attend_gathered, gather, gathered_keys, ring_attention
+from boost_jax.parallel.context import (KEYS, QUERIES, Attending, Tokens, attend_gathered, gather, gathered_keys,
+                                        ring_attention)
 from boost_jax.parallel.layout import Layout
 from boost_jax.remat import LATENT
 
@@ -117,8 +122,8 @@ class Projections:
         b, s, _ = x.shape
         plan, linears = self.plan, attn.linears
         hs = self.latents(x, norm, linears)
-        q = self.up({"q": hs["q"]}, linears, {"q": ("heads", "act_heads")})["q"].reshape(b, s, attn.n_heads, attn.head_dim)
-        q = plan.constrain(attn.rotate(q, where.of(b, s)), QUERIES)
+        q = self.up({"q": hs["q"]}, linears, {"q": ("heads", "act_heads")})["q"]
+        q = plan.constrain(attn.rotate(q.reshape(b, s, attn.n_heads, attn.head_dim), where.of(b, s)), QUERIES)
         rank_axis = plan.axis(LATENT_AXES[-1])
 
         def up(h, w):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', d_h]
