@@ -14,7 +14,8 @@ from boost_jax.schemes import Scheme
 
 
 class Layout(Protocol):
-    """A plan's mesh, scheme and layout by logical axis names (`plan.Plan` is the one there is)."""
+    """A plan's mesh and scheme, its layout by logical axis names, and how attention runs on it
+    (`plan.Plan` is the one there is)."""
 
     @property
     def mesh(self) -> Mesh: ...
