@@ -109,6 +109,15 @@ def test_no_import_circles():
     assert circles == []
 
 
+def test_attention_knows_no_scheme():
+    """layers/attention.py is handed what it attends over by the plan's projections (parallel/): it
+    imports nothing from parallel/ and reads no mesh split, scheme, collective or low-rank factor."""
+    path = ROOT / "boost_jax" / "layers" / "attention.py"
+    assert sorted(m for m in imports(path) if m.startswith("boost_jax.parallel")) == []
+    source = path.read_text()
+    assert [w for w in (".size(", ".axis(", ".scheme", ".mesh", "cp_attention", "psum", ".b[", ".a[") if w in source] == []
+
+
 @pytest.mark.parametrize("module", ["boost_jax.config", "boost_jax.config.schemes", "boost_jax.config.archs", "boost_jax.runtime.cache",
                                     "boost_jax.data.prepare", "boost_jax.data.__main__"])
 def test_tables_and_data_preparation_load_no_jax(module):

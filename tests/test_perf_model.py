@@ -135,7 +135,7 @@ def _attention_work(*overrides: str) -> tuple[int, float, int]:
     from boost_jax.analysis.program import build
     from boost_jax.analysis.work import analyze
     from boost_jax.config import from_args
-    from boost_jax.layers.attention import query_group
+    from boost_jax.parallel.context import query_group
 
     cfg = from_args(["model.preset=llama-tiny", "model.arch=dense", "model.n_heads=8", "model.d_model=128",
                      "parallel.dp=1", "train.batch_size=2", "model.dtype=float32", *overrides])  # later keys win

@@ -136,7 +136,7 @@ def attention_blocks(seq: int, query_block: int, cp: int = 1, group: int = 1) ->
     share of its FLOPs a causal flash kernel does: a block of `query_rows` queries against every key
     (or round a ring, 1/cp of them) half; plain causal block i of `causal_blocks`, against the keys
     up to its end, all but its diagonal square's upper half. `group`: a device's query heads per kv
-    head (`attention.query_group`), which the matmuls fold into a block's rows."""
+    head (`context.query_group`), which the matmuls fold into a block's rows."""
     rows = query_rows(seq // cp, query_block)
     blocks = {(group * rows, kl): 0.5 for kl in {seq, seq // cp} if kl > 1}
     if cp == 1 and rows == seq:
@@ -163,7 +163,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
     """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`);
     `query_block`: the program's `model.attention_query_block`; `cp`: its context parallelism
     (a device's queries are 1/cp of the sequence, its keys all of it or, round a ring, 1/cp);
-    `group`: a device's query heads per kv head (`attention.query_group`; 1 without GQA)."""
+    `group`: a device's query heads per kv head (`context.query_group`; 1 without GQA)."""
     blocks = attention_blocks(seq, query_block, cp, group)  # the dots' (G x rows, keys)
     # A score value keeps G apart ([.., G, rows, keys]) or, inside a fusion, folds it like the dots.
     scores = {**attention_blocks(seq, query_block, cp), **blocks}

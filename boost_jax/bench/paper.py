@@ -42,7 +42,7 @@ from boost_jax.analysis.program import build, peak_bytes
 from boost_jax.bench.common import parse, parser
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.analysis.flops import count
-from boost_jax.layers.attention import query_group
+from boost_jax.parallel.context import query_group
 
 GIB = 2**30
 # The paper's table: GPUs as (TP, PP), seconds per iteration of full-rank Megatron TP / vanilla

@@ -1,5 +1,9 @@
-"""Causal self-attention with RoPE and grouped-query heads; q/k/v/o are arch-generic linears run by
-the plan's projection strategy.
+"""Causal self-attention with RoPE and grouped-query heads: the attention math and the layer's
+weights (q/k/v/o, arch-generic linears run by the plan's projection strategy).
+
+The layer knows no scheme: the plan's projections (`parallel/projections.py`) make q, k and v (or
+the latents of k and v) and hand them to the math here where the plan keeps the tokens, inside a
+shard_map region under context parallelism (`Projections.attention`, `parallel/context.py`).
 
 Where the tokens sit is the caller's (`Positions`): each row's positions (RoPE, and the causal
 mask: a query sees the keys at positions <= its own) and optionally each token's document (a
@@ -20,8 +24,6 @@ from flax import nnx
 from boost_jax.config import ModelConfig
 from boost_jax.layers.kv_cache import KV_AXES, KVCache, LatentCache, ValueLatentCache
 from boost_jax.layers.lowrank import Linear
-from boost_jax.parallel.context import KEYS, QUERIES, gather, local_kv_heads, over_cp, ring_attention
-from boost_jax.parallel.projections import LATENT_AXES, Projections
 
 
 @jax.tree_util.register_dataclass
@@ -76,25 +78,6 @@ def _heads_first(x: jax.Array, kv_heads: int) -> jax.Array:
     """[B, S, H, D] -> [B, Hkv, H / Hkv, S, D]: each head's rows one matrix for the batched matmuls."""
     b, s, h, d = x.shape
     return jnp.transpose(x.reshape(b, s, kv_heads, h // kv_heads, d), (0, 2, 3, 1, 4))
-
-
-def query_group(plan, m: ModelConfig) -> int:
-    """Query heads per kv head in one device's attention matmuls: the G of `_heads_first`'s
-    [B, Hkv, G, S, D], which XLA folds into the rows (k and v are broadcast over G), so a block of r
-    queries is a matmul of G x r rows; the work analysis needs G to know attention's dots
-    (analysis/work.py). Kv heads split like the query heads keep the model's G. Replicated ones
-    (fewer kv heads than tp): under context parallelism `local_kv_heads` slices them (parallel/
-    context.py); else GSPMD splits [Hkv, G] over the heads' devices, G where Hkv cannot take them
-    all, and where it splits Hkv only partly it keeps G whole (computing some heads twice)."""
-    m = m.resolved()
-    n_heads, n_kv_heads = m.n_heads, m.n_kv_heads
-    g, split = n_heads // n_kv_heads, plan.size("act_heads")
-    if plan.size("act_kv_heads") == split:
-        return g
-    local = n_heads // split
-    if plan.size("seq") > 1:
-        return g if local % g == 0 else local if g % local == 0 else 1
-    return g * n_kv_heads // split if split % n_kv_heads == 0 and g % (split // n_kv_heads) == 0 else g
 
 
 def _tokens_first(x: jax.Array) -> jax.Array:
@@ -200,8 +183,23 @@ def cached_attention(q: jax.Array, k: jax.Array, positions: jax.Array, combine, 
         return jnp.moveaxis(out, 0, 1).reshape(b, s, *out.shape[3:])
 
 
+def latent_value_attention(q: jax.Array, k: jax.Array, positions: jax.Array, h_v: jax.Array, b_v: jax.Array, *,
+                           query_block: int) -> jax.Array:
+    """`cached_attention` of q [B, S, H, d_h] over keys k [B, H_kv, T, d_h] whose values are the
+    latents h_v [B, T, r] of the up-projection b_v [r, H_kv d_h]: softmax(q k^T) (h_v B_v) computed
+    as (softmax(q k^T) h_v) B_v per kv head, B_v applied once per query instead of once per cached
+    token -> [B, S, H d_h]."""
+    b, s, h, dh = q.shape
+    weighted = lambda p: jnp.einsum("bkgst,btr->bskgr", p.astype(h_v.dtype), h_v)  # the attention-weighted latents
+    z = cached_attention(q, k, positions, weighted, query_block=query_block)
+    with jax.named_scope("attention"):
+        b_v = b_v.astype(z.dtype).reshape(-1, k.shape[1], dh)  # [r, H_kv, d_h]
+        return jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
+
+
 class Attention(nnx.Module):
-    """q, k, v from the normed residual (RoPE on q and k), causal attention, o back to the residual."""
+    """q, k, v from the normed residual (RoPE on q and k), causal attention, o back to the residual.
+    `proj` is the plan's projections (parallel/projections.py) in every method that takes it."""
 
     def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
@@ -213,7 +211,7 @@ class Attention(nnx.Module):
         self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
         self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
 
-    def __call__(self, x: jax.Array, norm, proj: Projections, where: Positions,
+    def __call__(self, x: jax.Array, norm, proj, where: Positions,
                  cache: KVCache | ValueLatentCache | LatentCache | None = None):
         """x: the residual stream; `norm` is applied to it first (fused into q/k/v under btp). With a
         cache, this forward's keys and values (or their latents) are written into it at their
@@ -222,128 +220,81 @@ class Attention(nnx.Module):
         heads, cache = self.heads(x, norm, proj, where, cache)
         return proj("o", self.o, heads, ("act_heads", "heads")), cache
 
-    def heads(self, x: jax.Array, norm, proj: Projections, where: Positions,
+    def heads(self, x: jax.Array, norm, proj, where: Positions,
               cache: KVCache | ValueLatentCache | LatentCache | None = None):
-        """The attention heads' output [B, S, H * d_h] before o (what o reads), and the cache."""
-        if isinstance(cache, (LatentCache, ValueLatentCache)):
-            return self._over_latents(x, norm, proj, where, cache)
-        if proj.plan.size("seq") > 1 and proj.plan.cp_attention == "latent":
-            return self._gathering_latents(x, norm, proj, where), cache
+        """The attention heads' output [B, S, H * d_h] before o (what o reads), and the cache. Without
+        a cache the projections attend where the plan keeps the tokens (`Projections.attention`);
+        with one (decoding, on one sequence chunk), over what the cache holds."""
+        b, s, _ = x.shape
+        if cache is None:
+            out = proj.attention(x, norm, self, where)
+        elif where.segments is not None:
+            raise ValueError("attention: a cache holds one document per row; segment ids do not apply")
+        elif isinstance(cache, KVCache):
+            out, cache = self._over_cache(x, norm, proj, where.of(b, s), cache)
+        else:
+            out, cache = self._over_latents(x, norm, proj, where.of(b, s), cache)
+        out = out.reshape(b, s, self.n_heads * self.head_dim)
+        return proj.plan.constrain(out, ("batch", "seq", "act_heads")), cache
+
+    @property
+    def linears(self) -> dict[str, Linear]:
+        """The projections of the normed residual, by name."""
+        return {"q": self.q, "k": self.k, "v": self.v}
+
+    def queries_keys_values(self, proj, x: jax.Array, norm, positions: jax.Array) -> tuple[jax.Array, ...]:
+        """q [B, S, H, d_h], k and v [B, S, H_kv, d_h] of norm(x), q and k rotated at `positions`."""
         b, s, _ = x.shape
         kv = ("kv_heads", "act_kv_heads")
-        qkv = proj.normed(x, norm, {"q": self.q, "k": self.k, "v": self.v},
-                          {"q": ("heads", "act_heads"), "k": kv, "v": kv})
-        q = qkv["q"].reshape(b, s, self.n_heads, self.head_dim)
-        k = qkv["k"].reshape(b, s, self.n_kv_heads, self.head_dim)
-        v = qkv["v"].reshape(b, s, self.n_kv_heads, self.head_dim)
-        positions = where.of(b, s)
+        qkv = proj.normed(x, norm, self.linears, {"q": ("heads", "act_heads"), "k": kv, "v": kv})
+        q, k, v = (qkv[name].reshape(b, s, -1, self.head_dim) for name in "qkv")
         constrain = proj.plan.constrain
-        q = constrain(rope(q, positions, self.rope_theta), ("batch", "seq", "act_heads", None))
-        k = constrain(rope(k, positions, self.rope_theta), ("batch", "seq", "act_kv_heads", None))
-        v = constrain(v, ("batch", "seq", "act_kv_heads", None))
-        if proj.plan.size("seq") > 1:  # context parallel (parallel/context.py)
-            return self._across_devices(q, k, v, where, proj), cache
-        if cache is not None:
-            if where.segments is not None:
-                raise ValueError("attention: a KV cache holds one document per row; segment ids do not apply")
-            cache = cache.write(k, v, positions[:, 0]).constrain(constrain)
-            values = lambda p: jnp.einsum("bkgst,bktd->bskgd", p.astype(cache.v.dtype), cache.v)
-            out = cached_attention(q, cache.k, positions, values, query_block=self.query_block)
-        else:
-            out = causal_attention(q, k, v, impl=proj.plan.attention, query_block=self.query_block,
-                                   q_positions=where.positions, k_positions=where.positions,
-                                   q_segments=where.segments, k_segments=where.segments)
-        return constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads")), cache
+        return (constrain(self.rotate(q, positions), ("batch", "seq", "act_heads", None)),
+                constrain(self.rotate(k, positions), ("batch", "seq", "act_kv_heads", None)),
+                constrain(v, ("batch", "seq", "act_kv_heads", None)))
 
-    def _across_devices(self, q, k, v, where: Positions, proj: Projections) -> jax.Array:
-        """Attention of the local queries over the whole sequence under context parallelism: k and v
-        gathered over cp (gather) or passed round the ring (ring); parallel/context.py."""
-        b, s = q.shape[:2]
-        plan = proj.plan
-        if plan.cp_attention == "ring":
-            positions = where.of(b, s)
-            out = ring_attention(plan, q, k, v, positions, positions, where.segments, where.segments,
-                                 n_heads=self.n_heads, rows=query_rows(s // plan.size("seq"), self.query_block))
-        else:
-            tokens = self._tokens(where, b, s)
-            out = over_cp(plan, partial(self._attend_gathered, plan), (q, k, v, *tokens),
-                          (QUERIES, KEYS, KEYS, *(("batch", "seq"),) * len(tokens)), QUERIES)
-        return plan.constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
+    def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """RoPE of x [B, S, heads, d_h] at positions [B, S]."""
+        return rope(x, positions, self.rope_theta)
 
-    def _tokens(self, where: Positions, b: int, s: int) -> tuple:
-        """The positions (and segments) arrays the queries and keys are masked by, for over_cp."""
-        return (where.of(b, s),) if where.segments is None else (where.of(b, s), where.segments)
+    def attend(self, q, k, v, q_positions, k_positions, q_segments, k_segments, *, impl: str) -> jax.Array:
+        """`causal_attention` of q over k and v at this layer's query block."""
+        return causal_attention(q, k, v, impl=impl, query_block=self.query_block, q_positions=q_positions,
+                                k_positions=k_positions, q_segments=q_segments, k_segments=k_segments)
 
-    def _attend_gathered(self, plan, q, k, v, positions, segments=None):
-        """Inside over_cp: the local queries against every device's keys and values."""
-        k, v = (local_kv_heads(plan, gather(x), self.n_heads, q.shape[2]) for x in (k, v))
-        return causal_attention(q, k, v, impl="xla", query_block=self.query_block, q_positions=positions,
-                                k_positions=gather(positions), q_segments=segments,
-                                k_segments=None if segments is None else gather(segments))
+    def query_rows(self, seq: int) -> int:
+        """Queries per block of `attend` over `seq` positions."""
+        return query_rows(seq, self.query_block)
 
-    def _gathering_latents(self, x, norm, proj: Projections, where: Positions) -> jax.Array:
-        """Context parallelism by the latents (low-rank archs): the rank-r latents of k and v are
-        gathered over cp, and every device rebuilds the whole sequence's keys and values from them
-        with its own columns of B (summed over the devices that split r, where the scheme does)."""
-        b, s, _ = x.shape
-        plan = proj.plan
-        hs = proj.latents(x, norm, {"q": self.q, "k": self.k, "v": self.v})
-        q = proj.up({"q": hs["q"]}, {"q": self.q}, {"q": ("heads", "act_heads")})["q"].reshape(b, s, self.n_heads,
-                                                                                              self.head_dim)
-        q = plan.constrain(rope(q, where.of(b, s), self.rope_theta), QUERIES)
-        rank_axis = plan.axis(LATENT_AXES[-1])
+    def _over_cache(self, x, norm, proj, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """This chunk's keys and values written into a full cache, its queries over all it holds."""
+        q, k, v = self.queries_keys_values(proj, x, norm, positions)
+        cache = cache.write(k, v, positions[:, 0]).constrain(proj.plan.constrain)
+        values = lambda p: jnp.einsum("bkgst,bktd->bskgd", p.astype(cache.v.dtype), cache.v)
+        return cached_attention(q, cache.k, positions, values, query_block=self.query_block), cache
 
-        def up(h, w):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', d_h]
-            y = gather(h) @ w.astype(h.dtype)
-            y = y if rank_axis is None else jax.lax.psum(y, rank_axis)
-            return y.reshape(*y.shape[:2], -1, self.head_dim)
-
-        def attend(q, h_k, h_v, b_k, b_v, positions, segments=None):
-            k_positions = gather(positions)
-            k = rope(up(h_k, b_k), k_positions, self.rope_theta)
-            k, v = (local_kv_heads(plan, x, self.n_heads, q.shape[2]) for x in (k, up(h_v, b_v)))
-            return causal_attention(q, k, v, impl="xla", query_block=self.query_block, q_positions=positions,
-                                    k_positions=k_positions, q_segments=segments,
-                                    k_segments=None if segments is None else gather(segments))
-
-        tokens = self._tokens(where, b, s)
-        weights = (LATENT_AXES[-1], "kv_heads")  # B's rows as the latents are split, its columns as the heads
-        out = over_cp(plan, attend, (q, hs["k"], hs["v"], self.k.b[...], self.v.b[...], *tokens),
-                      (QUERIES, LATENT_AXES, LATENT_AXES, weights, weights, *(("batch", "seq"),) * len(tokens)),
-                      QUERIES)
-        return plan.constrain(out.reshape(b, s, self.n_heads * self.head_dim), ("batch", "seq", "act_heads"))
-
-    def _over_latents(self, x, norm, proj: Projections, where: Positions, cache: LatentCache | ValueLatentCache):
-        """Attention over a cache of latents (layers/kv_cache.py): v stays a rank-r latent, and its
-        up-projection is applied after attention, to the attention-weighted latents:
-        softmax(q k^T) (h_v B_v) = (softmax(q k^T) h_v) B_v per kv head. Keys are cached after RoPE
-        (latent_v), or as latents too (latent), every cached key then rebuilt from its latent and
-        rotated at its slot's position."""
-        if where.segments is not None:
-            raise ValueError("attention: a latent cache holds one document per row; segment ids do not apply")
-        b, s, _ = x.shape
-        h, kvh, dh = self.n_heads, self.n_kv_heads, self.head_dim
+    def _over_latents(self, x, norm, proj, positions: jax.Array, cache: LatentCache | ValueLatentCache):
+        """Attention over a cache of latents (layers/kv_cache.py): v stays a rank-r latent, its
+        up-projection B_v (the projections' `up_weight`) applied after attention
+        (`latent_value_attention`). Keys are cached after RoPE (latent_v), or as latents too
+        (latent), every cached key then rebuilt from its latent and rotated at its slot's position."""
+        b = x.shape[0]
         constrain = proj.plan.constrain
         kv = ("kv_heads", "act_kv_heads")
-        hs = proj.latents(x, norm, {"q": self.q, "k": self.k, "v": self.v})
-        positions = where.of(b, s)
-        rotate = lambda y, pos, heads, axis: constrain(rope(y.reshape(b, -1, heads, dh), pos, self.rope_theta),
-                                                       ("batch", "seq", axis, None))
+        hs = proj.latents(x, norm, self.linears)
+        rotate = lambda y, pos, axis: constrain(self.rotate(y.reshape(b, pos.shape[1], -1, self.head_dim), pos),
+                                                ("batch", "seq", axis, None))
         if isinstance(cache, ValueLatentCache):  # this chunk's keys, rotated once and cached
-            qk = proj.up({"q": hs["q"], "k": hs["k"]}, {"q": self.q, "k": self.k}, {"q": ("heads", "act_heads"), "k": kv})
-            cache = cache.write(rotate(qk["k"], positions, kvh, "act_kv_heads"), hs["v"], positions[:, 0])
+            qk = proj.up({"q": hs["q"], "k": hs["k"]}, self.linears, {"q": ("heads", "act_heads"), "k": kv})
+            cache = cache.write(rotate(qk["k"], positions, "act_kv_heads"), hs["v"], positions[:, 0])
             cache = cache.constrain(constrain)
             k = cache.k
         else:  # every cached key rebuilt from its latent
-            qk = proj.up({"q": hs["q"]}, {"q": self.q}, {"q": ("heads", "act_heads")})
+            qk = proj.up({"q": hs["q"]}, self.linears, {"q": ("heads", "act_heads")})
             cache = cache.write(hs["k"], hs["v"], positions[:, 0]).constrain(constrain)
-            k = rotate(proj.up({"k": cache.k}, {"k": self.k}, {"k": kv})["k"],
-                       jnp.broadcast_to(cache.positions(), (b, cache.length)), kvh, "act_kv_heads")
+            k = rotate(proj.up({"k": cache.k}, self.linears, {"k": kv})["k"],
+                       jnp.broadcast_to(cache.positions(), (b, cache.length)), "act_kv_heads")
             k = constrain(jnp.swapaxes(k, 1, 2), KV_AXES)
-        q = rotate(qk["q"], positions, h, "act_heads")
-        latents = lambda p: jnp.einsum("bkgst,btr->bskgr", p.astype(cache.v.dtype), cache.v)  # weighted latents
-        z = cached_attention(q, k, positions, latents, query_block=self.query_block)
-        with jax.named_scope("attention"):
-            b_v = self.v.b[...].astype(z.dtype).reshape(-1, kvh, dh)  # [r, H_kv, d_h]
-            out = jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
-        return constrain(out, ("batch", "seq", "act_heads")), cache
+        q = rotate(qk["q"], positions, "act_heads")
+        out = latent_value_attention(q, k, positions, cache.v, proj.up_weight(self.v), query_block=self.query_block)
+        return out, cache

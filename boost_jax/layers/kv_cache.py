@@ -51,7 +51,7 @@ def _write(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 
 
 KV_AXES = ("batch", "act_kv_heads", None, None)  # logical axes of a layer's keys or values [B, H_kv, T, d_h]
-LATENT_AXES = ("batch", None, "act_latent")  # of a latent [B, T, r], as the scheme lays latents out
+CACHED_LATENT_AXES = ("batch", None, "act_latent")  # of a cached latent [B, T, r], its r as the scheme lays latents out
 
 
 class _LayerCache:
@@ -109,7 +109,7 @@ class LatentCache(_LayerCache):
     k: jax.Array
     v: jax.Array
 
-    AXES = {"k": LATENT_AXES, "v": LATENT_AXES}
+    AXES = {"k": CACHED_LATENT_AXES, "v": CACHED_LATENT_AXES}
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, length: int) -> LatentCache:
@@ -133,7 +133,7 @@ class ValueLatentCache(_LayerCache):
     k: jax.Array
     v: jax.Array
 
-    AXES = {"k": KV_AXES, "v": LATENT_AXES}
+    AXES = {"k": KV_AXES, "v": CACHED_LATENT_AXES}
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, length: int) -> ValueLatentCache:

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from boost_jax.parallel.layout import Layout
 from boost_jax.parallel.remat import LATENT
 from pallas_kernels import grouped_matmul, norm_down
 
-if TYPE_CHECKING:
-    from boost_jax.parallel.plan import Plan
 
-
-def embed_lookup(plan: Plan, table: jax.Array, tokens: jax.Array) -> jax.Array:
+def embed_lookup(plan: Layout, table: jax.Array, tokens: jax.Array) -> jax.Array:
     """Vocab-parallel embedding: each rank looks up the tokens in its slice of the vocabulary
     (zeros elsewhere), then one reduction over the vocab axis combines them. When the residual is
     split on d (btp) that reduction is a reduce-scatter, so each rank receives only its d/p slice:
@@ -71,7 +67,7 @@ all_reduce.defvjp(lambda x, axis: (jax.lax.psum(x, axis), None),
 
 
 def btp_down(
-    plan: Plan,
+    plan: Layout,
     x: jax.Array,
     weights: Sequence[jax.Array],
     *,
@@ -138,7 +134,7 @@ def btp_down(
     return fn(x, *([gamma] * with_norm), *weights)
 
 
-def grouped_up(plan: Plan, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,
+def grouped_up(plan: Layout, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,
                y_axis: str, kernels: str = "xla") -> list[jax.Array]:
     """Column-parallel up-projections of same-width outputs as one batched GEMM:
     z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul). T is the batch and

@@ -2,7 +2,8 @@
 
 Everything position-wise (norms, the projections, the MLP, the LM head and the loss) runs on its own
 chunk with no added communication: the logical axis `seq` maps to `cp` in every scheme. Attention
-is the one place a token needs others, and `parallel.cp_attention` says how it gets them:
+is the one place a token needs others, and `parallel.cp_attention` says how it gets them (the
+projections' `attention` picks the way and hands the layer's math, `Attending`, to its region here):
 
 - gather: each device all-gathers k and v over cp (its queries stay local); causality and documents
   are masked by the tokens' positions and segments, gathered once per step.
@@ -16,22 +17,25 @@ is the one place a token needs others, and `parallel.cp_attention` says how it g
 Causal load balance: a sequence cut into 2 cp chunks puts chunks i and 2 cp - 1 - i on device i, so
 every device holds as many early (cheap) as late (dear) queries. The train step reorders each batch
 once (`balance`); positions travel with their tokens, and the loss, a mean over all tokens, does not
-see the order.
+see the order. `query_group` tells the work analysis how many query heads share a kv head on one
+device, as the plan splits (or, here, slices) them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from boost_jax.config.schemes import CP
+from boost_jax.parallel.layout import Layout
 
 if TYPE_CHECKING:
-    from boost_jax.parallel.plan import Plan
+    from boost_jax.config import ModelConfig
 
 # A masked score: finite, so a block whose every key is masked for a query adds exp(0) * 0, not NaN.
 MASKED = -1e30
@@ -58,7 +62,7 @@ def balance(batch: dict, cp: int) -> dict:
     return out
 
 
-def over_cp(plan: Plan, fn, args: tuple, axes: tuple, out_axes: tuple):
+def over_cp(plan: Layout, fn, args: tuple, axes: tuple, out_axes: tuple):
     """fn(*args) on each device's own pieces: args[i] split by the logical axes axes[i] (the sequence
     over cp, the heads over tp as the plan splits them), the result by out_axes; inside, `gather`
     reaches the whole sequence. Manual over every mesh axis, as the blocks of parallel/blocks.py: a
@@ -73,7 +77,7 @@ def gather(x: jax.Array) -> jax.Array:
     return jax.lax.all_gather(x, CP, axis=1, tiled=True)
 
 
-def local_kv_heads(plan: Plan, x: jax.Array, n_heads: int, n_local: int) -> jax.Array:
+def local_kv_heads(plan: Layout, x: jax.Array, n_heads: int, n_local: int) -> jax.Array:
     """Inside over_cp: keys or values [B, S, KVH, d] that the plan replicates while it splits the
     query heads (GQA with fewer kv heads than tp) -> the kv heads this device's n_local query heads
     (of n_heads) read; x as it is where both are split alike."""
@@ -85,7 +89,89 @@ def local_kv_heads(plan: Plan, x: jax.Array, n_heads: int, n_local: int) -> jax.
     return jnp.take(x, (first + jnp.arange(n_local)) // group, axis=2)  # a kv head per query head
 
 
-def layer_forward_bytes(plan: Plan, m, rows: int, seq_len: int) -> int:
+def query_group(plan: Layout, m: ModelConfig) -> int:
+    """Query heads per kv head in one device's attention matmuls: the G of attention's heads-first
+    [B, Hkv, G, S, D] (layers/attention.py), which XLA folds into the rows (k and v are broadcast
+    over G), so a block of r queries is a matmul of G x r rows; the work analysis needs G to know
+    attention's dots (analysis/work.py). Kv heads split like the query heads keep the model's G.
+    Replicated ones (fewer kv heads than tp): under context parallelism `local_kv_heads` slices
+    them; else GSPMD splits [Hkv, G] over the heads' devices, G where Hkv cannot take them all, and
+    where it splits Hkv only partly it keeps G whole (computing some heads twice)."""
+    n_heads, n_kv_heads = m.n_heads, m.n_kv_heads
+    g, split = n_heads // n_kv_heads, plan.size("act_heads")
+    if plan.size("act_kv_heads") == split:
+        return g
+    local = n_heads // split
+    if plan.size("seq") > 1:
+        return g if local % g == 0 else local if g % local == 0 else 1
+    return g * n_kv_heads // split if split % n_kv_heads == 0 and g % (split // n_kv_heads) == 0 else g
+
+
+class Tokens(Protocol):
+    """Where a forward's tokens sit (layers/attention.py's `Positions`)."""
+
+    @property
+    def positions(self) -> jax.Array | None: ...  # [B, S]; None: 0 .. S-1 in every row
+
+    @property
+    def segments(self) -> jax.Array | None: ...  # [B, S], each token's document; None: one per row
+
+    def of(self, batch: int, seq: int) -> jax.Array: ...  # the positions as an array [B, S]
+
+
+class Attending(Protocol):
+    """What the plan runs of an attention layer (layers/attention.py's `Attention`) where its tokens
+    are, inside a shard_map region under context parallelism: its heads and projections, the
+    queries, keys and values it makes of the normed residual, RoPE and softmax attention."""
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def linears(self) -> dict: ...  # q, k, v by name (layers/lowrank.py's `Linear`)
+
+    def queries_keys_values(self, proj, x: jax.Array, norm, positions: jax.Array) -> tuple[jax.Array, ...]:
+        """q [B, S, H, d_h], k and v [B, S, H_kv, d_h] of norm(x) by the projections `proj`, q and k rotated."""
+
+    def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array: ...  # RoPE of [B, S, heads, d_h]
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, q_positions: jax.Array | None,
+               k_positions: jax.Array | None, q_segments: jax.Array | None, k_segments: jax.Array | None, *,
+               impl: str) -> jax.Array:
+        """Causal softmax attention of q [B, Sq, H, d_h] over k, v [B, Sk, H_kv, d_h] -> [B, Sq, H, d_h]."""
+
+    def query_rows(self, seq: int) -> int: ...  # queries per block of `attend` over `seq` positions
+
+
+def attend_gathered(plan: Layout, attn: Attending, q: jax.Array, where: Tokens, keys: tuple, keys_axes: tuple,
+                    rebuild: Callable) -> jax.Array:
+    """Attention of each device's queries q [B, S, H, d_h] over the whole sequence's keys and values
+    in one `over_cp` region: `rebuild(k_positions, *keys)` makes the whole sequence's k and v
+    [B, S, H_kv, d_h] of this device's pieces of `keys` (split by `keys_axes`) with `gather`;
+    causality and documents are masked by the tokens' positions and segments, gathered alike."""
+    b, s = q.shape[:2]
+    tokens = (where.of(b, s),) if where.segments is None else (where.of(b, s), where.segments)
+    n = len(keys)
+
+    def local(q, *args):
+        positions, segments = args[n], (args[n + 1] if len(args) > n + 1 else None)
+        k_positions = gather(positions)
+        k, v = (local_kv_heads(plan, x, attn.n_heads, q.shape[2]) for x in rebuild(k_positions, *args[:n]))
+        return attn.attend(q, k, v, positions, k_positions, segments, None if segments is None else gather(segments),
+                           impl="xla")
+
+    return over_cp(plan, local, (q, *keys, *tokens), (QUERIES, *keys_axes, *(("batch", "seq"),) * len(tokens)), QUERIES)
+
+
+def gathered_keys(k_positions: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`attend_gathered`'s rebuild under parallel.cp_attention=gather: k and v, gathered whole."""
+    return gather(k), gather(v)
+
+
+def layer_forward_bytes(plan: Layout, m, rows: int, seq_len: int) -> int:
     """Bytes one device receives per decoder layer forward for attention under context parallelism,
     per `plan.cp_attention` (`rows`: its sequences): the gathered k and v (gather), the cp - 1 blocks
     of k and v that reach it round the ring (ring), or the gathered latents of k and v (latent)."""
@@ -95,7 +181,7 @@ def layer_forward_bytes(plan: Plan, m, rows: int, seq_len: int) -> int:
     return int(rows * seq_len * per_token[plan.cp_attention] * itemsize)
 
 
-def ring_attention(plan: Plan, q, k, v, q_positions, k_positions, q_segments, k_segments, *, n_heads: int,
+def ring_attention(plan: Layout, q, k, v, q_positions, k_positions, q_segments, k_segments, *, n_heads: int,
                    rows: int) -> jax.Array:
     """Softmax attention of the local queries q [B, Sq, H, d] over every device's keys and values
     [B, Sk, H_kv, d] (each device its own chunk), passed round the cp ring and folded into an online

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Plan:
     """How a model runs: its mesh, its TP scheme and the scheme's rules for this model, pipeline
-    stages, and the attention implementation (`model.attention` resolved for the mesh's devices)."""
+    stages, and the attention implementation (`model.attention` resolved for the mesh's devices).
+    The modules it builds on name its type by `layout.Layout`."""
 
     mesh: Mesh
     scheme: Scheme

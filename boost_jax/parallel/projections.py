@@ -6,9 +6,13 @@ look at the scheme themselves:
     proj = plan.projections(cfg, plan, latents)       # one per block call (it threads LaX's latents)
     y = proj.normed(x, norm, {"q": q, "k": k, "v": v}, out_axes)   # projections of norm(x)
     z = proj("o", o, attention_out, ("act_heads", "heads"))        # one projection of an activation
+    heads = proj.attention(x, norm, attention, where)              # self-attention of norm(x), no cache
 
 `normed` of a low-rank strategy is `up(latents(...))`: the two halves are separate so that a
-caller may keep the rank-r latents (a latent cache) and project them later.
+caller may keep the rank-r latents (a latent cache) and project them later. `attention` is where
+the plan's tokens meet: it makes attention's q, k, v (or the latents of k and v under
+`parallel.cp_attention=latent`) and hands them to the layer's math where the plan keeps the
+tokens (parallel/context.py); the layer never reads the scheme or the low-rank factors.
 
 - megatron (dense): the GEMMs as written, sharded by the layouts alone (XLA derives the two
   all-reduces per layer); with `model.grouping`, projections of one input and equal width as one
@@ -32,11 +36,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.config.archs import ARCHS
 from boost_jax.parallel.blocks import btp_down, grouped_up
+from boost_jax.parallel.context import (KEYS, QUERIES, Attending, Tokens, attend_gathered, gather, gathered_keys,
+                                        ring_attention)
+from boost_jax.parallel.layout import Layout
 from boost_jax.parallel.remat import LATENT
 
 if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
-    from boost_jax.parallel.plan import Plan
 
 LATENT_AXES = ("batch", "seq", "act_latent")
 
@@ -64,7 +70,7 @@ class Projections:
     """A block's projections under one plan. `latents` holds the previous layer's latents by
     projection name (LaX crosses them in); `new` collects this layer's for the next."""
 
-    def __init__(self, cfg: ModelConfig, plan: Plan, latents: dict[str, jax.Array]):
+    def __init__(self, cfg: ModelConfig, plan: Layout, latents: dict[str, jax.Array]):
         self.cfg, self.plan, self.prev, self.new = cfg, plan, latents, {}
         self.flat = plan.flat_tokens
         self.carries = ARCHS[cfg.arch].carries_latents
@@ -84,6 +90,53 @@ class Projections:
     def __call__(self, name: str, linear: LinearLike, x: jax.Array, x_axes: tuple[str, str]) -> jax.Array:
         """One projection of an activation; x_axes: (activation axis, weight axis) of x's last dim."""
         raise NotImplementedError
+
+    def up_weight(self, linear: LinearLike) -> jax.Array:
+        """B [r, d_out] of a low-rank projection: the up-projection a caller applies itself to latents
+        it kept (attention over a latent cache, to its attention-weighted latents)."""
+        return linear.b[...]
+
+    def attention(self, x: jax.Array, norm, attn: Attending, where: Tokens) -> jax.Array:
+        """Causal self-attention of norm(x)'s tokens without a cache, [B, S, H, d_h] (what o reads):
+        `attn`'s queries, keys and values handed to it where the plan keeps the tokens: each device
+        its own, or under context parallelism (parallel/context.py, `parallel.cp_attention`) with k
+        and v gathered over cp, passed round the ring, or rebuilt from their gathered latents."""
+        b, s, _ = x.shape
+        plan, cp = self.plan, self.plan.size("seq")
+        if cp > 1 and plan.cp_attention == "latent":
+            return self._attention_over_gathered_latents(x, norm, attn, where)
+        q, k, v = attn.queries_keys_values(self, x, norm, where.of(b, s))
+        if cp == 1:
+            return attn.attend(q, k, v, where.positions, where.positions, where.segments, where.segments,
+                               impl=plan.attention)
+        if plan.cp_attention == "ring":
+            positions = where.of(b, s)
+            return ring_attention(plan, q, k, v, positions, positions, where.segments, where.segments,
+                                  n_heads=attn.n_heads, rows=attn.query_rows(s // cp))
+        return attend_gathered(plan, attn, q, where, (k, v), (KEYS, KEYS), gathered_keys)
+
+    def _attention_over_gathered_latents(self, x: jax.Array, norm, attn: Attending, where: Tokens) -> jax.Array:
+        """parallel.cp_attention=latent (low-rank archs): the rank-r latents of k and v are gathered
+        over cp, and every device rebuilds the whole sequence's keys and values from them with its
+        own columns of B (summed over the devices that split r, where the scheme does)."""
+        b, s, _ = x.shape
+        plan, linears = self.plan, attn.linears
+        hs = self.latents(x, norm, linears)
+        q = self.up({"q": hs["q"]}, linears, {"q": ("heads", "act_heads")})["q"]
+        q = plan.constrain(attn.rotate(q.reshape(b, s, attn.n_heads, attn.head_dim), where.of(b, s)), QUERIES)
+        rank_axis = plan.axis(LATENT_AXES[-1])
+
+        def up(h, w):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', d_h]
+            y = gather(h) @ w.astype(h.dtype)
+            y = y if rank_axis is None else jax.lax.psum(y, rank_axis)
+            return y.reshape(*y.shape[:2], -1, attn.head_dim)
+
+        def rebuild(k_positions, h_k, h_v, b_k, b_v):
+            return attn.rotate(up(h_k, b_k), k_positions), up(h_v, b_v)
+
+        weights = (LATENT_AXES[-1], "kv_heads")  # B's rows as the latents are split, its columns as the heads
+        keys = (hs["k"], hs["v"], self.up_weight(linears["k"]), self.up_weight(linears["v"]))
+        return attend_gathered(plan, attn, q, where, keys, (LATENT_AXES, LATENT_AXES, weights, weights), rebuild)
 
     def _activate(self, linear: LinearLike, h: jax.Array, tag: bool) -> jax.Array:
         """The latent from x @ A: its layout, the LATENT checkpoint name (low-rank checkpointing;

@@ -33,9 +33,9 @@ from boost_jax.analysis.perf_model import (ADAMW_BYTES_PER_PARAM, Hardware, Work
                                            predict, ring_seconds)
 from boost_jax.config import Config
 from boost_jax.parallel import abstract_plan
-from boost_jax.runtime.cache import atomic_write, digest
 from boost_jax.analysis.flops import count
-from boost_jax.layers.attention import query_group
+from boost_jax.parallel.context import query_group
+from boost_jax.runtime.cache import atomic_write, digest
 from boost_jax.training.optimizers import newton_schulz_flops
 from boost_jax.planner.workers import Workers
 from boost_jax.model.weights import abstract_model
