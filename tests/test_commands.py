@@ -156,3 +156,27 @@ def test_the_start_up_splits_its_seconds_into_phases():
     assert took["total"] == pytest.approx(sum(took[k] for k in PHASES), abs=0.01)
     with pytest.raises(ValueError, match="unknown start-up phase 'load'"):
         startup.lap("load")
+
+
+def test_a_start_up_line_reads_back():
+    from boost_jax.launch.startup import PHASES, line, parse_line
+
+    seconds = {"import": 2.5, "data": 0.25, "restore": 0.5, "compile": 1.75, "run": 0.125, "total": 5.125}
+    text = f"noise\n{line({k: 9.0 for k in seconds}, 'first step')}\n{line(seconds, 'first step')}\nstep 1/2 | loss 6.5\n"
+    assert parse_line(text) == {k: round(v, 2) for k, v in seconds.items()}  # the last line, at its 2 decimals
+    assert list(parse_line(text)) == [*PHASES, "total"] and parse_line("no line") is None
+
+
+@pytest.mark.slow  # six fresh processes of the commands
+def test_bench_startup_times_each_command_cold_then_warm(tmp_path, tiny_overrides):
+    from boost_jax.bench import startup
+
+    r = startup.measure(list(tiny_overrides), 2, tmp_path, log=lambda s: None)
+    assert [row["command"] for row in r["rows"]] == ["train", "eval", "generate"]
+    for row in r["rows"]:
+        for run in (row["cold"], row["warm"]):
+            assert run["wall_s"] > run["startup_s"]["total"] > 0 and run["startup_s"]["compile"] >= 0
+        # The warm run reads the programs the cold one compiled into its own cache folder.
+        assert row["warm"]["startup_s"]["compile"] < row["cold"]["startup_s"]["compile"]
+        assert any((tmp_path / f"xla-{row['command']}").iterdir())
+    assert startup.table(r)[2].startswith("| train | ")

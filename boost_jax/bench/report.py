@@ -387,6 +387,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         L += decode_section(result["decode"])
     if "quality" in result:
         L += quality_section(result["quality"])
+    if "startup" in result:
+        L += startup_section(result["startup"])
     L += ["## Plots", ""]
     L += [f"![{name}]({img_dir}/{name})" for name in images]
     return "\n".join(L) + "\n"
@@ -472,7 +474,36 @@ def decode_section(dec: dict) -> list[str]:
                 mine = next(r for r in run["rows"] if r["batch"] == h["batch"] and r["cache"] == "full")
                 L.append(f"| {h['batch']} | {h['end_to_end_tokens_per_s']:,.1f} | {mine['end_to_end_tokens_per_s']:,.1f} "
                          f"| {mine['end_to_end_tokens_per_s'] / h['end_to_end_tokens_per_s']:.2f}x |")
+    for run in dec["runs"]:
+        if timed := [r for r in run["rows"] if "api_call_s" in r]:
+            hf = {h["batch"]: h["end_to_end_tokens_per_s"] for h in run.get("hf", {}).get("rows", [])}
+            L += ["", f"As a notebook calls it: `api.generate(model, prompts, max_new_tokens=...)` on the same "
+                  f"{run['model']} {run['arch']} in a loop, after its first call (which compiles; later calls reuse the "
+                  "Decoder it keeps with the model), timed end to end beside the kept Decoder's call (interleaved)"
+                  + (" and Hugging Face's `generate`" if hf else "") + ":", "",
+                  "| batch | kept Decoder s/call | api.generate s/call | api / kept | api.generate tok/s"
+                  + (" | Hugging Face tok/s | api / Hugging Face |" if hf else " |"),
+                  "|---|---|---|---|---" + ("|---|---|" if hf else "|")]
+            for r in timed:
+                line = (f"| {r['batch']} | {r['call_s']:.3f} | {r['api_call_s']:.3f} | {r['api_call_s'] / r['call_s']:.2f}x | "
+                        f"{r['api_tokens_per_s']:,.1f} |")
+                if hf:
+                    line += f" {hf[r['batch']]:,.1f} | {r['api_tokens_per_s'] / hf[r['batch']]:.2f}x |"
+                L.append(line)
     return L + [""]
+
+
+def startup_section(st: dict) -> list[str]:
+    """Markdown: `bench startup`: each command's seconds to its first result, cold and warm."""
+    from boost_jax.bench import startup
+
+    return ["## 7. Start-up: from the command to its first result", "",
+            f"`{st['command']}`: the config's run trained for {st['steps']} steps, then `train` (a run dir of its own), "
+            "`eval` and `generate` on it (the README's `--prompt \"def main(\" --max-new-tokens 40`), each twice in a "
+            "fresh process with its own compilation cache folder: first empty (cold), then as the first run left it "
+            "(warm). Wall seconds are the process's, timed from outside; the split is the command's own `--timings` "
+            "(launch/startup.py: compile is every trace, lowering and XLA compile or cache read).", "",
+            *startup.table(st), ""]
 
 
 def planner_section(pl: dict) -> list[str]:
@@ -602,6 +633,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--paper-json", help="reuse a saved `bench paper --json` instead of compiling")
     p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
     p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6")
+    p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
     p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
     p.add_argument("--step-seq", type=int, default=256, help="train.seq_len of the timed sections")
@@ -628,7 +660,8 @@ def main(argv: list[str]) -> None:
     saved = {flag: read_saved(path, flag, keys) for flag, path, keys in (
         ("--rerender", a.rerender, RESULT_KEYS), ("--paper-json", a.paper_json, ("settings", "hardware", "rows")),
         ("--planner-json", a.planner_json, ("settings", "rows")),
-        ("--quality-json", a.quality_json, ("runs", "recovery"))) if path}
+        ("--quality-json", a.quality_json, ("runs", "recovery")),
+        ("--startup-json", a.startup_json, ("rows", "command"))) if path}
     result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
     images = plot(result, out / "img")
     (out / "results.md").write_text(page(result, images, "img"))
@@ -691,12 +724,13 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
                                                                          scheme), f"--steps {a.steps}"])
                  for arch, scheme, tp in PROFILED]
     commands += [f"python -m boost_jax.bench decode model.preset={a.decode_model} model.arch={arch} --reps {a.reps}"
-                 + (" --hf" if arch == "dense" and dec["runs"][0].get("hf") else "") for arch in ("dense", "cola")]
-    quality = {"quality": saved["--quality-json"]} if a.quality_json else {}
-    if quality:
-        commands.append(saved["--quality-json"]["command"])
+                 + (" --api" if arch == "dense" else "") + (" --hf" if arch == "dense" and dec["runs"][0].get("hf") else "")
+                 for arch in ("dense", "cola")]
+    kept = {section: saved[flag] for section, flag in (("quality", "--quality-json"), ("startup", "--startup-json"))
+            if flag in saved}
+    commands += [s["command"] for s in kept.values()]
     return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
-            "single_device": sd, "profile": prof, "decode": dec, **quality}
+            "single_device": sd, "profile": prof, "decode": dec, **kept}
 
 
 # The child process of `in_fresh_process`: one of this module's sections, its result as JSON.
@@ -738,7 +772,7 @@ def measure_decode(model: str, reps: int) -> dict:
         for arch in ("dense", "cola"):
             cfg = config_of([f"model.preset={model}", f"model.arch={arch}", "parallel.dp=1"], decoding=True)
             caches = ["full", "latent_v", "latent"] if arch != "dense" else ["full"]
-            run = decode.measure(cfg, caches, [1, 8, 32], 64, 64, reps, bandwidth)
+            run = decode.measure(cfg, caches, [1, 8, 32], 64, 64, reps, bandwidth, through_api=arch == "dense")
             if arch == "dense":
                 try:
                     run["hf"] = decode.hf_generate(cfg, [1, 8, 32], 64, 64, reps)

@@ -14,6 +14,7 @@ other phase counts its seconds without them.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import jax
@@ -74,3 +75,13 @@ def line(seconds: dict[str, float], result: str) -> str:
     """One line of `Startup.seconds()`: the seconds to `result` ("first token"), then each phase's."""
     return (f"start-up: {seconds['total']:.2f} s to the {result} = "
             + " + ".join(f"{k} {seconds[k]:.2f}" for k in PHASES))
+
+
+def parse_line(text: str) -> dict[str, float] | None:
+    """The seconds of the last `line` in a command's output (train's log), or None if it has none."""
+    found = re.findall(r"start-up: ([\d.]+) s to the [^=]+= (.+)", text)
+    if not found:
+        return None
+    total, phases = found[-1]
+    seconds = {name: float(value) for name, value in (p.split() for p in phases.split(" + "))}
+    return {**seconds, "total": float(total)}
