@@ -4,6 +4,7 @@ refused by name, and the harness's three requests are answered from the model's 
 
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -259,3 +260,35 @@ def test_bench_quality_trains_evaluates_and_reports(tmp_path, cache_dir):
     assert all(c["compressed"]["step"] == 0 and c["recovered"]["step"] == 4 for c in q["recovery"])
     lines = report.quality_section(q)
     assert lines[0] == "## 6. Low-rank quality, measured" and any("cola at dense's FLOPs" in line for line in lines)
+
+
+def test_bench_quality_refuses_a_bad_optimizer_axis_by_name():
+    from boost_jax.bench import quality
+
+    for vary, lrs, config, needle in [("train.lr=1,2", "1e-3,3e-3,1e-2", [], "varies train.optimizer=A,B,... only"),
+                                      ("train.optimizer=adamw,sgd2", "1e-3,3e-3,1e-2", [], "unknown optimizer 'sgd2'"),
+                                      ("train.optimizer=muon", "1e-3,3e-3", [], "three positive learning rates"),
+                                      ("train.optimizer=muon", "1e-3,x,1", [], "expected three numbers"),
+                                      ("train.optimizer=muon", "1e-3,3e-3,1e-2", ["train.lr=1"], "train.lr=1: with --vary")]:
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            quality.vary_optimizers(vary, lrs, config)
+    assert quality.vary_optimizers("train.optimizer=adamw,muon", "1e-3,3e-3,1e-2", []) == (["adamw", "muon"],
+                                                                                          [1e-3, 3e-3, 1e-2])
+
+
+@pytest.mark.slow  # eight tiny training runs and their evals
+def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp_path, cache_dir):
+    from boost_jax.bench import quality, report
+
+    args = ["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
+            f"data.cache_dir={cache_dir}"]
+    o = quality.compare_optimizers(args, ["adamw", "muon"], [1e-3, 3e-3, 1e-2], 5000, tmp_path / "work", 1000,
+                                   archs=("cola",), log=lambda s: None)
+    assert [(r["arch"], r["optimizer"]) for r in o["rows"]] == [("cola", "adamw"), ("cola", "muon")]
+    for r in o["rows"]:
+        losses = [g["loss"] for g in r["grid"]]
+        assert r["best_lr"] == r["grid"][losses.index(min(losses))]["lr"] and r["seed_losses"][0] == min(losses)
+        assert r["seed_losses"][1] != r["seed_losses"][0]  # another seed: another run
+        assert (tmp_path / "work" / f"cola-{r['optimizer']}-lr{r['best_lr']}-seed1" / "metrics.jsonl").is_file()
+    lines = report.optimizers_section({"optimizers": o, "command": "python -m boost_jax.bench quality --vary ..."})
+    assert lines[0].startswith("## 6b.") and sum(line.startswith("| cola |") for line in lines) == 2

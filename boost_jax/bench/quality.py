@@ -8,6 +8,11 @@ model to the svd arch at rank d/4 (`--method svd` and `whiten`), evaluated befor
 resumes or skips what is done). The config (default: the quickstart's llama-mini on the Python
 standard library) is every run's, with the arch and train.steps set per run; --json prints
 everything, and `bench report --quality-json` puts it on the results page.
+
+`--vary train.optimizer=adamw,muon,spectron` compares optimizers instead: dense and cola (spectron:
+low-rank archs only) at equal tokens, each optimizer at the best of a learning-rate grid (--lrs, three
+values, every run's loss printed), then a second seed at that rate only; the table shows both seeds'
+losses and their spread.
 """
 
 from __future__ import annotations
@@ -93,10 +98,53 @@ def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, m
             "tokens": steps * cfg.train.batch_size * cfg.train.seq_len, "compressed": compressed, "recovered": recovered}
 
 
-def measure(args: list[str], tokens: int, recover_steps: int, work: Path, max_tokens: int, log=print) -> dict:
+def steps_for(args: list[str], tokens: int) -> tuple[int, int]:
+    """(steps, tokens per step) of an equal-token run of `tokens` under the protocol and `args`."""
     base = from_args([*PROTOCOL, *args, "parallel.dp=1"])
     per_step = base.train.batch_size * base.train.seq_len
-    steps = max(10, tokens // per_step)
+    return max(10, tokens // per_step), per_step
+
+
+def compare_optimizers(args: list[str], optimizers: list[str], lrs: list[float], tokens: int, work: Path,
+                       max_tokens: int, archs: tuple[str, ...] = ("dense", "cola"), log=print) -> dict:
+    """Each optimizer on each arch at equal tokens: the learning-rate grid, the best rate's run and a
+    second seed at it (`train.seed=1`: another initialisation and batch order)."""
+    steps, per_step = steps_for(args, tokens)
+    rows = []
+    for arch in archs:
+        for name in optimizers:
+            if name == "spectron" and arch == "dense":
+                continue  # spectron updates factor pairs: low-rank archs only (its config check says so)
+            log(f"{arch} {name}: learning rates {', '.join(map(str, lrs))}, {steps} steps each")
+            opt = [f"train.optimizer={name}"]
+            grid = [train_run([*args, *opt, f"train.lr={lr}"], arch, steps, work / f"{arch}-{name}-lr{lr}", max_tokens, log)
+                    for lr in lrs]
+            best = min(range(len(lrs)), key=lambda i: grid[i]["final"]["loss"])
+            again = train_run([*args, *opt, f"train.lr={lrs[best]}", "train.seed=1"], arch, steps,
+                              work / f"{arch}-{name}-lr{lrs[best]}-seed1", max_tokens, log)
+            losses = [grid[best]["final"]["loss"], again["final"]["loss"]]
+            rows.append({"arch": arch, "optimizer": name, "grid": [{"lr": lr, "loss": r["final"]["loss"]}
+                                                                   for lr, r in zip(lrs, grid)],
+                         "best_lr": lrs[best], "seed_losses": losses, "mean_loss": sum(losses) / 2,
+                         "spread": abs(losses[0] - losses[1]), "perplexity": grid[best]["final"]["perplexity"],
+                         "minutes": sum(r["seconds"] for r in (*grid, again)) / 60})
+    return {"tokens": steps * per_step, "steps": steps, "lrs": lrs, "eval_tokens": max_tokens, "rows": rows}
+
+
+def optimizer_table(o: dict) -> list[str]:
+    """Markdown: each optimizer's grid, best rate and its two seeds."""
+    lines = ["| arch | optimizer | val loss per lr (" + ", ".join(f"{lr:g}" for lr in o["lrs"]) + ") | best lr | "
+             "seed 0 / seed 1 | mean | spread |", "|---|---|---|---|---|---|---|"]
+    for r in o["rows"]:
+        grid = ", ".join(f"{g['loss']:.4f}" for g in r["grid"])
+        lines.append(f"| {r['arch']} | {r['optimizer']} | {grid} | {r['best_lr']:g} | {r['seed_losses'][0]:.4f} / "
+                     f"{r['seed_losses'][1]:.4f} | {r['mean_loss']:.4f} | {r['spread']:.4f} |")
+    return lines
+
+
+def measure(args: list[str], tokens: int, recover_steps: int, work: Path, max_tokens: int, log=print) -> dict:
+    base = from_args([*PROTOCOL, *args, "parallel.dp=1"])
+    steps, per_step = steps_for(args, tokens)
     flops = {arch: count(from_args([*PROTOCOL, *args, f"model.arch={arch}"]).model, base.train.seq_len).train_flops_per_token
              for arch in ARCHS}
     runs = []
@@ -123,18 +171,51 @@ def main(argv: list[str]) -> None:
     p.add_argument("--recover-steps", type=int, default=100, help="continued training of the compressed dense model")
     p.add_argument("--eval-tokens", type=int, default=200_000, help="validation tokens of each final eval")
     p.add_argument("--work", type=Path, default=Path("runs/quality"), help="where the run dirs go")
+    p.add_argument("--vary", metavar="train.optimizer=A,B,...", help="compare optimizers instead of archs")
+    p.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="with --vary: the learning-rate grid (three values)")
     a = parse(p, argv)
     if a.tokens < 1 or a.recover_steps < 1 or a.eval_tokens < 1:
         raise ConfigError("--tokens, --recover-steps and --eval-tokens must be at least 1")
     if bad := [c for c in a.config if c.split("=")[0] in ("model.arch", "train.steps", "run_dir")]:
         raise ConfigError(f"{bad[0]}: bench quality sets the arch, the steps and the run dir of each run")
-    result = measure(a.config, a.tokens, a.recover_steps, a.work, a.eval_tokens,
-                     log=lambda s: print(s, file=sys.stderr, flush=True))
+    log = lambda s: print(s, file=sys.stderr, flush=True)
+    if a.vary is not None:
+        optimizers, lrs = vary_optimizers(a.vary, a.lrs, a.config)
+        result = {"optimizers": compare_optimizers(a.config, optimizers, lrs, a.tokens, a.work, a.eval_tokens, log=log),
+                  "command": " ".join(["python -m boost_jax.bench quality", *a.config, f"--tokens {a.tokens}",
+                                       f"--vary {a.vary} --lrs {a.lrs}"])}
+        lines = optimizer_table(result["optimizers"])
+    else:
+        result = measure(a.config, a.tokens, a.recover_steps, a.work, a.eval_tokens, log=log)
+        lines = table(result)
     if a.json:
         print(json.dumps(result, indent=1))
         return
-    for line in table(result):
+    for line in lines:
         print(line)
+
+
+def vary_optimizers(vary: str, lrs: str, config: list[str]) -> tuple[list[str], list[float]]:
+    """The optimizers of `--vary train.optimizer=...` and the --lrs grid, each checked by name."""
+    from typing import get_args
+
+    from boost_jax.config import OptimizerName
+
+    key, _, values = vary.partition("=")
+    if key != "train.optimizer" or not values:
+        raise ConfigError(f"--vary {vary!r}: bench quality varies train.optimizer=A,B,... only")
+    optimizers = values.split(",")
+    if bad := [o for o in optimizers if o not in get_args(OptimizerName)]:
+        raise ConfigError(f"--vary: unknown optimizer {bad[0]!r}; choose from {list(get_args(OptimizerName))}")
+    try:
+        grid = [float(x) for x in lrs.split(",")]
+    except ValueError:
+        raise ConfigError(f"--lrs {lrs!r}: expected three numbers, e.g. 1e-3,3e-3,1e-2") from None
+    if len(grid) != 3 or min(grid) <= 0:
+        raise ConfigError(f"--lrs {lrs!r}: expected three positive learning rates")
+    if bad := [c for c in config if c.split("=")[0] in ("train.optimizer", "train.lr", "train.seed")]:
+        raise ConfigError(f"{bad[0]}: with --vary, bench quality sets the optimizer, the rate and the seed of each run")
+    return optimizers, grid
 
 
 def table(q: dict) -> list[str]:

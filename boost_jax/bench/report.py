@@ -387,6 +387,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         L += decode_section(result["decode"])
     if "quality" in result:
         L += quality_section(result["quality"])
+    if "optimizers" in result:
+        L += optimizers_section(result["optimizers"])
     if "startup" in result:
         L += startup_section(result["startup"])
     L += ["## Plots", ""]
@@ -491,6 +493,20 @@ def decode_section(dec: dict) -> list[str]:
                     line += f" {hf[r['batch']]:,.1f} | {r['api_tokens_per_s'] / hf[r['batch']]:.2f}x |"
                 L.append(line)
     return L + [""]
+
+
+def optimizers_section(q: dict) -> list[str]:
+    """Markdown: `bench quality --vary train.optimizer=...`: each optimizer at its best learning rate."""
+    from boost_jax.bench import quality
+
+    o = q["optimizers"]
+    return ["## 6b. Optimizers for factorized weights, measured", "",
+            f"`{q['command']}`: the quality protocol's model and corpus (section 6), each arch trained from scratch on "
+            f"{o['tokens']:,} tokens ({o['steps']} steps) by each optimizer (`train.optimizer`, docs/design.md section 14) "
+            f"at every rate of the grid, evaluated on {o['eval_tokens']:,} validation tokens; the best rate's run is "
+            "repeated with a second seed (another initialisation and batch order). The spread is the two seeds' "
+            "difference: a gap between optimizers smaller than it is not a result.", "",
+            *quality.optimizer_table(o), ""]
 
 
 def startup_section(st: dict) -> list[str]:
@@ -633,6 +649,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--paper-json", help="reuse a saved `bench paper --json` instead of compiling")
     p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
     p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6")
+    p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
     p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
@@ -661,6 +678,7 @@ def main(argv: list[str]) -> None:
         ("--rerender", a.rerender, RESULT_KEYS), ("--paper-json", a.paper_json, ("settings", "hardware", "rows")),
         ("--planner-json", a.planner_json, ("settings", "rows")),
         ("--quality-json", a.quality_json, ("runs", "recovery")),
+        ("--optimizers-json", a.optimizers_json, ("optimizers", "command")),
         ("--startup-json", a.startup_json, ("rows", "command"))) if path}
     result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
     images = plot(result, out / "img")
@@ -726,8 +744,8 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
     commands += [f"python -m boost_jax.bench decode model.preset={a.decode_model} model.arch={arch} --reps {a.reps}"
                  + (" --api" if arch == "dense" else "") + (" --hf" if arch == "dense" and dec["runs"][0].get("hf") else "")
                  for arch in ("dense", "cola")]
-    kept = {section: saved[flag] for section, flag in (("quality", "--quality-json"), ("startup", "--startup-json"))
-            if flag in saved}
+    kept = {section: saved[flag] for section, flag in (("quality", "--quality-json"), ("optimizers", "--optimizers-json"),
+                                                       ("startup", "--startup-json")) if flag in saved}
     commands += [s["command"] for s in kept.values()]
     return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
             "single_device": sd, "profile": prof, "decode": dec, **kept}
