@@ -56,6 +56,13 @@ def tiny_overrides(cache_dir):
     ]
 
 
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, tiny_overrides):
+    """One cola run dir for the session's read-only tests (eval, generate, weights; a test that changes
+    it works on a copy): 4 steps, evaluated and checkpointed at step 4, with its tokenizer."""
+    return train_tiny(tmp_path_factory.mktemp("tiny") / "run", tiny_overrides, "train.eval_every=4")
+
+
 def train_tiny(path, tiny_overrides, *extra):
     """A llama-tiny run dir at `path`, 4 steps on one device, checkpointed at step 4 (`extra`: more overrides)."""
     from boost_jax.config import load_config
