@@ -45,12 +45,22 @@ def cache_dir():
 
 @pytest.fixture(scope="session")
 def tiny_overrides(cache_dir):
-    """A run that trains in seconds: llama-tiny on 300 kB of the stdlib corpus."""
+    """A run that trains in seconds: llama-tiny on 300 kB of the stdlib corpus. Without the health
+    norms, which are most of the train step's compile time (the factors' power iterations): the
+    tests of health pass log.health=true."""
     return [
         "model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "train.lr=1e-2",
         "train.warmup_steps=2", "train.eval_batches=2", "data.max_bytes=300000",
         f"data.cache_dir={cache_dir}", "log.progress=false", "log.tensorboard=false", "log.every=5",
+        "log.health=false",
     ]
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory, tiny_overrides):
+    """One cola run dir for the session's read-only tests (eval, generate, weights; a test that changes
+    it works on a copy): 4 steps, evaluated and checkpointed at step 4, with its tokenizer."""
+    return train_tiny(tmp_path_factory.mktemp("tiny") / "run", tiny_overrides, "train.eval_every=4")
 
 
 def train_tiny(path, tiny_overrides, *extra):

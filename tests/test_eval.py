@@ -20,13 +20,12 @@ from boost_jax.data.synthetic import write_synthetic
 from boost_jax.runtime.errors import ConfigError, DataError
 from boost_jax.lm_eval import BoostLM
 from boost_jax.launch.startup import PHASES
-from conftest import train_tiny
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_overrides):
+def run_dir(tiny_run_dir):
     """A cola run dir: 4 steps, evaluated and checkpointed at step 4."""
-    return train_tiny(tmp_path_factory.mktemp("eval") / "run", tiny_overrides, "train.eval_every=4")
+    return tiny_run_dir
 
 
 def test_eval_is_the_training_loops_eval_at_that_step(run_dir):

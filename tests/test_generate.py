@@ -26,7 +26,6 @@ from boost_jax.model.decode import Decoder, Sampling
 from boost_jax.layers.kv_cache import empty
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan, single_device_plan
-from conftest import train_tiny
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [30, 31, 32, 33, 34, 35], [40, 41, 42]]  # three lengths
 NEW = 32
@@ -259,9 +258,9 @@ def test_refusals_name_the_problem():
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_overrides):
+def run_dir(tiny_run_dir):
     """A cola run dir trained 4 steps, with its checkpoint and tokenizer."""
-    return train_tiny(tmp_path_factory.mktemp("generate") / "run", tiny_overrides)
+    return tiny_run_dir
 
 
 def test_cli_generates_and_reports_as_json(run_dir, capsys, tmp_path):

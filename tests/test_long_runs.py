@@ -119,7 +119,8 @@ def test_a_mixture_run_evaluates_each_dataset_and_logs_health(prepared_pair, tin
     mix = f"data.mixture=[{{path: {asyncio_dir}, weight: 0.25}}, {{path: {email_dir}, weight: 0.75}}]"
     cfg = load_config(None, [*tiny_overrides, "data.source=mixture", mix, "model.vocab_size=512", "train.steps=4",
                              "log.every=2", "train.eval_every=4", "checkpoint.every=4", "train.z_loss=1e-3",
-                             "train.spike_skip=3", "train.spike_window=2", "parallel.dp=1", f"run_dir={tmp_path}"])
+                             "train.spike_skip=3", "train.spike_window=2", "parallel.dp=1", "log.health=true",
+                             f"run_dir={tmp_path}"])
     train(cfg, jax.devices()[:1])
     rows = metrics(tmp_path)
     last = rows[-1]
@@ -293,7 +294,7 @@ def test_wandb_logs_the_same_scalars_offline(tiny_overrides, tmp_path, monkeypat
 
     monkeypatch.setattr(log, "_wandb_run", spied)
     train(load_config(None, [*tiny_overrides, "train.eval_every=0", "parallel.dp=1", "train.steps=4", "log.every=2",
-                             "log.wandb=true", f"run_dir={tmp_path}"]), jax.devices()[:1])
+                             "log.wandb=true", "log.health=true", f"run_dir={tmp_path}"]), jax.devices()[:1])
     assert logged == metrics(tmp_path) and "grad_norm/lm_head" in logged[-1]
     [record] = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert record.stat().st_size > 0  # what `wandb sync` uploads later

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -63,8 +64,19 @@ def test_resume_is_bitwise_exact(tmp_path, tiny_overrides):
     assert step == 12 and cfg.train.steps == 12
 
 
-def test_resume_refuses_a_different_model(tmp_path, tiny_overrides):
-    _, run_dir = run(tmp_path, tiny_overrides, "train.steps=2", "checkpoint.every=2", "train.eval_every=0")
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, tiny_overrides):
+    """A run dir trained 2 steps, checkpointed at 2. Tests work on copies."""
+    return run(tmp_path_factory.mktemp("two_steps"), tiny_overrides, "train.steps=2", "checkpoint.every=2",
+               "train.eval_every=0")[1]
+
+
+@pytest.fixture
+def run_dir(two_steps, tmp_path):
+    return shutil.copytree(two_steps, tmp_path / "run")
+
+
+def test_resume_refuses_a_different_model(tmp_path, tiny_overrides, run_dir):
     before = sorted(p.name for p in run_dir.rglob("*"))
     config = (run_dir / "config.yaml").read_text()
     with pytest.raises(ConfigError, match="different model"):
@@ -72,8 +84,7 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_overrides):
     assert sorted(p.name for p in run_dir.rglob("*")) == before and (run_dir / "config.yaml").read_text() == config
 
 
-def test_a_resume_may_move_the_compile_cache_and_times_its_first_step(tmp_path, tiny_overrides, capsys):
-    _, run_dir = run(tmp_path, tiny_overrides, "train.steps=2", "checkpoint.every=2", "train.eval_every=0")
+def test_a_resume_may_move_the_compile_cache_and_times_its_first_step(tmp_path, tiny_overrides, capsys, run_dir):
     cfg = load_config(None, [*tiny_overrides, f"run_dir={run_dir}", "train.steps=3", "checkpoint.every=2",
                              "train.eval_every=0", "data.compile_cache=false", f"data.compile_cache_dir={tmp_path}"])
     assert train(cfg, startup=Startup())["start_step"] == 2
@@ -81,8 +92,7 @@ def test_a_resume_may_move_the_compile_cache_and_times_its_first_step(tmp_path, 
                      r"compile [0-9.]+ \+ run [0-9.]+", capsys.readouterr().err)
 
 
-def test_corrupt_checkpoint_is_reported_not_overwritten(tmp_path, tiny_overrides):
-    _, run_dir = run(tmp_path, tiny_overrides, "train.steps=2", "checkpoint.every=2", "train.eval_every=0")
+def test_corrupt_checkpoint_is_reported_not_overwritten(tmp_path, tiny_overrides, run_dir):
     for f in (run_dir / "checkpoints" / "2" / "state").rglob("*"):
         if f.is_file():
             f.write_bytes(b"garbage")

@@ -19,13 +19,12 @@ from boost_jax.training.checkpoint import Checkpointer
 from boost_jax.runtime.errors import CheckpointError
 from boost_jax.parallel import make_plan
 from boost_jax.model.weights import param_shardings, restore_params
-from conftest import train_tiny
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_overrides):
+def run_dir(tiny_run_dir):
     """A cola run dir trained 4 steps on one device, checkpointed at step 4."""
-    return train_tiny(tmp_path_factory.mktemp("weights") / "run", tiny_overrides)
+    return tiny_run_dir
 
 
 def test_restoring_reads_the_parameters_alone_into_the_plans_shardings(run_dir, monkeypatch):
