@@ -279,8 +279,23 @@ def test_permutes_cross_the_network_only_between_nodes(a100):
     assert a100.gpus_per_node == 4
     send = lambda pairs: Collective("collective-permute", "bf16", (1,), 10**9, pairs, 2, "c", 1, 1, None)
     inside, across = collective_seconds(send("{{0,1},{1,0}}"), a100), collective_seconds(send("{{0,4},{4,0}}"), a100)
-    assert inside == pytest.approx(a100.p2p_latency_s + 1e9 / (a100.node_link_bytes_per_s * a100.collective_efficiency))
+    assert inside == pytest.approx(a100.p2p_latency_s + 1e9 / (a100.peer_link_bytes_per_s * a100.collective_efficiency))
     assert across == pytest.approx(a100.p2p_latency_s + 1e9 / (a100.net_bytes_per_s * a100.collective_efficiency))
+
+
+def test_a_pair_in_a_directly_wired_node_has_its_peer_links_only():
+    """Perlmutter's A100s are wired each to each (4 of 12 NVLink3 links per pair, no NVSwitch): a
+    2-GPU all-reduce moves its bytes at a third of a 4-GPU one's bandwidth; through an NVSwitch
+    (H100) any group has the whole node link; a 2-wide group over pp ({0,4}) spans nodes."""
+    hw = load_hardware()
+    a100, h100 = hw["a100-80gb"], hw["h100-80gb"]
+    assert 3 * a100.peer_link_bytes_per_s == a100.node_link_bytes_per_s and h100.peer_link_bytes_per_s == h100.node_link_bytes_per_s
+    reduce = lambda groups, size: Collective("all-reduce", "bf16", (1,), 10**9, groups, size, "c", 1, 1, None)
+    bandwidth = lambda c, gpu: 2 * (c.group_size - 1) / c.group_size * c.bytes / (collective_seconds(c, gpu) - gpu.collective_latency_s)
+    pair, four = reduce("{{0,1},{2,3}}", 2), reduce("{{0,1,2,3}}", 4)
+    assert bandwidth(pair, a100) == pytest.approx(bandwidth(four, a100) / 3) == pytest.approx(a100.peer_link_bytes_per_s * a100.collective_efficiency)
+    assert bandwidth(pair, h100) == pytest.approx(bandwidth(four, h100)) == pytest.approx(h100.node_link_bytes_per_s * h100.collective_efficiency)
+    assert bandwidth(reduce("{{0,4},{1,5}}", 2), a100) == pytest.approx(a100.net_bytes_per_s * a100.collective_efficiency)
 
 
 def test_shipped_hardware_file_and_its_errors(tmp_path):

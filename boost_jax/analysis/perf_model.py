@@ -13,6 +13,8 @@ vanilla TP and BOOST all block on their all-reduces) unless `overlap` is asked f
   memory      non-GEMM traffic / (HBM * memory_efficiency)
   collective  latency + f(group) * bytes / (link * collective_efficiency), ring algorithms:
               all-reduce f = 2(g-1)/g; all-gather, reduce-scatter, all-to-all f = (g-1)/g; permute f = 1
+              link: the network if a group spans nodes; inside one, what g GPUs reach each other over
+              (`link_bytes_per_s`: through an NVSwitch the whole node link, in a direct mesh g - 1 peer links)
   optimizer   AdamW over this device's fp32 parameters: 28 bytes per parameter through HBM
 
 With `overlap=True` (what Nanotron does: its async column-linear issues each backward input-gradient
@@ -62,6 +64,7 @@ class Hardware:
     hbm_bytes: float
     gpus_per_node: int
     node_link_bytes_per_s: float
+    peer_link_bytes_per_s: float
     net_bytes_per_s: float
     collective_efficiency: float
     collective_latency_s: float
@@ -140,15 +143,29 @@ _RING_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n:
 
 
 def _crosses_nodes(c: Collective, hw: Hardware) -> bool:
-    if c.kind != "collective-permute":
+    """Whether a group of `c` (a permute: a source/target pair) has members on two nodes; "{}" (every
+    device) by its size. A pipeline's groups over pp ({0,4}, ...) span nodes though only 2 wide."""
+    groups = re.findall(r"\{([\d,]+)\}", c.replica_groups)
+    if not groups:
         return c.group_size > hw.gpus_per_node
-    pairs = re.findall(r"\{(\d+),(\d+)\}", c.replica_groups)
-    return any(int(a) // hw.gpus_per_node != int(b) // hw.gpus_per_node for a, b in pairs)
+    return any(len({int(d) // hw.gpus_per_node for d in g.split(",")}) > 1 for g in groups)
+
+
+def link_bytes_per_s(group_size: int, crosses_nodes: bool, hw: Hardware) -> float:
+    """Bandwidth per GPU, one direction, for a group of `group_size` GPUs. Inside a node a GPU reaches
+    the rest of its group over its links to those g - 1 peers: through an NVSwitch that is the whole
+    node link (peer_link = node_link), but a directly wired node has only g - 1 peer links to use.
+    Perlmutter's 4 A100s are such a mesh (each pair joined by 4 of a GPU's 12 NVLink3 links), so a
+    2-GPU group, like the paper's llama-3b at TP=2 or a permute's pair, moves a third of what a
+    4-GPU group does."""
+    if crosses_nodes:
+        return hw.net_bytes_per_s
+    return min(hw.node_link_bytes_per_s, (group_size - 1) * hw.peer_link_bytes_per_s)
 
 
 def ring_seconds(kind: str, group_size: int, nbytes: float, crosses_nodes: bool, hw: Hardware) -> float:
     """One collective of `kind` over `group_size` devices moving `nbytes` per device."""
-    link = hw.net_bytes_per_s if crosses_nodes else hw.node_link_bytes_per_s
+    link = link_bytes_per_s(group_size, crosses_nodes, hw)
     latency = hw.p2p_latency_s if kind == "collective-permute" else hw.collective_latency_s
     return latency + _RING_FACTOR[kind](group_size) * nbytes / (link * hw.collective_efficiency)
 

@@ -297,7 +297,10 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "",
         "`boost_jax/analysis/perf_model.py` turns the measured GEMM shapes, memory traffic and collectives into seconds on a GPU: "
         "roofline GEMMs with wave quantization, causal flash attention at a stated efficiency, memory-bound traffic at HBM speed, "
-        "ring collectives at NCCL bus bandwidth plus a per-op latency, no compute/communication overlap unless stated (the "
+        "ring collectives at NCCL bus bandwidth plus a per-op latency over the links their group has (inside a node "
+        "without an NVSwitch, as Perlmutter's A100s are wired, a group of g GPUs has only its g - 1 peer links: a TP=2 "
+        "pair a third of a TP=4 group's bandwidth; a group with members on two nodes, the network), "
+        "no compute/communication overlap unless stated (the "
         "overlap reading hides each layer's backward TP all-reduces behind its weight-gradient GEMMs, as Nanotron does), "
         "AdamW as HBM traffic, "
         "and pipelines priced as compiled (their M + PP - 1 iterations, bubbles computed like any other, and the "
