@@ -22,9 +22,9 @@ import numpy as np
 from flax import nnx
 
 from boost_jax.config import Config, ConfigError, from_dict, load_config, load_yaml
+from boost_jax.config.presets import PRESETS
 from boost_jax.model import Model
 from boost_jax.parallel import Plan, single_device_plan
-from boost_jax.config.presets import PRESETS
 
 
 def config(base: str | Path | None = None, *overrides: str) -> Config:

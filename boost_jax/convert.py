@@ -178,10 +178,10 @@ def write_run(cfg, params: dict, tokenizer: Path, source: str) -> None:
     import numpy as np
     from flax import nnx
 
-    from boost_jax.training.checkpoint import Checkpointer, identity
-    from boost_jax.parallel import single_device_plan
-    from boost_jax.training.step import setup
     from boost_jax.model.weights import abstract_model
+    from boost_jax.parallel import single_device_plan
+    from boost_jax.training.checkpoint import Checkpointer, identity
+    from boost_jax.training.step import setup
 
     run_dir = Path(cfg.run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -52,11 +52,11 @@ def evaluate(run_dir: str | Path, overrides=(), step: int | None = None, split: 
 
     from boost_jax import api
     from boost_jax.data.build import build_data, check_run_tokenizer
+    from boost_jax.model.weights import restore_params
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
-    from boost_jax.training.step import evaluation
     from boost_jax.training.parts import Evaluator
-    from boost_jax.model.weights import restore_params
+    from boost_jax.training.step import evaluation
 
     lap = startup.lap if startup is not None else lambda phase: None
     lap("import")

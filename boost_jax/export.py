@@ -23,12 +23,12 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from boost_jax import api
-from boost_jax.launch.prepare import prepare_jax
-from boost_jax.config.archs import ARCHS
-from boost_jax.runtime.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, ModelConfig, from_dict
-from boost_jax.runtime.errors import BoostJaxError
+from boost_jax.config.archs import ARCHS
+from boost_jax.launch.prepare import prepare_jax
 from boost_jax.model import Model
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
+from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
 
 FORMAT, FORMAT_VERSION = "boost_jax", 1

@@ -18,9 +18,9 @@ import json
 import sys
 from pathlib import Path
 
+from boost_jax.layers.kv_cache import CACHES
 from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.runtime.errors import ConfigError
-from boost_jax.layers.kv_cache import CACHES
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,8 +80,8 @@ def _main(argv: list[str]) -> None:
     prompts = read_prompts(a)
     from boost_jax import api
     from boost_jax.data.tokenizer import eos_id, load_tokenizer
-    from boost_jax.model.decode import Decoder
     from boost_jax.launch.prepare import prepare_jax
+    from boost_jax.model.decode import Decoder
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
 

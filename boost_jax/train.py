@@ -14,13 +14,12 @@ import time
 
 import jax
 
-from boost_jax.runtime.cli import DEBUG_HELP, run_main
 from boost_jax.config import Config, from_args
 from boost_jax.configs import BASE
+from boost_jax.launch.startup import Startup, line as startup_line
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
 from boost_jax.runtime.errors import ConfigError, DiskFullError, PackageError
 from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
-from boost_jax.launch.startup import Startup
-from boost_jax.launch.startup import line as startup_line
 
 USAGE = __doc__.strip().splitlines()[0]
 TIMINGS = "--timings"
@@ -82,14 +81,23 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
                           f"{type(cfg).__name__}")
     lap = startup.lap if startup is not None else lambda phase: None
     check_packages(cfg)
-    from boost_jax.runtime.cache import cache_root
-    from boost_jax.data.build import build_data, check_run_tokenizer
     from boost_jax.analysis.flops import count, device_peak_flops
-    from boost_jax.training.log import RunLog
+    from boost_jax.data.build import build_data, check_run_tokenizer
     from boost_jax.parallel import make_plan
+    from boost_jax.runtime.cache import cache_root
+    from boost_jax.training.log import RunLog
+    from boost_jax.training.parts import (
+        Checkpoints,
+        Evaluator,
+        Meter,
+        NonFiniteGuard,
+        Preemption,
+        Profiler,
+        RunDir,
+        any_process,
+        finite,
+    )
     from boost_jax.training.step import device_batch, setup
-    from boost_jax.training.parts import (Checkpoints, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir,
-                                    any_process, finite)
 
     lap("import")
     t, m = cfg.train, cfg.model

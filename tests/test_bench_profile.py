@@ -9,8 +9,18 @@ import pytest
 from jax import lax
 
 from boost_jax.analysis.program import config_for
-from boost_jax.analysis.timeline import (CATEGORIES, LAYOUTS, Interval, Op, _category, _sweep, classify, gemm_layout,
-                                         op_bytes, op_seconds)
+from boost_jax.analysis.timeline import (
+    CATEGORIES,
+    LAYOUTS,
+    Interval,
+    Op,
+    _category,
+    _sweep,
+    classify,
+    gemm_layout,
+    op_bytes,
+    op_seconds,
+)
 from boost_jax.analysis.work import analyze
 from boost_jax.bench.profile import ROOFLINE_ROWS, gemm_work, profile, roofline
 from boost_jax.runtime.errors import ConfigError

@@ -7,8 +7,8 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from boost_jax.training.checkpoint import MIN_REPLICA_SLICE_BYTES, Checkpointer
 from boost_jax.runtime.errors import CheckpointError
+from boost_jax.training.checkpoint import MIN_REPLICA_SLICE_BYTES, Checkpointer
 
 IDENTITY = {"model.preset": "llama-tiny"}
 

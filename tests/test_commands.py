@@ -14,8 +14,8 @@ import yaml
 
 from boost_jax.bench import comm, step
 from boost_jax.config import ConfigError, from_args
-from boost_jax.planner.__main__ import parse as parse_plan
 from boost_jax.launch.startup import PHASES, Startup
+from boost_jax.planner.__main__ import parse as parse_plan
 
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax._src import compilation_cache
 
-from boost_jax.launch import compile_cache
 from boost_jax.config import DataConfig, load_config
+from boost_jax.launch import compile_cache
 
 SETTINGS = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
             "jax_persistent_cache_min_entry_size_bytes", "jax_compilation_cache_max_size")

@@ -5,7 +5,6 @@ import pytest
 
 from boost_jax.config import Config, ConfigError, ModelConfig, from_dict, load_config
 from boost_jax.config.presets import PRESETS
-
 from boost_jax.configs import BASE
 
 

@@ -14,8 +14,8 @@ from boost_jax.analysis.comm import measure
 from boost_jax.analysis.program import build
 from boost_jax.config import ConfigError, load_config
 from boost_jax.data.loader import segment_ids
-from boost_jax.parallel.context import balance, balanced_order
 from boost_jax.model.weights import init_params
+from boost_jax.parallel.context import balance, balanced_order
 from boost_jax.train import train
 
 BASE = ["model.preset=llama-tiny", "train.batch_size=4", "train.seq_len=32", "parallel.dp=1"]

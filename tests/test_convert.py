@@ -10,17 +10,17 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import train_tiny
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from boost_jax import api
-from boost_jax.model import compress
 from boost_jax.config import ConfigError, load_config
 from boost_jax.convert import main
-from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.export import export_model
+from boost_jax.model import compress
+from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.train import train
-from conftest import train_tiny
 
 TOKENS = np.random.default_rng(0).integers(0, 512, (2, 24))
 

@@ -27,7 +27,12 @@ from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.shards import INDEX, TOKENIZER, read_index
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.data.tokenizer import (
-    MAX_TRAINED_VOCAB, VocabWarning, check_vocab_size, eos_id, load_tokenizer, train_tokenizer,
+    MAX_TRAINED_VOCAB,
+    VocabWarning,
+    check_vocab_size,
+    eos_id,
+    load_tokenizer,
+    train_tokenizer,
 )
 from boost_jax.runtime.errors import ConfigError, DataError
 

@@ -4,8 +4,8 @@ refused by name, and the harness's three requests are answered from the model's 
 
 import json
 import math
-import re
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -14,12 +14,11 @@ import jax
 import numpy as np
 import pytest
 
-from boost_jax import api
-from boost_jax import eval as boost_eval
+from boost_jax import api, eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
-from boost_jax.runtime.errors import ConfigError, DataError
-from boost_jax.lm_eval import BoostLM
 from boost_jax.launch.startup import PHASES
+from boost_jax.lm_eval import BoostLM
+from boost_jax.runtime.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")

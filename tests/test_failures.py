@@ -16,12 +16,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax import api
 from boost_jax.analysis import flops
-from boost_jax.training.checkpoint import Checkpointer
 from boost_jax.config import ConfigError, LogConfig, load_config
-from boost_jax.runtime.errors import CheckpointError, DivergenceError
 from boost_jax.export import ExportError, export
-from boost_jax.training.log import RunLog
+from boost_jax.runtime.errors import CheckpointError, DivergenceError
 from boost_jax.train import train
+from boost_jax.training.checkpoint import Checkpointer
+from boost_jax.training.log import RunLog
 from boost_jax.training.parts import Evaluator
 
 

@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from boost_jax.config import ModelConfig
 from boost_jax.analysis.flops import count, datasheet_peak_flops, device_peak_flops
+from boost_jax.config import ModelConfig
+from boost_jax.config.presets import PRESETS
 from boost_jax.model import Model
 from boost_jax.parallel import single_device_plan
-from boost_jax.config.presets import PRESETS
 
 ARCHS = ("dense", "svd", "cola", "lax")
 

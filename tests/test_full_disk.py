@@ -10,12 +10,12 @@ import sys
 
 import jax
 import pytest
+from conftest import train_tiny
 
 from boost_jax import api
 from boost_jax.config import load_config
 from boost_jax.runtime.errors import DiskFullError
 from boost_jax.train import train
-from conftest import train_tiny
 
 
 @contextlib.contextmanager

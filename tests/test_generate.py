@@ -22,9 +22,9 @@ from jax._src import dispatch
 
 from boost_jax import api, generate
 from boost_jax.config import ConfigError, ModelConfig, load_config
-from boost_jax.model.decode import Decoder, Sampling
 from boost_jax.layers.kv_cache import empty
 from boost_jax.model import Model
+from boost_jax.model.decode import Decoder, Sampling
 from boost_jax.parallel import make_plan, single_device_plan
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [30, 31, 32, 33, 34, 35], [40, 41, 42]]  # three lengths

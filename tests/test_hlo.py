@@ -3,8 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from boost_jax.analysis import audit, collectives, summarize
 from boost_jax.analysis.hlo import canonical_groups

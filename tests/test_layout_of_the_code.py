@@ -141,3 +141,13 @@ def test_the_design_docs_floor_table_is_the_one_checked_here():
     rows = re.findall(r"^\| (\d) \| (.*?) \|", (ROOT / "docs" / "design.md").read_text(), re.M)
     table = [{name.strip("/") for name in re.findall(r"`([^`]+)`", names)} for _, names in rows]
     assert table == FLOORS
+
+
+def test_import_blocks_are_sorted():
+    """stdlib, third party, ours, each sorted (pyproject's [tool.ruff]): `ruff check --select I --fix .` sorts them."""
+    pytest.importorskip("ruff")  # the dev extra installs it
+    from ruff.__main__ import find_ruff_bin
+
+    out = subprocess.run([find_ruff_bin(), "check", "--select", "I", "--output-format", "concise", "boost_jax", "tests",
+                          "scripts", "pallas_kernels"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:]

@@ -23,8 +23,8 @@ from boost_jax.data.mixture import Mixture, counts, proportions
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.runtime.errors import DataError
-from boost_jax.training.step import spike_window
 from boost_jax.train import train
+from boost_jax.training.step import spike_window
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

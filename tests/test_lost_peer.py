@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_multihost import free_port
 
 HEARTBEAT_S = 10

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from boost_jax.config import ConfigError, load_config
-from boost_jax.training.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
 from boost_jax.model.weights import init_params
+from boost_jax.training.optimizers import factor_pairs, labels, lr_schedule, make_optimizer, shape_scale, top_singular
 
 
 def tiny(*extra):
@@ -226,9 +226,9 @@ def test_the_planner_prices_the_newton_schulz_gemms():
     from flax import nnx
 
     from boost_jax.analysis.perf_model import load_hardware
-    from boost_jax.training.optimizers import newton_schulz_flops
-    from boost_jax.planner.price import _analytic_parts
     from boost_jax.model.weights import abstract_model
+    from boost_jax.planner.price import _analytic_parts
+    from boost_jax.training.optimizers import newton_schulz_flops
 
     cfg = tiny("model.arch=cola", "train.optimizer=muon", "parallel.tp=2", "parallel.dp=1")
     params = nnx.to_pure_dict(abstract_model(cfg)[1])

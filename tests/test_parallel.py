@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from boost_jax.config import ConfigError, load_config
-from boost_jax.parallel import make_plan
 from boost_jax.model.weights import abstract_model, init_params, place_params, sharded_init
+from boost_jax.parallel import make_plan
 
 # (dp, fsdp, tp) on 8 devices: pure data parallel, dp x tp both ways, tp=8 (replicates llama-tiny's 2 kv
 # heads), and fsdp. Every scheme runs on every mesh; the low-rank archs rotate over a scheme's meshes

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from boost_jax.analysis.hlo import Collective
-from boost_jax.analysis.work import Gemm, Traffic
+from boost_jax.analysis.perf_model import HARDWARE_FILE, Work, collective_seconds, gemm_seconds, load_hardware, predict
 from boost_jax.analysis.program import config_for
+from boost_jax.analysis.work import Gemm, Traffic
 from boost_jax.bench import paper, report
-from boost_jax.analysis.perf_model import (HARDWARE_FILE, Work, collective_seconds, gemm_seconds, load_hardware,
-                                        predict)
 from boost_jax.config import ConfigError
 
 SEQ = 40  # unlike every model dimension of llama-tiny, so attention matmuls are told apart by shape
@@ -382,10 +381,10 @@ def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch
 
 
 def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch):
+    from boost_jax.analysis.flops import measure_matmul_peak
     from boost_jax.analysis.program import config_for
     from boost_jax.bench import step
     from boost_jax.bench.step import Runner, measure_with_peak
-    from boost_jax.analysis.flops import measure_matmul_peak
 
     # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the benchmark.
     monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))

@@ -14,10 +14,10 @@ from boost_jax.analysis.comm import measure
 from boost_jax.analysis.program import build, config_for
 from boost_jax.analysis.work import analyze
 from boost_jax.config import ConfigError, load_config
+from boost_jax.model.weights import abstract_model, place_params, relayout_layers
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.context import query_group
 from boost_jax.parallel.pipeline import Schedule, merge_microbatches, run_pipeline, split_microbatches
-from boost_jax.model.weights import abstract_model, place_params, relayout_layers
 from boost_jax.train import train
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from boost_jax.config.archs import ARCHS
 from boost_jax.config import ConfigError, load_config
+from boost_jax.config.archs import ARCHS
+from boost_jax.config.schemes import KNOB_DEFAULTS, LOGICAL_AXES, SCHEMES
 from boost_jax.parallel import abstract_plan, make_plan, single_device_plan
 from boost_jax.parallel.projections import STRATEGIES, BTPProjections, MegatronProjections, VanillaProjections
-from boost_jax.config.schemes import KNOB_DEFAULTS, LOGICAL_AXES, SCHEMES
 
 
 def tiny(*overrides):

@@ -87,10 +87,9 @@ def test_lower_bound_never_exceeds_the_price_where_overheads_dominate(layout):
 
 
 def _bound_and_price(config: list[str], layout: Layout, overlap: bool = False) -> tuple[float, float]:
-    from boost_jax.analysis.memory_model import param_elems
+    from boost_jax.analysis.memory_model import one_layer_config, param_elems
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.parallel import abstract_plan
-    from boost_jax.analysis.memory_model import one_layer_config
     from boost_jax.planner.price import DiskCache, Layers, lower_bound, step_seconds
 
     hw = paper_hardware()
@@ -186,8 +185,8 @@ def test_recomputing_more_is_never_priced_faster(layout):
     from boost_jax.analysis.memory_model import param_elems
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.parallel import abstract_plan
-    from boost_jax.planner.price import DiskCache, step_seconds
     from boost_jax.parallel.remat import REMAT_POLICIES, SLOWER_THAN
+    from boost_jax.planner.price import DiskCache, step_seconds
 
     config = ["model.preset=llama-mini", "model.arch=cola", "train.batch_size=4", "train.seq_len=256"]
     seconds = {}

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from boost_jax import api
-from boost_jax.training.checkpoint import CheckpointError
 from boost_jax.config import ConfigError, load_config
 from boost_jax.launch.startup import Startup
 from boost_jax.train import train
+from boost_jax.training.checkpoint import CheckpointError
 
 
 def run(tmp_path, tiny_overrides, *extra, name="run", devices=None):

@@ -13,12 +13,11 @@ import pytest
 import yaml
 from flax import nnx
 
-from boost_jax import api, generate
-from boost_jax import eval as boost_eval
-from boost_jax.training.checkpoint import Checkpointer
-from boost_jax.runtime.errors import CheckpointError
-from boost_jax.parallel import make_plan
+from boost_jax import api, eval as boost_eval, generate
 from boost_jax.model.weights import param_shardings, restore_params
+from boost_jax.parallel import make_plan
+from boost_jax.runtime.errors import CheckpointError
+from boost_jax.training.checkpoint import Checkpointer
 
 
 @pytest.fixture(scope="module")

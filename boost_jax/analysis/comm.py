@@ -12,18 +12,16 @@ gradient's), which the edges then count as backward.
 from __future__ import annotations
 
 import jax
-
 import numpy as np
 
 from boost_jax.analysis.hlo import Collective, audit, canonical_groups, nbytes, summarize
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.program import Program
-from boost_jax.parallel import Plan
-from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
-from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
+from boost_jax.config.archs import ARCHS
 from boost_jax.config.schemes import CP
-
+from boost_jax.parallel import Plan
+from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
 
 P2P = "collective-permute"
 

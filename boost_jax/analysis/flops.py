@@ -17,8 +17,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
+from boost_jax.config.archs import ARCHS
 from boost_jax.runtime.cache import atomic_write
 
 

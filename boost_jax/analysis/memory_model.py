@@ -50,12 +50,12 @@ from jax.sharding import PartitionSpec as P
 from boost_jax.config import Config
 from boost_jax.config.archs import ARCHS
 from boost_jax.model import PROJECTIONS, RESIDUAL_AXES, decoder_layer
+from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import Plan, abstract_plan, make_plan
-from boost_jax.parallel.plan import abstract_config
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.parallel.plan import abstract_config
 from boost_jax.training.optimizers import make_optimizer
 from boost_jax.training.step import optimizer_state_specs
-from boost_jax.model.weights import abstract_model
 
 FP32 = 4
 # What the analyses read (XLA's optimized HLO, its buffer assignment) is fixed before the CPU backend

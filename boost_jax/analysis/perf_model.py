@@ -39,10 +39,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-
+from boost_jax import configs
 from boost_jax.analysis.hlo import Collective
 from boost_jax.analysis.work import Gemm, Traffic
-from boost_jax import configs
 from boost_jax.config import ConfigError, load_yaml
 
 HARDWARE_FILE = configs.HARDWARE

@@ -19,10 +19,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.config import Config, load_config
+from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.training.step import batch_keys, sharded_loss
-from boost_jax.model.weights import abstract_model
+
 
 def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch_size: int, seq: int, dtype: str,
                dp: int = 1, pp: int = 1, pp_repeats: int = 1, microbatches: int = 1,

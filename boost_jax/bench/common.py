@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import jax
 
-from boost_jax.runtime.cli import CONFIG_HELP, refuse_retired_flags
 from boost_jax.config import Config, ConfigError, from_args
-from boost_jax.launch.prepare import prepare_jax
 from boost_jax.config.schemes import MESH_AXES
+from boost_jax.launch.prepare import prepare_jax
+from boost_jax.runtime.cli import CONFIG_HELP, refuse_retired_flags
 
 
 def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.ArgumentParser:

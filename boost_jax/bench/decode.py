@@ -29,17 +29,17 @@ import numpy as np
 from flax import nnx
 
 from boost_jax import api
+from boost_jax.analysis.flops import measure_read_bandwidth
 from boost_jax.bench import hf
 from boost_jax.bench.common import config_of, parse, parser
-from boost_jax.runtime.cli import int_list
-from boost_jax.config.archs import ARCHS
 from boost_jax.config import Config, ConfigError
-from boost_jax.analysis.flops import measure_read_bandwidth
-from boost_jax.model.decode import Decoder
+from boost_jax.config.archs import ARCHS
 from boost_jax.layers.kv_cache import CACHES, KVCache
 from boost_jax.model import Model
+from boost_jax.model.decode import Decoder
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.runtime.cli import int_list
 
 
 def _timed(fn) -> float:

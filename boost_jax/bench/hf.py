@@ -14,12 +14,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from boost_jax.config import Config, ConfigError
-from boost_jax.runtime.errors import PackageError
-from boost_jax.export import export_model, is_hf_llama
 from boost_jax.analysis.flops import count
+from boost_jax.config import Config, ConfigError
+from boost_jax.export import export_model, is_hf_llama
 from boost_jax.model import Model
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.runtime.errors import PackageError
 from boost_jax.training.step import lr_schedule
 
 NAME = "transformers+torch"

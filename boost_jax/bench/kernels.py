@@ -23,8 +23,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from boost_jax.runtime.cli import CONFIG_HELP, at_least, refuse_retired_flags
 from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.runtime.cli import CONFIG_HELP, at_least, refuse_retired_flags
 from pallas_kernels import grouped_matmul, norm_down
 
 IMPLS = ("pallas", "xla")

@@ -234,9 +234,9 @@ def inference(cfg: Config, cache: str) -> dict:
     from flax import nnx
 
     from boost_jax.model.decode import Decoder
+    from boost_jax.model.weights import abstract_model
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
-    from boost_jax.model.weights import abstract_model
 
     graphdef, abstract = abstract_model(cfg)
     decoder = Decoder(nnx.merge(graphdef, abstract), make_plan(cfg, mesh_devices(cfg.parallel)), cache=cache)

@@ -89,9 +89,9 @@ def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), sch
         log=print) -> dict:
     import jax
 
-    from boost_jax.runtime.cache import cache_root
     from boost_jax.planner.price import DiskCache
     from boost_jax.planner.workers import Workers, default_workers
+    from boost_jax.runtime.cache import cache_root
 
     first = row_config(models[0], f"{ARCH}/{SCHEME}", overrides)
     cache = DiskCache(cache_root(first.data.cache_dir) / "plan")

@@ -33,17 +33,25 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from boost_jax.analysis.timeline import (CATEGORIES, Op, classify, gemm_layout, module_name, op_bytes, op_seconds,
-                                         read_trace)
+from boost_jax.analysis.flops import measure_matmul_peak, measure_read_bandwidth
+from boost_jax.analysis.timeline import (
+    CATEGORIES,
+    Op,
+    classify,
+    gemm_layout,
+    module_name,
+    op_bytes,
+    op_seconds,
+    read_trace,
+)
 from boost_jax.analysis.work import analyze
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner
 from boost_jax.config import Config
-from boost_jax.analysis.flops import measure_matmul_peak, measure_read_bandwidth
-from boost_jax.runtime.errors import ConfigError
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.context import query_group
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_writable_dir
 
 # The roofline's rows: the categories, those holding dots split into their dots by layout (the

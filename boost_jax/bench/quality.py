@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from boost_jax.analysis.flops import count
 from boost_jax.bench.common import parse, parser, train_to_end
 from boost_jax.config import ConfigError, from_args
-from boost_jax.analysis.flops import count
 
 ARCHS = ("dense", "svd", "cola", "lax")
 MATCHED = ("svd", "cola")  # trained again at dense's FLOPs

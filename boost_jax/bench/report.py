@@ -21,12 +21,12 @@ from pathlib import Path
 
 import jax
 
+from boost_jax.analysis.flops import PEAK_BF16_FLOPS, count
 from boost_jax.bench import paper, planner
-from boost_jax.bench.profile import profile
 from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.bench.profile import profile
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.config import ConfigError
-from boost_jax.analysis.flops import PEAK_BF16_FLOPS, count
 
 GIB = 2**30
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
@@ -666,8 +666,8 @@ def main(argv: list[str]) -> None:
     a = parse(p, argv)
     if a.reps < 1 or a.steps < 1 or a.step_batch < 1 or a.step_seq < 1:
         raise ConfigError("--reps, --steps, --step-batch and --step-seq must be at least 1")
-    from boost_jax.runtime.paths import check_writable_dir
     from boost_jax.config.presets import PRESETS
+    from boost_jax.runtime.paths import check_writable_dir
 
     for flag, names in (("--step-model", a.step_model), ("--single-models", a.single_models),
                         ("--decode-model", a.decode_model)):

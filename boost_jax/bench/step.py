@@ -24,14 +24,14 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from boost_jax.analysis.flops import count, datasheet_peak_flops, measure_matmul_peak
 from boost_jax.analysis.program import peak_bytes
 from boost_jax.bench import hf
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
-from boost_jax.analysis.flops import count, datasheet_peak_flops, measure_matmul_peak
-from boost_jax.training.optimizers import newton_schulz_flops
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.training.optimizers import newton_schulz_flops
 from boost_jax.training.step import batch_keys, device_batch, setup
 
 

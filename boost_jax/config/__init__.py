@@ -9,9 +9,9 @@ module imports no JAX: it validates against the tables beside it in config/: `ar
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,8 +22,8 @@ import yaml
 
 from boost_jax.config import presets
 from boost_jax.config.archs import ARCHS
-from boost_jax.runtime.errors import ConfigError
 from boost_jax.config.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
+from boost_jax.runtime.errors import ConfigError
 
 MAX_INT32_VOCAB = 2**31 - 1
 # Choices read from their tables (config/archs.py, config/schemes.py), so adding an entry there is enough.

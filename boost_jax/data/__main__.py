@@ -44,10 +44,10 @@ def _main(argv: list[str]) -> None:
 
 
 def _prepare(a: argparse.Namespace) -> None:
-    from boost_jax.runtime.cli import at_least
     from boost_jax.data.corpus import files_corpus
     from boost_jax.data.prepare import PrepareConfig, prepare
     from boost_jax.data.tokenizer import MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB
+    from boost_jax.runtime.cli import at_least
     from boost_jax.runtime.errors import ConfigError
     from boost_jax.runtime.paths import check_writable_dir
 

@@ -19,13 +19,13 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from boost_jax.config import DataConfig, mixture_name
-from boost_jax.runtime.cache import cache_root, digest
 from boost_jax.data.corpus import files_corpus, stdlib_corpus
 from boost_jax.data.loader import Split, TokenWindows
 from boost_jax.data.mixture import Mixture, dataset_seed
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.shards import INDEX, TOKENIZER, Index, read_index, verify_ids
 from boost_jax.data.tokenizer import load_tokenizer, tokenizer_hash
+from boost_jax.runtime.cache import cache_root, digest
 from boost_jax.runtime.errors import DataError
 
 

@@ -29,10 +29,20 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from boost_jax.data import encode
-from boost_jax.runtime.cache import atomic_write
 from boost_jax.data.corpus import Corpus, Skipped
-from boost_jax.data.shards import INDEX, SPLITS, TOKENIZER, Index, Shard, read_index, shard_name, token_dtype, write_index
+from boost_jax.data.shards import (
+    INDEX,
+    SPLITS,
+    TOKENIZER,
+    Index,
+    Shard,
+    read_index,
+    shard_name,
+    token_dtype,
+    write_index,
+)
 from boost_jax.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash, train_tokenizer, trainer_id
+from boost_jax.runtime.cache import atomic_write
 from boost_jax.runtime.errors import DataError
 from boost_jax.runtime.paths import disk_full, is_disk_full
 

@@ -23,13 +23,14 @@ import tempfile
 from pathlib import Path
 
 import jax
+
 # JAX's file cache and the module holding the one its compiles use: no public way to choose the
 # cache's writer in jax 0.10.
 from jax._src import compilation_cache
 from jax._src.lru_cache import _CACHE_SUFFIX, LRUCache
 
-from boost_jax.runtime.cache import atomic_write, cache_root
 from boost_jax.config import DataConfig
+from boost_jax.runtime.cache import atomic_write, cache_root
 
 _WARNED: set[Path] = set()  # folders already named in a warning: a bench enables per variant, warns once
 _PROBE = b"\0" * 65536  # a probe write this size fails on a full disk (a bare file creation may not)

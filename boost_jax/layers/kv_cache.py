@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
+from boost_jax.config.archs import ARCHS
 
 
 def _write(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

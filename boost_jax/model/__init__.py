@@ -18,9 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.config.archs import ARCHS
 from boost_jax.config import ModelConfig
-from boost_jax.runtime.errors import ConfigError
+from boost_jax.config.archs import ARCHS
 from boost_jax.layers.attention import Attention, Positions
 from boost_jax.layers.cross_entropy import cross_entropy_sum
 from boost_jax.layers.kv_cache import Cache, KVCache, LatentCache
@@ -31,6 +30,7 @@ from boost_jax.parallel.blocks import embed_lookup
 from boost_jax.parallel.pipeline import merge_microbatches, run_pipeline, split_microbatches
 from boost_jax.parallel.plan import Plan
 from boost_jax.parallel.remat import RESIDUAL, remat
+from boost_jax.runtime.errors import ConfigError
 
 # Projections whose latents LaX carries from one layer to the next.
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")

@@ -29,10 +29,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from boost_jax.runtime.errors import ConfigError
 from boost_jax.layers.kv_cache import CACHES, Cache, empty
 from boost_jax.model import Model, unstack_layers
 from boost_jax.parallel.plan import Plan
+from boost_jax.runtime.errors import ConfigError
 
 CHUNK = 16  # decode steps per call of the compiled loop (the granularity of streaming)
 MIN_BUCKET = 16

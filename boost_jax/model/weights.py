@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from boost_jax.training.checkpoint import Checkpointer, model_identity
 from boost_jax.config import Config, ModelConfig
-from boost_jax.runtime.errors import ConfigError
 from boost_jax.model import Model
 from boost_jax.parallel.plan import Plan
+from boost_jax.runtime.errors import ConfigError
+from boost_jax.training.checkpoint import Checkpointer, model_identity
 
 
 def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np

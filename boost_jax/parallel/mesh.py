@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import jax
 from jax.sharding import AxisType, Mesh
 
-from boost_jax.runtime.errors import ConfigError
-from boost_jax.parallel.peers import backstop_s
 from boost_jax.config.schemes import CP, DP, FSDP, MESH_AXES, PP, TP
+from boost_jax.parallel.peers import backstop_s
+from boost_jax.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
     from boost_jax.config import ParallelConfig

@@ -23,11 +23,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from boost_jax.runtime.errors import ConfigError
+from boost_jax.config.schemes import DP, FSDP, LOGICAL_AXES, MESH_AXES, PP, SCHEMES, TP, Rules, Scheme, default_scheme
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.pipeline import Schedule
 from boost_jax.parallel.projections import STRATEGIES, Projections
-from boost_jax.config.schemes import DP, FSDP, LOGICAL_AXES, MESH_AXES, PP, SCHEMES, TP, Rules, Scheme, default_scheme
+from boost_jax.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
     from boost_jax.config import Config, ModelConfig

@@ -36,8 +36,16 @@ from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.config.archs import ARCHS
 from boost_jax.parallel.blocks import btp_down, grouped_up
-from boost_jax.parallel.context import (KEYS, QUERIES, Attending, Tokens, attend_gathered, gather, gathered_keys,
-                                        ring_attention)
+from boost_jax.parallel.context import (
+    KEYS,
+    QUERIES,
+    Attending,
+    Tokens,
+    attend_gathered,
+    gather,
+    gathered_keys,
+    ring_attention,
+)
 from boost_jax.parallel.layout import Layout
 from boost_jax.parallel.remat import LATENT
 

@@ -24,8 +24,8 @@ import math
 import re
 import sys
 
-from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
 from boost_jax.config import ConfigError, from_args, raw_args
+from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
 
 GIB = 2**30
 SPACE_FLAGS = ("--tp", "--pp", "--pp-repeats", "--cp")  # narrow the search (a list), unlike the config keys
@@ -67,8 +67,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if a.gpus < 1 or a.max_priced < 0 or a.top < 1 or a.workers < 0 or not 0 <= a.headroom < 1:
         raise ConfigError("--gpus and --top must be at least 1, --max-priced and --workers >= 0 and --headroom in [0, 1)")
     check_no_layout_keys(a.config)
-    from boost_jax.parallel.remat import REMAT_POLICIES
     from boost_jax.config.schemes import SCHEMES
+    from boost_jax.parallel.remat import REMAT_POLICIES
 
     if bad := [r for r in a.remat.split(",") if r not in REMAT_POLICIES]:
         raise ConfigError(f"--remat: unknown {bad}; choose from {list(REMAT_POLICIES)}")
@@ -118,11 +118,11 @@ def _main(argv: list[str]) -> None:
         raise ConfigError(no_layout(a, cfg, hw, []))
     devices = max(l.tp * l.pp * l.cp for l in layouts)
     prepare_jax(cfg, devices=devices, reuse_memory=False)  # compiles only
-    from boost_jax.runtime.cache import cache_root
     from boost_jax.planner.price import DiskCache
     from boost_jax.planner.recipe import write_recipe
     from boost_jax.planner.search import plan
     from boost_jax.planner.workers import Workers, default_workers
+    from boost_jax.runtime.cache import cache_root
 
     root = None if a.no_cache else cache_root(cfg.data.cache_dir) / "plan"
     log = lambda s: print(s, file=sys.stderr, flush=True)

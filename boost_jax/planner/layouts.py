@@ -9,9 +9,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from boost_jax.config import Config, ConfigError, from_dict, raw_args
+from boost_jax.config.schemes import SCHEMES
 from boost_jax.parallel import abstract_plan
 from boost_jax.parallel.remat import REMAT_POLICIES
-from boost_jax.config.schemes import SCHEMES
 
 # The config keys a layout sets (the planner's to choose, never the user's config).
 LAYOUT_KEYS = ("parallel.scheme", "parallel.tp", "parallel.pp", "parallel.pp_repeats", "parallel.dp", "parallel.fsdp",

@@ -17,28 +17,35 @@ import functools
 import json
 import os
 from collections.abc import Callable
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from boost_jax.analysis.comm import pipeline_carry_width
+from boost_jax.analysis.flops import count
 from boost_jax.analysis.hlo import Collective, collectives
 from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS, LayerBytes, measure_layer
+from boost_jax.analysis.perf_model import (
+    ADAMW_BYTES_PER_PARAM,
+    Hardware,
+    Work,
+    collective_seconds,
+    gemm_seconds,
+    predict,
+    ring_seconds,
+)
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
-from boost_jax.analysis.perf_model import (ADAMW_BYTES_PER_PARAM, Hardware, Work, collective_seconds, gemm_seconds,
-                                           predict, ring_seconds)
 from boost_jax.config import Config
+from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import abstract_plan
-from boost_jax.analysis.flops import count
 from boost_jax.parallel.context import query_group
+from boost_jax.planner.workers import Workers
 from boost_jax.runtime.cache import atomic_write, digest
 from boost_jax.training.optimizers import newton_schulz_flops
-from boost_jax.planner.workers import Workers
-from boost_jax.model.weights import abstract_model
 
 
 @functools.cache

@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from boost_jax.analysis.flops import count
 from boost_jax.analysis.memory_model import breakdown, one_layer_config
 from boost_jax.analysis.perf_model import Hardware
 from boost_jax.config import Config, ConfigError, from_dict, raw_args
-from boost_jax.analysis.flops import count
+from boost_jax.parallel.remat import SLOWER_THAN
 from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, raw_layout_config
 from boost_jax.planner.price import DiskCache, Layers, compile_programs, lower_bound, program_key, step_seconds
 from boost_jax.planner.workers import Workers
-from boost_jax.parallel.remat import SLOWER_THAN
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-
 def cache_root(cache_dir: str = "") -> Path:
     """The cache folder: `cache_dir` (the config's `data.cache_dir`), else $BOOST_JAX_CACHE, else
     ~/.cache/boost_jax."""

@@ -29,10 +29,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from boost_jax.training.checkpoint import CheckpointError, Checkpointer, changed_keys, identity
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.runtime.errors import DivergenceError
 from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
+from boost_jax.training.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
 
 
 class RunDir:

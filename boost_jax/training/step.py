@@ -20,13 +20,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, TrainConfig
-from boost_jax.training.health import health_norms
 from boost_jax.model import loss_fn
-from boost_jax.training.optimizers import lr_schedule, make_optimizer
+from boost_jax.model.weights import abstract_model, adopt_layers, in_plan_order, param_shardings, place_params
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
-from boost_jax.model.weights import abstract_model, adopt_layers, in_plan_order, param_shardings, place_params
+from boost_jax.training.health import health_norms
+from boost_jax.training.optimizers import lr_schedule, make_optimizer
 
 TrainState = dict[str, Any]
 # Parts of the state that exist under some settings only: a checkpoint without one resumes with it
