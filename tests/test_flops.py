@@ -23,36 +23,36 @@ def actual_params(cfg: ModelConfig) -> int:
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_analytic_param_count_equals_module(preset, arch):
-    cfg = ModelConfig(preset=preset, arch=arch)
+    cfg = ModelConfig(preset=preset, arch=arch).resolved()
     assert count(cfg, 128).params == actual_params(cfg)
 
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_param_count_tied(tie):
-    cfg = ModelConfig(preset="llama-tiny", arch="cola", tie_embeddings=tie)
+    cfg = ModelConfig(preset="llama-tiny", arch="cola", tie_embeddings=tie).resolved()
     assert count(cfg, 128).params == actual_params(cfg)
 
 
 def test_hand_counts():
     # LLaMA-7B as published: 6,738,415,616 parameters.
-    assert count(ModelConfig(preset="llama-7b", arch="dense"), 4096).params == 6_738_415_616
+    assert count(ModelConfig(preset="llama-7b", arch="dense").resolved(), 4096).params == 6_738_415_616
     # llama-tiny cola, by hand: d=64, d_ff=160, heads 8 (kv 2) x 8, r=16, vocab 512, 2 layers.
     q = o = 16 * (64 + 64)
     k = v = 16 * (64 + 16)
     gate = up = down = 16 * (64 + 160)
     layer = q + k + v + o + gate + up + down + 2 * 64
-    assert count(ModelConfig(preset="llama-tiny", arch="cola"), 64).params == 2 * layer + 2 * 512 * 64 + 64
+    assert count(ModelConfig(preset="llama-tiny", arch="cola").resolved(), 64).params == 2 * layer + 2 * 512 * 64 + 64
     # Forward FLOPs per token, by hand, at seq 64: 2 per MAC of every matmul + causal attention.
     matmul = 2 * (layer - 2 * 64) + 64 * 512
     attention = 2 * 2 * 8 * 8 * 64  # layers * (QK^T + AV, causal half of 2*2*S*H*dh)
-    c = count(ModelConfig(preset="llama-tiny", arch="cola"), 64)
+    c = count(ModelConfig(preset="llama-tiny", arch="cola").resolved(), 64)
     assert c.forward_flops_per_token == 2 * matmul + attention
     assert c.train_flops_per_token == 3 * c.forward_flops_per_token
 
 
 def test_cola_halves_compute_at_quarter_rank():
-    dense = count(ModelConfig(preset="llama-7b", arch="dense"), 4096)
-    cola = count(ModelConfig(preset="llama-7b", arch="cola"), 4096)
+    dense = count(ModelConfig(preset="llama-7b", arch="dense").resolved(), 4096)
+    cola = count(ModelConfig(preset="llama-7b", arch="cola").resolved(), 4096)
     assert 0.40 < cola.params / dense.params < 0.55  # CoLA: "about 2x fewer parameters"
     assert 0.40 < cola.train_flops_per_token / dense.train_flops_per_token < 0.6
 
@@ -86,3 +86,10 @@ def test_datasheet_peak_is_the_tables_for_a_known_accelerator_only():
     assert datasheet_peak_flops(dev("gpu", "NVIDIA GH200 480GB"), "float32") == 989e12 / 2  # TF32
     assert datasheet_peak_flops(dev("gpu", "NVIDIA RTX 9999"), "bfloat16") is None
     assert datasheet_peak_flops(dev("cpu", "cpu"), "bfloat16") is None
+
+
+def test_counting_refuses_a_config_never_resolved():
+    from boost_jax.runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="flops.count needs a resolved ModelConfig .*d_model"):
+        count(ModelConfig(preset="llama-tiny"), 64)  # loading resolves it once; readers never do

@@ -40,6 +40,7 @@ def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
 
 def count(cfg: ModelConfig, seq_len: int) -> Counts:
     """Parameters and FLOPs of a resolved model config at a sequence length."""
+    cfg.require_resolved("flops.count")
     d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
     per_layer = sum(ARCHS[cfg.arch].linear_params(*s) for s in layer_linear_shapes(cfg).values())
     head = d * v

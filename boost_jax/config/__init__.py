@@ -69,6 +69,13 @@ class ModelConfig:
     grouping: bool = True  # q|k|v and gate|up as one GEMM + one all-reduce each (dense, vanilla: stacked GEMMs where tp splits them)
     kernels: Literal["xla", "pallas"] = "xla"  # fused norm+down-projection and grouped matmul as Pallas kernels
 
+    def require_resolved(self, reader: str) -> None:
+        """Refuse, naming `reader`, a config whose presets were never filled in (`resolved`, which
+        loading a config runs once): readers take the config as it is."""
+        if unset := [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]:
+            raise ConfigError(f"{reader} needs a resolved ModelConfig (as a loaded config holds; else "
+                              f"ModelConfig(...).resolved()): {', '.join(unset)} unset")
+
     def resolved(self) -> ModelConfig:
         """Fill every None from the preset and the arch; the result has no None left."""
         if self.preset not in presets.PRESETS:

@@ -11,8 +11,6 @@ model's weights factored by SVD).
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -30,7 +28,6 @@ from boost_jax.parallel.blocks import embed_lookup
 from boost_jax.parallel.pipeline import merge_microbatches, run_pipeline, split_microbatches
 from boost_jax.parallel.plan import Plan
 from boost_jax.parallel.remat import RESIDUAL, remat
-from boost_jax.runtime.errors import ConfigError
 
 # Projections whose latents LaX carries from one layer to the next.
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -69,9 +66,7 @@ class Model(nnx.Module):
     """The decoder: `model(tokens, plan=...)` gives logits; `decode` runs tokens against a KV cache."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        if unset := [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is None]:
-            raise ConfigError(f"Model needs a resolved ModelConfig (as a loaded config holds; else "
-                              f"ModelConfig(...).resolved()): {', '.join(unset)} unset")
+        cfg.require_resolved("Model")
         self.cfg = cfg
         pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
         emb = cfg.init_std * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), pdt)
