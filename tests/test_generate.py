@@ -109,6 +109,9 @@ def test_sampling_is_reproducible_from_the_seed():
     assert draw(temperature=1.0, top_k=1, seed=7) == greedy  # only the most likely token is left
     assert draw(temperature=1.0, top_p=1e-6, seed=7) == greedy  # the smallest set is the most likely token
     assert draw(temperature=1.0, seed=7) != greedy
+    # The seed is the programs' key argument, not part of them: the sampling modes drawn above
+    # (greedy, temperature, top-k, top-p) are all the programs there are.
+    assert decoder.programs == {"prefill": 4, "decode": 4}
 
 
 def test_each_row_stops_at_its_end_of_document_token():

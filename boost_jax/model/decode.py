@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
@@ -254,6 +254,7 @@ class Decoder:
         for i, p in enumerate(rows):
             tokens[i, :len(p)] = p
         key = jax.random.key(sampling.seed)
+        sampling = replace(sampling, seed=0)  # the programs take the key: a new seed is no new program
         length = bucket(int(lengths.max()) + max_new_tokens)  # every position a row may reach
         put = lambda x: jax.device_put(x, _as_returned(self.plan.sharding(("batch",) + (None,) * (x.ndim - 1))))
         t0 = time.perf_counter()
