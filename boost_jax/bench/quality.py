@@ -24,7 +24,7 @@ from pathlib import Path
 
 from boost_jax.analysis.flops import count
 from boost_jax.bench.common import parse, parser, train_to_end
-from boost_jax.config import ConfigError, from_args
+from boost_jax.config import Config, ConfigError, from_args
 
 ARCHS = ("dense", "svd", "cola", "lax")
 MATCHED = ("svd", "cola")  # trained again at dense's FLOPs
@@ -98,9 +98,8 @@ def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, m
             "tokens": steps * cfg.train.batch_size * cfg.train.seq_len, "compressed": compressed, "recovered": recovered}
 
 
-def steps_for(args: list[str], tokens: int) -> tuple[int, int]:
-    """(steps, tokens per step) of an equal-token run of `tokens` under the protocol and `args`."""
-    base = from_args([*PROTOCOL, *args, "parallel.dp=1"])
+def steps_for(base: Config, tokens: int) -> tuple[int, int]:
+    """(steps, tokens per step) of an equal-token run of `tokens` under `base` (the protocol's config)."""
     per_step = base.train.batch_size * base.train.seq_len
     return max(10, tokens // per_step), per_step
 
@@ -109,7 +108,7 @@ def compare_optimizers(args: list[str], optimizers: list[str], lrs: list[float],
                        max_tokens: int, archs: tuple[str, ...] = ("dense", "cola"), log=print) -> dict:
     """Each optimizer on each arch at equal tokens: the learning-rate grid, the best rate's run and a
     second seed at it (`train.seed=1`: another initialisation and batch order)."""
-    steps, per_step = steps_for(args, tokens)
+    steps, per_step = steps_for(from_args([*PROTOCOL, *args, "parallel.dp=1"]), tokens)
     rows = []
     for arch in archs:
         for name in optimizers:
@@ -144,7 +143,7 @@ def optimizer_table(o: dict) -> list[str]:
 
 def measure(args: list[str], tokens: int, recover_steps: int, work: Path, max_tokens: int, log=print) -> dict:
     base = from_args([*PROTOCOL, *args, "parallel.dp=1"])
-    steps, per_step = steps_for(args, tokens)
+    steps, per_step = steps_for(base, tokens)
     flops = {arch: count(from_args([*PROTOCOL, *args, f"model.arch={arch}"]).model, base.train.seq_len).train_flops_per_token
              for arch in ARCHS}
     runs = []

@@ -27,8 +27,8 @@ PROMPT, NEW_TOKENS = "def main(", 40  # the README's generate example
 
 def commands(args: list[str], steps: int, work: Path, trial: str) -> dict[str, list[str]]:
     """Each command's argument list (after `python -m`) for `trial` (cold, warm): train a run dir of
-    its own, eval and generate the trained run, work/run."""
-    run = str(work / "run")
+    its own, eval and generate the run of trial "run" (work/train-run)."""
+    run = str(work / "train-run")
     return {
         "train": ["boost_jax.train", *args, f"train.steps={steps}", f"run_dir={work / f'train-{trial}'}",
                   "log.progress=false", "--timings"],
@@ -56,8 +56,7 @@ def timed(argv: list[str], cache: Path, log) -> dict:
 def measure(args: list[str], steps: int, work: Path, log=print) -> dict:
     from_args([*args, f"train.steps={steps}"])  # a bad config fails before any process starts
     log(f"training the run the others read ({steps} steps)")
-    subprocess.run([sys.executable, "-m", "boost_jax.train", *args, f"train.steps={steps}", f"run_dir={work / 'run'}",
-                    f"data.compile_cache_dir={work / 'xla-run'}", "log.progress=false"], check=True, capture_output=True)
+    timed(commands(args, steps, work, "run")["train"], work / "xla-run", log)
     cold, warm = commands(args, steps, work, "cold"), commands(args, steps, work, "warm")
     rows = []
     for name in cold:
