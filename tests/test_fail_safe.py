@@ -101,7 +101,7 @@ def test_run_dir_commands_refuse_a_negative_step(tmp_path):
 
 
 def test_files_that_are_not_what_they_should_be_are_named(tmp_path):
-    from boost_jax.analysis.perf_model import HARDWARE_FILE as HARDWARE, load_hardware
+    from boost_jax.config.hardware import HARDWARE_FILE as HARDWARE, load_hardware
     from boost_jax.data.corpus import Skipped, files_corpus
     from boost_jax.runtime.errors import DataError
 

@@ -19,7 +19,7 @@ FLOORS = [
     {"data", "parallel", "launch", "training.optimizers", "training.health"},
     {"layers"},
     {"model"},
-    {"model.weights", "model.decode", "training.step", "training.checkpoint", "training.log"},
+    {"model.weights", "model.decode", "training.step", "training.muon_layout", "training.checkpoint", "training.log"},
     {"analysis", "training.parts", "model.compress", "api", "train", "export", "generate", "eval", "lm_eval"},
     {"planner", "plan", "convert"},
     {"bench", "__main__"},

@@ -59,7 +59,19 @@ def one_device(scheme, optimizer):
 @pytest.mark.parametrize("scheme, optimizer, layout", [
     pytest.param(*c, id="-".join(c), marks=() if c in INNER_LOOP else pytest.mark.slow) for c in CASES])
 def test_parameters_after_3_steps_equal_one_devices(scheme, optimizer, layout):
-    params = params_after_3_steps(config(scheme, optimizer, *LAYOUTS[layout]), jax.devices())
+    assert_one_devices(params_after_3_steps(config(scheme, optimizer, *LAYOUTS[layout]), jax.devices()), scheme, optimizer)
+
+
+@pytest.mark.parametrize("way", [pytest.param(w, marks=() if w == "distribute" else pytest.mark.slow)
+                                 for w in ("gram", "gather", "distribute")])
+def test_each_way_to_orthogonalise_a_split_factor_leaves_one_devices_parameters(way):
+    """btp at tp=2 with each of the three ways (training/muon_layout.py) forced on every factor (the
+    inner-loop cases above take auto's, which at llama-tiny's sizes is gather)."""
+    cfg = config("btp", "muon", "parallel.tp=2", f"train.muon.comm={way}")
+    assert_one_devices(params_after_3_steps(cfg, jax.devices()), "btp", "muon")
+
+
+def assert_one_devices(params, scheme, optimizer):
     ref, init = one_device(scheme, optimizer)
     groups = jax.tree.leaves(labels(init))
     assert groups.count("matrix") >= 7

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from boost_jax.analysis.hlo import Collective
-from boost_jax.analysis.perf_model import HARDWARE_FILE, Work, collective_seconds, gemm_seconds, load_hardware, predict
+from boost_jax.analysis.perf_model import Work, collective_seconds, gemm_seconds, predict
 from boost_jax.analysis.program import config_for
 from boost_jax.analysis.work import Gemm, Traffic
 from boost_jax.bench import paper, report
 from boost_jax.config import ConfigError
+from boost_jax.config.hardware import HARDWARE_FILE, load_hardware
 
 SEQ = 40  # unlike every model dimension of llama-tiny, so attention matmuls are told apart by shape
 

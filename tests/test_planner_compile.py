@@ -68,7 +68,7 @@ def test_the_chosen_layout_is_priced_and_sized_as_its_default_compile(monkeypatc
     train step and of its layer gives (memory exact, seconds within STEP_TOLERANCE), computed
     afresh without any cache."""
     from boost_jax.analysis.memory_model import breakdown, layer_bytes
-    from boost_jax.analysis.perf_model import one_machine
+    from boost_jax.config.hardware import one_machine
     from boost_jax.planner.layouts import Space
     from boost_jax.planner.price import DiskCache, step_seconds
     from boost_jax.planner.search import plan

@@ -11,17 +11,25 @@ gradient's), which the edges then count as backward.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 
-from boost_jax.analysis.hlo import Collective, audit, canonical_groups, nbytes, summarize
+from boost_jax.analysis.hlo import Collective, audit, canonical_groups, collectives, nbytes, summarize
 from boost_jax.analysis.issued import issued
+from boost_jax.analysis.perf_model import collective_seconds
 from boost_jax.analysis.program import Program
 from boost_jax.config import ModelConfig
 from boost_jax.config.archs import ARCHS
+from boost_jax.config.hardware import Hardware
 from boost_jax.config.schemes import CP
 from boost_jax.parallel import Plan
 from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
+from boost_jax.training.muon_layout import chosen_ways, placements, way_seconds
+from boost_jax.training.optimizers import make_optimizer
+from boost_jax.training.step import optimizer_state_specs
 
 P2P = "collective-permute"
 
@@ -56,7 +64,9 @@ def layer_split(both: list[Collective], pipelined: bool = False) -> tuple[dict, 
             summarize(in_layers([c for c in both if c.backward], pipelined), in_loop=True))
 
 
-def measure(prog: Program) -> dict:
+def measure(prog: Program, hw: Hardware | None = None) -> dict:
+    """The program's collectives per layer (module docstring); with `hw`, also the seconds the layers'
+    collectives take per step on it (`layers_collective_s`, the performance model's pricing)."""
     program_issues = issued(prog.loss, prog.params, prog.batch)
     both = audit(jax.value_and_grad(prog.loss), prog.params, prog.batch)  # as the train step computes it
     fwd, bwd = forward(both), [c for c in both if c.backward]
@@ -95,6 +105,7 @@ def measure(prog: Program) -> dict:
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
         "layer_forward_ops": fwd_ops,
         "layer_backward_ops": [_describe(c) for c in layers(bwd)],
+        **({"layers_collective_s": sum(collective_seconds(c, hw) * c.trip_count for c in layers(both))} if hw else {}),
         **({"pipeline": pipeline_comm(prog, fwd, tokens, itemsize)} if pipe else {}),
         **({"context": context_comm(prog, *([c for c in in_layers(cols, pipe is not None) if on_cp(c)]
                                             for cols in (fwd, bwd)))} if shape[CP] > 1 else {}),
@@ -140,3 +151,38 @@ def pipeline_comm(prog: Program, fwd: list[Collective], tokens: int, itemsize: i
 def _describe(c: Collective) -> str:
     parts = " + ".join(f"{d}{list(s)}" for d, s in c.parts)
     return f"{c.kind} {parts} over {c.group_size} ({c.bytes / 2**20:.2f} MiB)"
+
+
+
+def optimizer_comm(prog: Program, hw: Hardware) -> dict | None:
+    """The optimizer update's collectives (muon, spectron; None for adamw), compiled on the program's
+    abstract parameters as the train step lays out its state, next to what the chosen ways' formulas
+    say (training/muon_layout.py) and their seconds per step on `hw`, with every way's. The
+    global-norm clip's scalar all-reduce and the Frobenius norms' [L] ones (pre-scaling matrices left
+    in place), which every layout has, are counted apart."""
+    cfg = prog.cfg
+    if cfg.train.optimizer == "adamw":
+        return None
+    chosen = chosen_ways(cfg, prog.plan, hw.gpus_per_node)
+    tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan))
+    shapes = jax.eval_shape(tx.init, prog.params)
+    specs = optimizer_state_specs(shapes, prog.params, jax.tree.map(lambda p: p.sharding.spec, prog.params))
+    state = jax.tree.map(lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(prog.plan.mesh, spec)),
+                         shapes, specs)
+    found = collectives(jax.jit(tx.update).lower(prog.params, state, prog.params).compile().as_text())
+    small = lambda c: c.kind == "all-reduce" and len(c.shape) <= 1
+    formula = Counter()
+    for w in chosen.values():
+        for kind, size, n in w.collectives:
+            formula[f"{kind} {size} B"] += n
+    return {
+        "ways": dict(Counter(w.name for w in chosen.values())),
+        "measured": dict(Counter(f"{c.kind} {c.bytes} B" for c in found if not small(c))),
+        "formula": dict(formula),
+        "norms_and_clip": len([c for c in found if small(c)]),
+        "bytes": sum(c.bytes for c in found if not small(c)),
+        "formula_bytes": sum(w.bytes for w in chosen.values()),
+        "hardware": hw.name,
+        "seconds": sum(w.seconds(hw) for w in chosen.values()),
+        "seconds_by_way": way_seconds(cfg, prog.plan, hw),
+    }

@@ -1,15 +1,18 @@
 """`bench comm [CONFIG.yaml] [section.key=value ...]`: collectives per decoder layer, forward and
 backward, measured on the compiled HLO next to the scheme's analytic volume
-(`boost_jax/analysis/comm.py`). The program is compiled on abstract inputs (nothing allocated), so
-`model.preset=llama-7b parallel.tp=4 train.seq_len=4096 train.batch_size=4` runs on a laptop."""
+(`boost_jax/analysis/comm.py`); under train.optimizer=muon/spectron, the optimizer update's
+collectives next to the formula of the way each matrix is orthogonalised (docs/design.md section 14),
+and both priced per step on train.muon.hardware. The programs are compiled on abstract inputs (nothing
+allocated), so `model.preset=llama-7b parallel.tp=4 train.seq_len=4096 train.batch_size=4` runs on a laptop."""
 
 from __future__ import annotations
 
 import json
 
-from boost_jax.analysis.comm import measure
+from boost_jax.analysis.comm import measure, optimizer_comm
 from boost_jax.analysis.program import build
 from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.config.hardware import one_machine
 
 GIB = 2**30
 
@@ -46,6 +49,15 @@ def print_table(r: dict) -> None:
         for phase, short in (("forward", "fwd"), ("backward", "bwd")):
             for op in ctx[f"{phase}_ops"]:
                 print(f"      {short}: {op}")
+    if opt := r.get("optimizer"):
+        print(f"  optimizer update ({r['optimizer_name']}), per step, per device: Newton-Schulz ways {opt['ways']}")
+        print(f"    measured {opt['bytes'] / 2**20:10.4f} MiB  {opt['measured']}")
+        print(f"    formula  {opt['formula_bytes'] / 2**20:10.4f} MiB  {opt['formula']}"
+              f"  (equal: {opt['measured'] == opt['formula']})")
+        print(f"    + {opt['norms_and_clip']} small all-reduces (the clip's norm, Frobenius norms of matrices left in place)")
+        ways = ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in opt["seconds_by_way"].items())
+        print(f"    on {opt['hardware']}: the chosen ways {1e3 * opt['seconds']:.2f} ms per step (each way alone: {ways}); "
+              f"the layers' collectives {1e3 * r['layers_collective_s']:.2f} ms per step")
     up = r["backend_upcast_extra_bytes"]["forward"]
     if up:
         print(f"  note: this backend upcast bf16 all-reduces to f32 (+{up / GIB:.4f} GiB per layer forward as compiled);"
@@ -54,5 +66,7 @@ def print_table(r: dict) -> None:
 
 def main(argv: list[str]) -> None:
     a = parse(parser("python -m boost_jax.bench comm", __doc__), argv)
-    r = measure(build(config_of(a.config)))
+    prog = build(config_of(a.config))
+    hw = one_machine(None, prog.cfg.train.muon.hardware)
+    r = {**measure(prog, hw), "optimizer_name": prog.cfg.train.optimizer, "optimizer": optimizer_comm(prog, hw)}
     print(json.dumps(r, indent=1)) if a.json else print_table(r)

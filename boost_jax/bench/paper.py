@@ -37,11 +37,12 @@ from boost_jax.analysis.comm import forward, layer_split, pipeline_comm
 from boost_jax.analysis.flops import count
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.memory_model import breakdown
-from boost_jax.analysis.perf_model import HARDWARE_FILE, Work, collective_seconds, predict, select_hardware
+from boost_jax.analysis.perf_model import Work, collective_seconds, predict
 from boost_jax.analysis.program import build, peak_bytes
 from boost_jax.analysis.work import analyze
 from boost_jax.bench.common import parse, parser
 from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.config.hardware import HARDWARE_FILE, select_hardware
 from boost_jax.parallel.context import query_group
 
 GIB = 2**30

@@ -20,9 +20,9 @@ import json
 import sys
 import time
 
-from boost_jax.analysis.perf_model import HARDWARE_FILE, Hardware, one_machine
 from boost_jax.bench.common import parse, parser
 from boost_jax.bench.paper import PAPER, row_config
+from boost_jax.config.hardware import HARDWARE_FILE, Hardware, one_machine
 from boost_jax.runtime.cli import int_list
 from boost_jax.runtime.errors import ConfigError
 

@@ -3,7 +3,8 @@
 Defaults live in the dataclasses below; `boost_jax/configs/base.yaml` documents every knob (a test keeps the
 two equal). A run is `defaults <- optional YAML file <- dotted key=value overrides`, validated
 before any work starts: an unknown key or a bad value raises `ConfigError` naming the key. This
-module imports no JAX: it validates against the tables beside it in config/: `archs.py`, `schemes.py` and `presets.py`.
+module imports no JAX: it validates against the tables beside it in config/: `archs.py`, `schemes.py` and `presets.py`;
+`hardware.py` reads the GPUs of `boost_jax/configs/hardware.yaml` and prices their collectives.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
+from boost_jax import configs
 from boost_jax.config import presets
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
@@ -31,6 +33,8 @@ Arch = Literal[tuple(ARCHS)]
 SchemeName = Literal[("auto", *SCHEMES)]
 DType = Literal["float32", "bfloat16"]
 OptimizerName = Literal["adamw", "muon", "spectron"]  # boost_jax/training/optimizers.py
+# How a decoder matrix split over devices is orthogonalised (training/muon_layout.py)
+MuonComm = Literal["auto", "gram", "gather", "distribute"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,11 @@ class MuonConfig:
     # Update RMS matched to AdamW's: consistent_rms x sqrt(max(fan_in, fan_out)) (Moonlight: 0.2), so
     # train.lr and train.weight_decay carry over; None = Keller Jordan's sqrt(max(1, fan_out / fan_in)).
     consistent_rms: float | None = 0.2
+    # A matrix split over tp / fsdp is orthogonalised by all-reducing its Gram matrix at every
+    # iteration (gram), gathering it once (gather) or handing whole layers to ranks (distribute); auto:
+    # per matrix, the cheapest on `hardware` (a machine of configs/hardware.yaml) by the performance model.
+    comm: MuonComm = "auto"
+    hardware: str = "h100-80gb"
 
 
 @dataclass(frozen=True)
@@ -478,6 +487,12 @@ def _validate_model(m: ModelConfig) -> None:
     _require(m.init_std > 0, "model.init_std", "must be > 0")
 
 
+@functools.cache
+def hardware_names() -> list[str]:
+    """The machines of boost_jax/configs/hardware.yaml (config/hardware.py reads their constants)."""
+    return list(load_yaml(configs.HARDWARE) or {})
+
+
 def _validate_optimizer(t: TrainConfig, m: ModelConfig) -> None:
     u = t.muon
     _require(0 < u.momentum < 1, "train.muon.momentum", f"must be in (0, 1), got {u.momentum}")
@@ -487,6 +502,9 @@ def _validate_optimizer(t: TrainConfig, m: ModelConfig) -> None:
              f"(a triple per iteration), got {len(u.ns_coeffs)}")
     _require(u.consistent_rms is None or u.consistent_rms > 0, "train.muon.consistent_rms",
              f"must be > 0 (Moonlight: 0.2) or null, got {u.consistent_rms}")
+    machines = hardware_names()
+    _require(u.hardware in machines, "train.muon.hardware",
+             f"unknown machine {u.hardware!r}; {configs.HARDWARE.name} has {machines}")
     _require(t.spectron.power_steps > 0, "train.spectron.power_steps",
              f"must be >= 1 power iteration, got {t.spectron.power_steps}")
     _require(t.optimizer != "spectron" or ARCHS[m.arch].low_rank, "train.optimizer",

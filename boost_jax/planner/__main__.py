@@ -103,7 +103,7 @@ def check_no_layout_keys(args: list[str]) -> None:
 def _main(argv: list[str]) -> None:
     a = parse(argv)
     cfg = from_args(a.config)  # a bad config fails before JAX starts
-    from boost_jax.analysis.perf_model import one_machine
+    from boost_jax.config.hardware import one_machine
     from boost_jax.launch.prepare import prepare_jax
     from boost_jax.planner.layouts import Space, enumerate_layouts
 

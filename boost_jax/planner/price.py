@@ -22,30 +22,21 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from boost_jax.analysis.comm import pipeline_carry_width
 from boost_jax.analysis.flops import count
 from boost_jax.analysis.hlo import Collective, collectives
 from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS, LayerBytes, measure_layer
-from boost_jax.analysis.perf_model import (
-    ADAMW_BYTES_PER_PARAM,
-    Hardware,
-    Work,
-    collective_seconds,
-    gemm_seconds,
-    predict,
-    ring_seconds,
-)
+from boost_jax.analysis.perf_model import ADAMW_BYTES_PER_PARAM, Work, collective_seconds, gemm_seconds, predict
 from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
 from boost_jax.config import Config
-from boost_jax.model.weights import abstract_model
+from boost_jax.config.hardware import Hardware, ring_seconds
 from boost_jax.parallel import abstract_plan
 from boost_jax.parallel.context import query_group
 from boost_jax.planner.workers import Workers
 from boost_jax.runtime.cache import atomic_write, digest
-from boost_jax.training.optimizers import newton_schulz_flops
+from boost_jax.training.muon_layout import chosen_ways
 
 
 @functools.cache
@@ -164,7 +155,7 @@ def step_seconds(cfg: Config, hw: Hardware, param_elems: int, cache: DiskCache, 
 
 def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
     """What a dp = fsdp = 1 compile cannot show, priced analytically: the optimizer's update (AdamW's
-    HBM traffic, plus Muon's Newton-Schulz GEMMs under train.optimizer=muon/spectron), the
+    HBM traffic, plus the Newton-Schulz GEMMs and collectives of train.optimizer=muon/spectron), the
     data-parallel gradient all-reduce and FSDP's weight all-gathers and gradient reduce-scatter."""
     p, t = cfg.parallel, cfg.train
     optimizer = param_elems * ADAMW_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.memory_efficiency)
@@ -180,10 +171,10 @@ def _analytic_parts(cfg: Config, hw: Hardware, param_elems: int) -> dict:
         crosses = p.fsdp * inner > hw.gpus_per_node
         fsdp_s = (2 * t.microbatches * ring_seconds("all-gather", p.fsdp, gathered, crosses, hw)
                   + ring_seconds("reduce-scatter", p.fsdp, grad_bytes * p.fsdp, crosses, hw))
-    # Muon's and spectron's Newton-Schulz GEMMs: the stage's share of the matrices (1/pp), each GEMM
-    # split over the matrix's tp x fsdp shards, at the GEMM rate.
-    flops = newton_schulz_flops(t, nnx.to_pure_dict(abstract_model(cfg)[1])) / (p.pp * p.tp * p.fsdp)
-    newton_schulz = flops / (hw.peak_flops * hw.gemm_efficiency)
+    # Muon's and spectron's Newton-Schulz: each matrix's FLOPs and collectives on this device, the way
+    # the run orthogonalises it (training/muon_layout.py).
+    newton_schulz = 0.0 if t.optimizer == "adamw" else sum(
+        w.seconds(hw) for w in chosen_ways(cfg, abstract_plan(cfg), hw.gpus_per_node).values())
     return {"optimizer": optimizer + newton_schulz, "dp_all_reduce": dp_s, "fsdp": fsdp_s}
 
 

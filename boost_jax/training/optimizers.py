@@ -7,7 +7,8 @@
     spectron  Muon's orthogonalised momentum on each low-rank factor, renormalised per (A, B) pair by
               the factors' spectral norms so that the product's update dA B + A dB is bounded
 
-All three run after the global-norm clip and share the learning-rate schedule.
+All three run after the global-norm clip and share the learning-rate schedule. Under a layout, muon's
+and spectron's Newton-Schulz runs where training/muon_layout.py places each split matrix.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from typing import Any, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import NamedSharding
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
-from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own shape scale (not re-exported in 0.2.8)
 
-from boost_jax.config import OptimizerName, TrainConfig
+# optax.contrib.muon's own shape scale and Newton-Schulz (not re-exported in 0.2.8)
+from optax.contrib._muon import orthogonalize_via_newton_schulz, scale_by_shape
+
+from boost_jax.config import MuonConfig, OptimizerName, TrainConfig
 
 OPTIMIZERS = get_args(OptimizerName)
 # A decoder layer's weight, stacked [L, in, out]: the layer axis is a batch axis of the orthogonalisation.
@@ -38,14 +43,20 @@ def lr_schedule(t: TrainConfig) -> optax.Schedule:
     )
 
 
-def make_optimizer(t: TrainConfig, params: dict) -> optax.GradientTransformation:
-    """`t.optimizer` after the global-norm clip (`params`: the model's pure dict, for its structure)."""
+# {parameter path: (where its Newton-Schulz runs, its own sharding)}: training/muon_layout.placements
+Placements = dict[tuple[str, ...], tuple[NamedSharding, NamedSharding]]
+
+
+def make_optimizer(t: TrainConfig, params: dict, placements: Placements | None = None) -> optax.GradientTransformation:
+    """`t.optimizer` after the global-norm clip (`params`: the model's pure dict, for its structure;
+    `placements`: where the split decoder matrices are orthogonalised, none on one device)."""
     clip = optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity()
     if t.optimizer == "adamw":
         return optax.chain(clip, adamw(t))
     if t.optimizer not in ("muon", "spectron"):
         raise ValueError(f"train.optimizer: unknown optimizer {t.optimizer!r}; choose one of {OPTIMIZERS}")
-    return optax.chain(clip, optax.partition({"matrix": orthogonalised(t), "adamw": adamw(t)}, labels(params)))
+    matrix = orthogonalised(t, placements or {})
+    return optax.chain(clip, optax.partition({"matrix": matrix, "adamw": adamw(t)}, labels(params)))
 
 
 def adamw(t: TrainConfig) -> optax.GradientTransformation:
@@ -65,35 +76,61 @@ def labels(params: dict) -> dict:
         lambda path, x: "matrix" if is_layer_matrix(path, x) else "adamw", params)
 
 
-def orthogonalised(t: TrainConfig) -> optax.GradientTransformation:
-    """The decoder matrices' side: optax's Muon momentum and Newton-Schulz per layer, then Muon's
-    shape scale (muon) or the factor pairs' renormalisation (spectron), decoupled weight decay, the
-    learning rate."""
+def orthogonalised(t: TrainConfig, placements: Placements) -> optax.GradientTransformation:
+    """The decoder matrices' side: optax's Muon momentum, its Newton-Schulz per layer where
+    `placements` put each matrix, then Muon's shape scale (muon) or the factor pairs'
+    renormalisation (spectron), decoupled weight decay, the learning rate."""
     m = t.muon
     dims = lambda tree: jax.tree.map(lambda _: LAYER_MATRIX, tree)
-    steps = len(m.ns_coeffs) // 3
-    coeffs = tuple(m.ns_coeffs) if steps == 1 else tuple(zip(*[iter(m.ns_coeffs)] * 3))
     scale = (scale_by_shape(dims, m.consistent_rms) if t.optimizer == "muon"
              else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps))
     return optax.chain(
-        scale_by_muon(ns_coeffs=coeffs, ns_steps=m.ns_steps, beta=m.momentum, nesterov=m.nesterov,
+        # optax's Muon with no Newton-Schulz iteration is its momentum and Nesterov step alone ("aol"
+        # pre-scales inside the first iteration, so none happens): the iterations follow, placed.
+        scale_by_muon(ns_steps=0, preconditioning="aol", beta=m.momentum, nesterov=m.nesterov,
                       weight_dimension_numbers=dims),
+        newton_schulz(m, placements),
         scale,
         optax.add_decayed_weights(t.weight_decay),
         optax.scale_by_learning_rate(lr_schedule(t)),
     )
 
 
+def newton_schulz(m: MuonConfig, placements: Placements) -> optax.GradientTransformation:
+    """optax's Newton-Schulz (Frobenius pre-scaling, `m.ns_steps` iterations of `m.ns_coeffs`) on each
+    layer of each stacked matrix, constrained to run where `placements` says and to return to the
+    parameter's sharding (training/muon_layout.py); a matrix not in `placements` stays where it is."""
+    coeffs = jnp.asarray(m.ns_coeffs if len(m.ns_coeffs) == 3 else np.reshape(m.ns_coeffs, (-1, 3)))
+    orthogonalise = lambda x: orthogonalize_via_newton_schulz(x, coeffs, m.ns_steps, dimension_numbers=LAYER_MATRIX)
+
+    def one(path, x):
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        if keys not in placements:
+            return orthogonalise(x)
+        # A shard_map, so every iteration runs on the blocks `at` gives each device, with no collective
+        # inside (left to itself, XLA pulls the iterations back to the parameter's layout); the momentum
+        # is pinned to the parameter's layout before it, so one array moves, not the two it is made of.
+        at, home = placements[keys]
+        x = jax.lax.with_sharding_constraint(x, home)
+        x = jax.shard_map(orthogonalise, mesh=at.mesh, in_specs=at.spec, out_specs=at.spec, check_vma=False)(x)
+        return jax.lax.with_sharding_constraint(x, home)
+
+    return optax.stateless(lambda updates, _: jax.tree_util.tree_map_with_path(one, updates))
+
+
 def newton_schulz_flops(t: TrainConfig, params: dict) -> float:
     """FLOPs of one step's orthogonalisation (muon, spectron; 0 for adamw) over all of `params` (shapes
-    suffice): per layer matrix m x n, k = min(m, n), K = max(m, n), each Newton-Schulz iteration is
-    X X^T (2 k^2 K), its square (2 k^3) and the product with X (2 k^2 K)."""
+    suffice), on one device: `matrix_ns_flops` of each layer's m x n matrix, k = min(m, n), K = max(m, n)."""
     if t.optimizer == "adamw":
         return 0.0
-    per_iteration = lambda k, big: 4 * k * k * big + 2 * k ** 3
-    return float(t.muon.ns_steps * sum(
-        x.shape[0] * per_iteration(min(x.shape[1:]), max(x.shape[1:]))
-        for path, x in jax.tree_util.tree_flatten_with_path(params)[0] if is_layer_matrix(path, x)))
+    return float(sum(x.shape[0] * matrix_ns_flops(min(x.shape[1:]), max(x.shape[1:]), t.muon.ns_steps)
+                     for path, x in jax.tree_util.tree_flatten_with_path(params)[0] if is_layer_matrix(path, x)))
+
+
+def matrix_ns_flops(k: int, big: int, steps: int) -> float:
+    """One k x K matrix's Newton-Schulz (k <= K): per iteration X X^T (2 k^2 K), its square (2 k^3) and
+    the product with X (2 k^2 K)."""
+    return steps * (4 * k * k * big + 2 * k ** 3)
 
 
 # ----------------------------------------------------------------------------- spectron

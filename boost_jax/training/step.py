@@ -26,6 +26,7 @@ from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
 from boost_jax.training.health import health_norms
+from boost_jax.training.muon_layout import placements
 from boost_jax.training.optimizers import lr_schedule, make_optimizer
 
 TrainState = dict[str, Any]
@@ -72,7 +73,7 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
         params = jax.device_put(in_plan_order(params, cfg, plan), param_shardings(cfg, plan))
     pspecs = jax.tree.map(lambda p: p.sharding.spec, params)
     mesh = plan.mesh
-    tx = make_optimizer(cfg.train, params)
+    tx = make_optimizer(cfg.train, params, placements(cfg, plan))
     replicated = NamedSharding(mesh, P())
     opt_specs = optimizer_state_specs(jax.eval_shape(tx.init, params), params, pspecs)
     state = {

@@ -1,0 +1,110 @@
+"""The GPUs of the performance model and what their links cost: the constants of
+`boost_jax/configs/hardware.yaml`, validated, and the ring collectives' seconds on them. The
+performance model (analysis/perf_model.py) prices compiled programs with these; the optimizers
+(training/muon_layout.py) price the ways to orthogonalise a split matrix with them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from boost_jax import configs
+from boost_jax.config import ConfigError, load_yaml
+
+HARDWARE_FILE = configs.HARDWARE
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    peak_flops: float
+    sms: int
+    gemm_tile: tuple[int, int]
+    gemm_efficiency: float
+    attention_efficiency: float
+    hbm_bytes_per_s: float
+    memory_efficiency: float
+    kernel_overhead_s: float
+    hbm_bytes: float
+    gpus_per_node: int
+    node_link_bytes_per_s: float
+    peer_link_bytes_per_s: float
+    net_bytes_per_s: float
+    collective_efficiency: float
+    collective_latency_s: float
+    p2p_latency_s: float
+
+
+def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
+    """Every machine in a hardware YAML, validated: a missing or unknown key names the machine."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"hardware file not found: {path}")
+    raw = load_yaml(path) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of machine names to constants")
+    fields = {f.name for f in dataclasses.fields(Hardware)} - {"name"}
+    out = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{path}: {name}: expected a mapping of constants")
+        if missing := fields - set(spec):
+            raise ConfigError(f"{path}: {name}: missing {', '.join(sorted(missing))}")
+        if unknown := set(spec) - fields:
+            raise ConfigError(f"{path}: {name}: unknown {', '.join(sorted(unknown))} (known: {', '.join(sorted(fields))})")
+        tile = spec["gemm_tile"]
+        if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(t, int) and t > 0 for t in tile)):
+            raise ConfigError(f"{path}: {name}.gemm_tile must be [rows, cols] of positive integers, got {tile!r}")
+        values = {k: (tuple(v) if k == "gemm_tile" else v) for k, v in spec.items()}
+        for k, v in values.items():
+            if k not in ("description", "gemm_tile") and not (isinstance(v, (int, float)) and v > 0):
+                raise ConfigError(f"{path}: {name}.{k} must be a positive number, got {v!r}")
+        out[name] = Hardware(name=name, **values)
+    return out
+
+
+def select_hardware(path: str | Path | None, names: str) -> dict[str, Hardware]:
+    """The machines `names` (comma-separated, or "all") of a hardware file (None: boost_jax/configs/hardware.yaml),
+    in the order named; an unknown name raises ConfigError listing the file's machines."""
+    machines = load_hardware(path or HARDWARE_FILE)
+    if names == "all":
+        return machines
+    wanted = [n for n in names.split(",") if n]
+    bad = [n for n in wanted if n not in machines]
+    if bad or not wanted:
+        raise ConfigError(f"--hardware: unknown machine(s) {bad or names!r}; {path or HARDWARE_FILE} has {list(machines)}")
+    return {n: machines[n] for n in wanted}
+
+
+def one_machine(path: str | Path | None, name: str) -> Hardware:
+    """The one machine `name` of a hardware file (select_hardware's errors, and one for a list)."""
+    machines = select_hardware(path, name)
+    if len(machines) != 1:
+        raise ConfigError(f"--hardware: name one machine, got {name!r}")
+    return next(iter(machines.values()))
+
+
+_RING_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+                "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n,
+                "collective-permute": lambda n: 1.0}
+
+
+def link_bytes_per_s(group_size: int, crosses_nodes: bool, hw: Hardware) -> float:
+    """Bandwidth per GPU, one direction, for a group of `group_size` GPUs. Inside a node a GPU reaches
+    the rest of its group over its links to those g - 1 peers: through an NVSwitch that is the whole
+    node link (peer_link = node_link), but a directly wired node has only g - 1 peer links to use.
+    Perlmutter's 4 A100s are such a mesh (each pair joined by 4 of a GPU's 12 NVLink3 links), so a
+    2-GPU group, like the paper's llama-3b at TP=2 or a permute's pair, moves a third of what a
+    4-GPU group does."""
+    if crosses_nodes:
+        return hw.net_bytes_per_s
+    return min(hw.node_link_bytes_per_s, (group_size - 1) * hw.peer_link_bytes_per_s)
+
+
+def ring_seconds(kind: str, group_size: int, nbytes: float, crosses_nodes: bool, hw: Hardware) -> float:
+    """One collective of `kind` over `group_size` devices moving `nbytes` per device."""
+    link = link_bytes_per_s(group_size, crosses_nodes, hw)
+    latency = hw.p2p_latency_s if kind == "collective-permute" else hw.collective_latency_s
+    return latency + _RING_FACTOR[kind](group_size) * nbytes / (link * hw.collective_efficiency)
