@@ -208,16 +208,19 @@ def test_kill_9_and_sigterm_resume_the_spectron_state_exactly(tiny_overrides, tm
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon", "spectron"])
-def test_the_memory_model_counts_the_optimizer_state_as_compiled(optimizer):
+@pytest.mark.parametrize("preset, tp", [("llama-tiny", 2), ("llama-60m", 2), ("llama-7b", 4)])
+def test_the_memory_model_counts_the_optimizer_state_as_compiled(optimizer, preset, tp):
     """AdamW: two fp32 moments per parameter; muon: one per decoder matrix (two for the rest); spectron
-    adds an [L, r] vector per factor. The model matches the compiled init's per-device output (tp2 x fsdp2)."""
+    adds an [L, r] vector per factor. The model matches the compiled init's per-device output (tp x
+    fsdp2; llama-7b compiled on abstract inputs: nothing allocated)."""
     from boost_jax.analysis.memory_model import breakdown, param_elems
     from boost_jax.analysis.program import build
     from boost_jax.bench.memory import compiled_optimizer_bytes
     from boost_jax.parallel import abstract_plan
 
-    cfg = tiny("model.arch=cola", f"train.optimizer={optimizer}", "parallel.tp=2", "parallel.fsdp=2", "parallel.dp=1",
-               "train.batch_size=4", "train.seq_len=32")
+    cfg = load_config(None, [f"model.preset={preset}", "model.arch=cola", f"train.optimizer={optimizer}",
+                             f"parallel.tp={tp}", "parallel.fsdp=2", "parallel.dp=1", "train.batch_size=4",
+                             "train.seq_len=32"])
     modelled, compiled = breakdown(cfg)["optimizer"], compiled_optimizer_bytes(build(cfg))
     assert 0 <= compiled - modelled < 0.01 * modelled  # XLA adds its output tuple's table of buffer pointers
     two_moments = 2 * 4 * param_elems(cfg, abstract_plan(cfg))
