@@ -145,3 +145,22 @@ def test_loops_around_the_layers_are_refused_before_any_work(override, tmp_path)
     with pytest.raises(ConfigError, match="bench profile: pipelines, micro-batch accumulation and a chunked loss"):
         profile(cfg, steps=1, trace_dir=tmp_path / "trace", top=5)
     assert not (tmp_path / "trace").exists()
+
+
+@pytest.mark.slow
+def test_profile_hf_sets_hugging_faces_step_beside_ours_in_the_same_rows(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import json
+
+    from boost_jax.bench import hf
+    from boost_jax.bench.profile import main
+
+    main(["model.preset=llama-tiny", "model.arch=dense", "model.mlp_gate_silu=true", "parallel.dp=1", "log.health=false",
+          "train.batch_size=2", "train.seq_len=32", "--steps", "1", "--trace-dir", str(tmp_path / "trace"), "--hf", "--json"])
+    r = json.loads(capsys.readouterr().out)["hf"]
+    for rows, step in ((r["rows"], r["step_s"]), (r["ours"], None)):
+        assert list(rows) == list(hf.PROFILE_ROWS)
+        assert all(rows[k] > 0 for k in ("gemm", "attention", "optimizer"))
+        if step is not None:  # HF's rows split its step's wall time
+            assert math.isclose(sum(rows.values()), step)

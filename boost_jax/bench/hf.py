@@ -23,6 +23,8 @@ from boost_jax.runtime.errors import PackageError
 from boost_jax.training.step import lr_schedule
 
 NAME = "transformers+torch"
+# Where a step's time goes, in rows both frameworks can be split into (bench profile --hf)
+PROFILE_ROWS = ("gemm", "attention", "optimizer", "rest")
 
 
 def check_llama(cfg: Config) -> None:
@@ -119,6 +121,26 @@ class TrainStep:
         for _ in range(n):
             self.loss = self._step()
         return (time.perf_counter() - t0) / n
+
+    def profile(self, steps: int) -> dict:
+        """Seconds per step of `steps` steps under torch's profiler, in `PROFILE_ROWS`: the GEMMs
+        (aten::mm/addmm/bmm, the LM head's included), attention (the SDPA kernels, forward and
+        backward), the optimizer (AdamW's step and zero_grad, inclusive) and the rest (the step's wall
+        time less those: elementwise ops, the loss, the clip, autograd and eager dispatch)."""
+        torch = self.torch
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step_s = self.steps(steps)
+        rows = dict.fromkeys(PROFILE_ROWS, 0.0)
+        for e in prof.key_averages():
+            if e.key in ("aten::mm", "aten::addmm", "aten::bmm"):
+                rows["gemm"] += e.self_cpu_time_total
+            elif "scaled_dot_product" in e.key:
+                rows["attention"] += e.self_cpu_time_total
+            elif e.key.startswith("Optimizer."):
+                rows["optimizer"] += e.cpu_time_total
+        rows = {k: v / 1e6 / steps for k, v in rows.items()}
+        rows["rest"] = step_s - sum(rows.values())
+        return {"step_s": step_s, "rows": rows, **versions()}
 
     def result(self) -> dict:
         med = statistics.median(self.times)

@@ -21,6 +21,11 @@ in the same process (`flops.measure_matmul_peak`, `flops.measure_read_bandwidth`
 probe before and after the trace). GEMMs are split by layout (forward, input gradient, weight
 gradient: `timeline.gemm_layout`); host gaps are ideally 0. FLOPs are the dots' (`analysis/work.py`),
 bytes the compiled dtypes' (`timeline.op_bytes`), both per device.
+
+`--hf` (a dense LLaMA on one device, as `bench step --hf`) then profiles Hugging Face transformers +
+PyTorch's step on the same weights and batch with torch's profiler and sets both side by side in
+rows both can be split into (`hf.PROFILE_ROWS`: GEMMs, attention, optimizer, the rest), with HF's
+step over our step's roofline ideal: what no implementation of the same work can beat.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from boost_jax.analysis.timeline import (
     read_trace,
 )
 from boost_jax.analysis.work import analyze
+from boost_jax.bench import hf
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner
 from boost_jax.config import Config
@@ -196,11 +202,34 @@ def print_roofline(r: dict) -> None:
           f"{measured / ideal:8.1f}")
 
 
+def coarse_rows(r: dict) -> dict[str, float]:
+    """Our profile in `hf.PROFILE_ROWS`, seconds per step: the GEMMs (the layers' and the LM head's),
+    attention, the optimizer, and the rest of the step's wall time."""
+    roof = r["roofline"]
+    rows = {"gemm": r["categories"]["gemm"] + sum(roof[f"loss.{k}"]["s_per_step"] for k in ("forward", "input_grad", "weight_grad")),
+            "attention": r["categories"]["attention"], "optimizer": r["categories"]["optimizer"]}
+    return {**rows, "rest": r["step_s"] - sum(rows.values())}
+
+
+def print_side_by_side(r: dict) -> None:
+    theirs, ours = r["hf"]["rows"], r["hf"]["ours"]
+    print(f"\nbeside {hf.NAME} (torch {r['hf']['torch']}, {r['hf']['threads']} threads; torch's profiler, the same "
+          f"weights and batch), ms per step")
+    print(f"{'row':10s} {'boost_jax':>10s} {'HF':>10s} {'HF / ours':>10s}")
+    for k in hf.PROFILE_ROWS:
+        print(f"{k:10s} {1e3 * ours[k]:10.2f} {1e3 * theirs[k]:10.2f} {theirs[k] / ours[k]:9.2f}x")
+    step = r["hf"]["step_s"]
+    print(f"{'step':10s} {1e3 * r['step_s']:10.2f} {1e3 * step:10.2f} {step / r['step_s']:9.2f}x   (HF's step is "
+          f"{step / sum(v['ideal_s'] for v in r['roofline'].values()):.2f}x our step's roofline ideal)")
+
+
 def main(argv: list[str]) -> None:
     p = parser("python -m boost_jax.bench profile", __doc__)
     p.add_argument("--steps", type=int, default=3, help="traced steps")
     p.add_argument("--trace-dir", type=Path, help="where the trace goes (default: a new runs/profile/<run>)")
     p.add_argument("--top", type=int, default=10, help="ops listed")
+    p.add_argument("--hf", action="store_true", help="also profile the same dense LLaMA's step in Hugging Face "
+                                                     "transformers + PyTorch (torch's profiler), side by side")
     a = parse(p, argv)
     if a.steps < 1 or a.top < 0:
         raise ConfigError(f"--steps must be at least 1 and --top at least 0, got {a.steps} and {a.top}")
@@ -209,8 +238,16 @@ def main(argv: list[str]) -> None:
     trace_dir = a.trace_dir or Path("runs/profile") / (
         f"{m.preset}-{m.arch}-{cfg.parallel.scheme}-tp{cfg.parallel.tp}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable_dir(trace_dir, "--trace-dir")  # before the steps run, not when the trace is written
-    r = profile(cfg, a.steps, trace_dir, a.top)
+    if a.hf:
+        hf.check_train(cfg)
+    runner = Runner(cfg)
+    r = profile(cfg, a.steps, trace_dir, a.top, runner)
+    if a.hf:  # the same weights and batch, profiled after ours in this process
+        theirs = hf.TrainStep(cfg, runner.host_batch["inputs"], runner.host_batch["targets"]).profile(a.steps)
+        r["hf"] = {**theirs, "ours": coarse_rows(r)}
     if a.json:
         print(json.dumps(r, indent=1))
     else:
         print_table(r)
+        if a.hf:
+            print_side_by_side(r)
