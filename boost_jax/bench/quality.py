@@ -109,7 +109,7 @@ def compare_optimizers(args: list[str], optimizers: list[str], lrs: list[float],
     """Each optimizer on each arch at equal tokens: the learning-rate grid, the best rate's run and a
     second seed at it (`train.seed=1`: another initialisation and batch order)."""
     steps, per_step = steps_for(from_args([*PROTOCOL, *args, "parallel.dp=1"]), tokens)
-    rows = []
+    rows, evaluated = [], None
     for arch in archs:
         for name in optimizers:
             if name == "spectron" and arch == "dense":
@@ -122,12 +122,14 @@ def compare_optimizers(args: list[str], optimizers: list[str], lrs: list[float],
             again = train_run([*args, *opt, f"train.lr={lrs[best]}", "train.seed=1"], arch, steps,
                               work / f"{arch}-{name}-lr{lrs[best]}-seed1", max_tokens, log)
             losses = [grid[best]["final"]["loss"], again["final"]["loss"]]
+            evaluated = again["final"]["tokens"]  # every run evaluates the same split
             rows.append({"arch": arch, "optimizer": name, "grid": [{"lr": lr, "loss": r["final"]["loss"]}
                                                                    for lr, r in zip(lrs, grid)],
                          "best_lr": lrs[best], "seed_losses": losses, "mean_loss": sum(losses) / 2,
                          "spread": abs(losses[0] - losses[1]), "perplexity": grid[best]["final"]["perplexity"],
                          "minutes": sum(r["seconds"] for r in (*grid, again)) / 60})
-    return {"tokens": steps * per_step, "steps": steps, "lrs": lrs, "eval_tokens": max_tokens, "rows": rows}
+    return {"tokens": steps * per_step, "steps": steps, "lrs": lrs, "eval_tokens": max_tokens,
+            "evaluated_tokens": evaluated, "rows": rows}
 
 
 def optimizer_table(o: dict) -> list[str]:

@@ -498,6 +498,11 @@ def decode_section(dec: dict) -> list[str]:
     return L + [""]
 
 
+def evaluated_tokens(asked: int, evaluated: int) -> str:
+    """"N validation tokens", and what was asked where the split held fewer."""
+    return f"{evaluated:,} validation tokens" + (f" (all the split holds; {asked:,} asked)" if evaluated < asked else "")
+
+
 def optimizers_section(q: dict) -> list[str]:
     """Markdown: `bench quality --vary train.optimizer=...`: each optimizer at its best learning rate."""
     from boost_jax.bench import quality
@@ -506,7 +511,7 @@ def optimizers_section(q: dict) -> list[str]:
     return ["## 6b. Optimizers for factorized weights, measured", "",
             f"`{q['command']}`: the quality protocol's model and corpus (section 6), each arch trained from scratch on "
             f"{o['tokens']:,} tokens ({o['steps']} steps) by each optimizer (`train.optimizer`, docs/design.md section 14) "
-            f"at every rate of the grid, evaluated on {o['eval_tokens']:,} validation tokens; the best rate's run is "
+            f"at every rate of the grid, evaluated on {evaluated_tokens(o['eval_tokens'], o['evaluated_tokens'])}; the best rate's run is "
             "repeated with a second seed (another initialisation and batch order). The spread is the two seeds' "
             "difference: a gap between optimizers smaller than it is not a result.", "",
             *quality.optimizer_table(o), "", *(optimizer_step_lines(q["step"]) if "step" in q else [])]
