@@ -523,8 +523,8 @@ def optimizer_step_lines(s: dict) -> list[str]:
     base = s["results"][0]
     lines = [f"`{s['command']}` ({base['arch']}, one device, {base['dtype']}, {base['batch']} x {base['seq']} tokens; "
              f"matmul peak {s['matmul_peak_flops_per_s'] / 1e9:.1f} GFLOP/s): the time each optimizer adds to adamw's step, "
-             "and what its Newton-Schulz FLOPs cost at adamw's step rate (training FLOPs / step time). The issue's "
-             "target: measured within 1.5x of predicted (the orthogonalisation runs as GEMMs, not as copies).", "",
+             "and what its Newton-Schulz FLOPs cost at adamw's step rate (training FLOPs / step time). Our "
+             "target: the added time within 1.5x of the predicted (the orthogonalisation runs as GEMMs, not as copies).", "",
              "| optimizer | median step ms | added ms (share of the step) | Newton-Schulz GFLOP | predicted ms | measured / predicted |",
              "|---|---|---|---|---|---|"]
     for r in s["results"]:
