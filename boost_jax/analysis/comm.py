@@ -15,12 +15,11 @@ from collections import Counter
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
 
 from boost_jax.analysis.hlo import Collective, audit, canonical_groups, collectives, nbytes, summarize
 from boost_jax.analysis.issued import issued
 from boost_jax.analysis.perf_model import collective_seconds
-from boost_jax.analysis.program import Program
+from boost_jax.analysis.program import Program, optimizer_state
 from boost_jax.config import ModelConfig
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.hardware import Hardware
@@ -29,7 +28,6 @@ from boost_jax.parallel import Plan
 from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
 from boost_jax.training.muon_layout import chosen_ways, placements, way_seconds
 from boost_jax.training.optimizers import make_optimizer
-from boost_jax.training.step import optimizer_state_specs
 
 P2P = "collective-permute"
 
@@ -165,11 +163,7 @@ def optimizer_comm(prog: Program, hw: Hardware) -> dict | None:
         return None
     chosen = chosen_ways(cfg, prog.plan, hw.gpus_per_node)
     tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan))
-    shapes = jax.eval_shape(tx.init, prog.params)
-    specs = optimizer_state_specs(shapes, prog.params, jax.tree.map(lambda p: p.sharding.spec, prog.params))
-    state = jax.tree.map(lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(prog.plan.mesh, spec)),
-                         shapes, specs)
-    found = collectives(jax.jit(tx.update).lower(prog.params, state, prog.params).compile().as_text())
+    found = collectives(jax.jit(tx.update).lower(prog.params, optimizer_state(prog, tx), prog.params).compile().as_text())
     small = lambda c: c.kind == "all-reduce" and len(c.shape) <= 1
     formula = Counter()
     for w in chosen.values():

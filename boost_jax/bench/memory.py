@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass
 import jax
 
 from boost_jax.analysis.memory_model import breakdown
-from boost_jax.analysis.program import build, config_for, peak_bytes
+from boost_jax.analysis.program import build, config_for, optimizer_state, peak_bytes
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
 from boost_jax.layers.kv_cache import CACHES
 from boost_jax.training.optimizers import make_optimizer
-from boost_jax.training.step import accumulated_grad, optimizer_state_specs
+from boost_jax.training.step import accumulated_grad
 
 MODES = ("none", "full", "lowrank")
 MIB = 2**20
@@ -156,9 +156,7 @@ def compiled_optimizer_bytes(prog) -> int:
     """Per-device bytes of train.optimizer's state: the output of its init compiled as the train step
     lays it out (each moment sharded like its parameter, the rest replicated)."""
     tx = make_optimizer(prog.cfg.train, prog.params)
-    state = jax.eval_shape(tx.init, prog.params)
-    specs = optimizer_state_specs(state, prog.params, jax.tree.map(lambda p: p.sharding.spec, prog.params))
-    init = jax.jit(tx.init, out_shardings=prog.plan.named(specs))
+    init = jax.jit(tx.init, out_shardings=jax.tree.map(lambda s: s.sharding, optimizer_state(prog, tx)))
     return init.lower(prog.params).compile().memory_analysis().output_size_in_bytes
 
 

@@ -29,7 +29,7 @@ from boost_jax.config import Config, ConfigError, MuonConfig
 from boost_jax.config.hardware import Hardware, one_machine, ring_seconds
 from boost_jax.model.weights import abstract_model
 from boost_jax.parallel.plan import Plan
-from boost_jax.training.optimizers import matrix_ns_flops
+from boost_jax.training.optimizers import is_layer_matrix, matrix_ns_flops
 
 WAYS = ("gram", "gather", "distribute")
 WHY_NOT = {"gram": "its Gram matrix is a sum over shards only where the long side is split, and its short side is",
@@ -39,11 +39,13 @@ FP32 = 4  # Muon's momentum and its Newton-Schulz run in fp32
 
 @dataclass(frozen=True)
 class Way:
-    """One way to orthogonalise one stacked matrix, per device: where Newton-Schulz runs (`at`), the
-    collectives it adds as (kind, bytes of one per device, how many), its FLOPs, and the group."""
+    """One way to orthogonalise one stacked matrix, per device: where Newton-Schulz runs (`at`) and
+    where the parameter lives (`home`), the collectives it adds as (kind, bytes of one per device, how
+    many), its FLOPs, and the group."""
 
     name: str  # "local" for a matrix no device splits, else one of WAYS
     at: P
+    home: P  # the parameter's own layout, where the update returns
     collectives: tuple[tuple[str, int, int], ...]
     flops: float
     group: int
@@ -77,12 +79,12 @@ def ways(shape: tuple[int, int, int], spec: P, mesh_shape: dict[str, int], ns_st
     k, big = min(m, n), max(m, n)
     full = layers * matrix_ns_flops(k, big, ns_steps)
     if g == 1:
-        return {"local": Way("local", spec, (), full, 1, False)}
+        return {"local": Way("local", spec, spec, (), full, 1, False)}
     # Mesh order is outermost first: a group over an axis spans it and every axis inside it.
     names = list(mesh_shape)
     span = size(names[min(names.index(a) for a in group_axes):])
     crosses = gpus_per_node is not None and span > gpus_per_node
-    way = lambda name, at, cols, flops: Way(name, at, cols, flops, g, crosses)
+    way = lambda name, at, cols, flops: Way(name, at, spec, cols, flops, g, crosses)
     out = {}
     short = split[1] if m <= n else split[2]
     if not short:  # only the long side split: the Gram matrix is a sum over its shards
@@ -116,9 +118,8 @@ def layer_matrices(cfg: Config, plan: Plan) -> dict[tuple[str, ...], tuple[tuple
     out = {}
     for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(
             specs, is_leaf=lambda s: isinstance(s, P))):
-        keys = tuple(str(getattr(k, "key", k)) for k in path)
-        if "layers" in keys and len(x.shape) == 3:
-            out[keys] = (tuple(x.shape), spec)
+        if is_layer_matrix(path, x):
+            out[tuple(str(getattr(k, "key", k)) for k in path)] = (tuple(x.shape), spec)
     return out
 
 
@@ -138,10 +139,9 @@ def placements(cfg: Config, plan: Plan) -> dict[tuple[str, ...], tuple[NamedShar
     matrix whose way moves it (gather, distribute); gram and unsplit matrices stay where they are."""
     if cfg.train.optimizer == "adamw":
         return {}
-    homes = layer_matrices(cfg, plan)
     # A group leaves the node where it spans more devices than one process holds.
     chosen = chosen_ways(cfg, plan, jax.local_device_count())
-    return {path: (NamedSharding(plan.mesh, w.at), NamedSharding(plan.mesh, homes[path][1]))
+    return {path: (NamedSharding(plan.mesh, w.at), NamedSharding(plan.mesh, w.home))
             for path, w in chosen.items() if w.name in ("gather", "distribute")}
 
 
