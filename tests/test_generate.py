@@ -350,3 +350,23 @@ def test_bench_decode_times_xla_defaults_side_by_side(capsys):
     out = capsys.readouterr().out
     assert "under XLA's default options (side by side): step ms full b2 " in out
     assert re.search(r"api.generate in a loop, after its first call .*: full b2 [0-9,.]+ tok/s \([0-9.]+x\)", out)
+
+
+def test_bench_decode_hf_times_a_steps_matmuls_in_both_libraries(capsys):
+    """`--hf`: beside Hugging Face's generate, a decode step's matmuls alone, in the step's order, in
+    PyTorch and in XLA."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from boost_jax.bench import decode, hf
+
+    decode.main(["model.preset=llama-tiny", "model.arch=dense", "--caches", "full", "--batches", "1,3",
+                 "--prompt-len", "8", "--new-tokens", "4", "--reps", "1", "--hf", "--json"])
+    r = json.loads(capsys.readouterr().out)["hf"]
+    full = load_config(None, ["model.preset=llama-tiny", "model.arch=dense"])
+    cfg = full.model
+    assert r["step_gemms"] == 7 * cfg.n_layers + 1 and [x["batch"] for x in r["rows"]] == [1, 3]
+    assert all(x["step_gemms_s"] > 0 and x["xla_step_gemms_s"] > 0 for x in r["rows"])
+    # Each layer's q, k, v, o, gate, up, down ([out, in], as torch keeps them), then the LM head.
+    shapes = [w.shape for w in hf.step_weights(hf.load_llama(full))]
+    d, q, kv, f = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.d_ff
+    assert shapes == [(q, d), (kv, d), (kv, d), (d, q), (f, d), (f, d), (d, f)] * cfg.n_layers + [(cfg.vocab_size, d)]

@@ -11,7 +11,10 @@ decoder serves the weights cast to it; of an untied embedding table only the row
 every cached token of every row once, so it cannot take less than (weight bytes + cached bytes) /
 the read bandwidth measured here (`flops.measure_read_bandwidth`). `--hf` times Hugging Face
 `generate` (transformers + PyTorch, with its KV cache, greedy, the same prompts and token counts) on
-the same dense LLaMA, when both are installed; both sides end to end, prefill included.
+the same dense LLaMA, when both are installed; both sides end to end, prefill included, and beside
+them a decode step's matmuls alone (every projection and the LM head, one after another at the
+batch's rows) in PyTorch and in XLA (compiled as the decoder's programs are): the GEMM libraries'
+share of the difference.
 `--xla-defaults` also times each step under XLA's default options, beside `decode.COMPILER_OPTIONS`.
 `--api` also times `api.generate` called in a loop, as a user calls it (after its first call, which
 compiles), beside the same call on the kept Decoder, both end to end.
@@ -36,7 +39,7 @@ from boost_jax.config import Config, ConfigError
 from boost_jax.config.archs import ARCHS
 from boost_jax.layers.kv_cache import CACHES, KVCache
 from boost_jax.model import Model
-from boost_jax.model.decode import Decoder
+from boost_jax.model.decode import COMPILER_OPTIONS, Decoder
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.cli import int_list
@@ -116,11 +119,32 @@ def measure_with_bandwidth(run) -> dict:
     return {"read_bandwidth_bytes_per_s": best, **result}
 
 
+def gemm_chain_seconds(weights: list[np.ndarray], batch: int, reps: int) -> float:
+    """Seconds XLA takes for `weights`' ([out, in]) matmuls of `batch` rows one after another, compiled
+    as the decoder's programs are (`decode.COMPILER_OPTIONS`, each weight [in, out] as our layers keep
+    it): the median of `reps` (hf.gemm_chain_seconds is PyTorch's)."""
+    chain = [jnp.asarray(w.T) for w in weights]
+    inputs = {w.shape[1]: jax.random.normal(jax.random.key(0), (batch, w.shape[1])) for w in weights}
+
+    def chained(chain, inputs):
+        s = jnp.zeros(())
+        for w in chain:
+            s = ((inputs[w.shape[0]] + s) @ w)[0, 0] * 1e-30
+        return s
+
+    run = jax.jit(chained, compiler_options=COMPILER_OPTIONS.get(jax.devices()[0].platform, {}))
+    run(chain, inputs).block_until_ready()
+    return statistics.median(_timed(lambda: run(chain, inputs).block_until_ready()) for _ in range(reps))
+
+
 def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: int, reps: int) -> dict:
-    """Hugging Face `generate` (greedy, its KV cache) on the same dense LLaMA, exported by boost_jax."""
+    """Hugging Face `generate` (greedy, its KV cache) on the same dense LLaMA, exported by boost_jax;
+    per batch also a decode step's matmuls alone, one after another, in PyTorch and in XLA: how much
+    of the difference is the two GEMM libraries' at a step's few rows."""
     import torch
 
     hf_model = hf.load_llama(cfg).eval()
+    weights = hf.step_weights(hf_model)
     rows = []
     rng = np.random.default_rng(0)
     for b in batches:
@@ -130,8 +154,10 @@ def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: in
         with torch.inference_mode():
             run()
             seconds = statistics.median(_timed(run) for _ in range(reps))
-        rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / seconds, "seconds": seconds})
-    return {**hf.versions(), "rows": rows}
+        rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / seconds, "seconds": seconds,
+                     "step_gemms_s": hf.gemm_chain_seconds(weights, b, 5 * reps),
+                     "xla_step_gemms_s": gemm_chain_seconds(weights, b, 5 * reps)})
+    return {**hf.versions(), "step_gemms": len(weights), "rows": rows}
 
 
 def main(argv: list[str]) -> None:
@@ -195,4 +221,7 @@ def print_table(r: dict) -> None:
         for row in hf["rows"]:
             mine = next(x for x in r["rows"] if x["batch"] == row["batch"] and x["cache"] == "full")
             print(f"  batch {row['batch']:3d}: {row['end_to_end_tokens_per_s']:10,.1f} tokens/s end to end; boost_jax "
-                  f"{mine['end_to_end_tokens_per_s']:,.1f} ({mine['end_to_end_tokens_per_s'] / row['end_to_end_tokens_per_s']:.2f}x)")
+                  f"{mine['end_to_end_tokens_per_s']:,.1f} ({mine['end_to_end_tokens_per_s'] / row['end_to_end_tokens_per_s']:.2f}x)\n"
+                  f"             a step's {hf['step_gemms']} matmuls alone, one after another: PyTorch {1e3 * row['step_gemms_s']:.2f} ms, XLA "
+                  f"{1e3 * row['xla_step_gemms_s']:.2f} ms ({row['xla_step_gemms_s'] / row['step_gemms_s']:.2f}x), "
+                  f"boost_jax's whole step {1e3 * mine['step_s']:.2f} ms")

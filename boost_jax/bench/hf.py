@@ -65,6 +65,40 @@ def load_llama(cfg: Config):
     return hf
 
 
+def step_weights(hf_model) -> list[np.ndarray]:
+    """The weight of every matmul a decode step runs, in its order ([out, in], as torch's Linear
+    keeps it): each layer's q, k, v, o, gate, up and down projections, then the LM head."""
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    linears = [layer.get_submodule(n) for layer in hf_model.model.layers for n in names] + [hf_model.lm_head]
+    return [lin.weight.detach().numpy() for lin in linears]
+
+
+def gemm_chain_seconds(weights: list[np.ndarray], batch: int, reps: int) -> float:
+    """Seconds PyTorch takes for `weights`' matmuls of `batch` rows one after another (each waits for
+    the last, as a step's do), as torch's Linear runs them: the median of `reps`."""
+    import torch
+
+    chain = [torch.from_numpy(w) for w in weights]
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], generator=torch.Generator().manual_seed(0)) for w in weights}
+
+    def run():
+        s = torch.zeros(())
+        for w in chain:
+            s = torch.nn.functional.linear(inputs[w.shape[1]] + s, w)[0, 0] * 1e-30
+        return float(s)
+
+    with torch.inference_mode():
+        run()
+        return statistics.median(_seconds(run) for _ in range(reps))
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def cores() -> int:
     """The cores this process may run on (torch's threads, as JAX's CPU client uses them all)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -471,14 +471,22 @@ def decode_section(dec: dict) -> list[str]:
                      f"{1e3 * r['floor_s']:.2f} | {r['step_over_floor']:.2f}x |")
     for run in dec["runs"]:
         if hf := run.get("hf"):
+            gemms = "step_gemms" in hf  # results measured before the matmul columns have none
             L += ["", f"Hugging Face `generate` on the same {run['model']} {run['arch']} (exported with `python -m "
                   f"boost_jax.export`, transformers {hf['transformers']}, torch {hf['torch']}, {hf['threads']} threads, "
-                  "its KV cache, greedy), end to end (prefill included) beside boost_jax's:", "",
-                  "| batch | Hugging Face tok/s | boost_jax tok/s | ratio |", "|---|---|---|---|"]
+                  "its KV cache, greedy), end to end (prefill included) beside boost_jax's"
+                  + (f"; and a decode step's {hf['step_gemms']} matmuls alone (every projection and the LM head, one "
+                     "after another at the batch's rows) in PyTorch and in XLA as the decoder compiles them, beside "
+                     "boost_jax's whole step:" if gemms else ":"), "",
+                  "| batch | Hugging Face tok/s | boost_jax tok/s | ratio |"
+                  + (" PyTorch matmuls ms | XLA matmuls ms | XLA / PyTorch | boost_jax step ms |" if gemms else ""),
+                  "|---|---|---|---|" + ("---|---|---|---|" if gemms else "")]
             for h in hf["rows"]:
                 mine = next(r for r in run["rows"] if r["batch"] == h["batch"] and r["cache"] == "full")
                 L.append(f"| {h['batch']} | {h['end_to_end_tokens_per_s']:,.1f} | {mine['end_to_end_tokens_per_s']:,.1f} "
-                         f"| {mine['end_to_end_tokens_per_s'] / h['end_to_end_tokens_per_s']:.2f}x |")
+                         f"| {mine['end_to_end_tokens_per_s'] / h['end_to_end_tokens_per_s']:.2f}x |"
+                         + (f" {1e3 * h['step_gemms_s']:.2f} | {1e3 * h['xla_step_gemms_s']:.2f} | "
+                            f"{h['xla_step_gemms_s'] / h['step_gemms_s']:.2f}x | {1e3 * mine['step_s']:.2f} |" if gemms else ""))
     for run in dec["runs"]:
         if timed := [r for r in run["rows"] if "api_call_s" in r]:
             hf = {h["batch"]: h["end_to_end_tokens_per_s"] for h in run.get("hf", {}).get("rows", [])}
