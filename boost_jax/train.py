@@ -86,6 +86,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
     from boost_jax.parallel import make_plan
     from boost_jax.runtime.cache import cache_root
     from boost_jax.training.log import RunLog
+    from boost_jax.training.muon_layout import placements
     from boost_jax.training.parts import (
         Checkpoints,
         Evaluator,
@@ -101,11 +102,14 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
 
     lap("import")
     t, m = cfg.train, cfg.model
+    # A mesh the devices cannot hold, or a train.muon.comm its split refuses, is refused before the
+    # run dir is made or locked.
+    plan = make_plan(cfg, devices)
+    placements(cfg, plan)
     with contextlib.ExitStack() as closing:  # on any exit: release the run dir, close the log, wait for saves
         run_dir = RunDir(cfg, primary=jax.process_index() == 0)
         closing.callback(run_dir.release)
         check_writable_dir(cache_root(cfg.data.cache_dir), "data.cache_dir")
-        plan = make_plan(cfg, devices)
         data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)
         lap("data")
         run, state = setup(cfg, plan)

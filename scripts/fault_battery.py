@@ -659,7 +659,7 @@ sys.exit(p.returncode)
 
 def faults_of_a_cluster(f: dict[str, Path], tmp: Path) -> list[Case]:
     """A lost peer, a full disk, and the last inputs that slipped through (issue 50)."""
-    run_dir, data, out = str(f["run"]), str(f["data"]), []
+    run_dir, out = str(f["run"]), []
     train = lambda *a: ["-m", "boost_jax.train", *TINY, "train.steps=2", *a]
     add = lambda name, argv, **kw: out.append(Case(name, argv, **kw))
     for mode, needle in [("kill", "lost peer: process 1"), ("stop", "lost peer: process 1"), ("never", "did not join")]:

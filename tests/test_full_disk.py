@@ -4,7 +4,6 @@ one message naming the path, the space free and needed; nothing committed before
 after space is freed the same command goes on. Skipped, with the reason, where mounting is not allowed."""
 
 import contextlib
-import shutil
 import subprocess
 import sys
 

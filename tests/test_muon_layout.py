@@ -72,3 +72,17 @@ def test_a_way_the_matrix_split_does_not_allow_is_refused_by_name(overrides, nee
         chosen_ways(cfg, abstract_plan(cfg), None)
     message = str(e.value)
     assert "layers.attn.k.a" in message and needle in message and re.search(r"allows [a-z, ]*gather", message)
+
+
+def test_a_refused_way_or_mesh_leaves_no_run_dir_behind(tmp_path):
+    """Refused before the run dir is made: a rerun with a fixed config starts clean."""
+    import jax
+
+    from boost_jax.train import train
+
+    for overrides, needle in [(["parallel.tp=4", "train.muon.comm=distribute"], "train.muon.comm: distribute"),
+                              (["parallel.tp=3"], "does not divide the 4 devices")]:
+        run_dir = tmp_path / "run"
+        with pytest.raises(ConfigError, match=needle):
+            train(tiny(*overrides, f"run_dir={run_dir}", "train.steps=1"), devices=jax.devices()[:4])
+        assert not run_dir.exists()

@@ -5,7 +5,6 @@ its own), the AdamW side to 1e-3 (see below)."""
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
