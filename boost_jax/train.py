@@ -9,7 +9,7 @@ the seconds to the first step, by phase: import, data, restore, compile, run (bo
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.util
 import time
 
 import jax
@@ -63,12 +63,8 @@ def check_packages(cfg: Config) -> None:
         need["sentencepiece"] = "data.tokenizer=sentencepiece (pip install 'boost_jax[sentencepiece]')"
     if cfg.log.wandb:
         need["wandb"] = "log.wandb=true (pip install 'boost_jax[wandb]', or set log.wandb=false)"
-    missing = []
-    for package, why in need.items():
-        try:
-            importlib.import_module(package)
-        except ImportError:
-            missing.append(f"{package}, for {why}")
+    # Found, not imported: tensorboardX would import torch where it is installed (training/log.py).
+    missing = [f"{package}, for {why}" for package, why in need.items() if importlib.util.find_spec(package) is None]
     if missing:
         raise PackageError("not installed: " + "; ".join(missing) + ". pip install what is missing")
 

@@ -251,6 +251,25 @@ def test_runs_without_the_optional_packages_import_and_a_run_names_them(tmp_path
     assert not any(tmp_path.iterdir())  # named before any work
 
 
+def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
+    """tensorboardX imports PyTorch whenever it is installed; a run's log keeps it out (seconds of every
+    start), and torch imports as usual afterwards."""
+    pytest.importorskip("torch")
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from boost_jax.config import LogConfig\n"
+            "from boost_jax.training.log import RunLog\n"
+            f"log = RunLog(Path({str(tmp_path)!r}), LogConfig(progress=False), total_steps=2, start_step=0)\n"
+            "log.record({'step': 1, 'loss': 2.5})\n"
+            "log.close()\n"
+            "print('torch' in sys.modules)\n"
+            "import torch\n"  # importable again afterwards
+            "print(torch.ones(1).item())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.split() == ["False", "1.0"], proc.stderr
+    assert [p.stat().st_size > 0 for p in (tmp_path / "tensorboard").glob("events.out.tfevents.*")] == [True]
+
+
 # ----------------------------------------------------------------------------- the last bad inputs (issue 50)
 
 

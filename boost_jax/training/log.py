@@ -33,9 +33,7 @@ class RunLog:
         self.row_bytes, self.rows_left = 0, total_steps - start_step  # what the rest of the run appends
         self.tb, self.tb_failure, self.excepthook = None, None, threading.excepthook
         if cfg.tensorboard and primary:
-            from tensorboardX import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
+            self.tb = summary_writer_class()(str(run_dir / "tensorboard"), purge_step=start_step + 1)
             threading.excepthook = self._tb_thread_failed
         self.wandb = _wandb_run(run_dir, cfg, run_config or {}) if cfg.wandb and primary else None
 
@@ -164,3 +162,18 @@ def _step_of(line: str) -> int | None:
         return None
     step = row.get("step") if isinstance(row, dict) else None
     return step if isinstance(step, int) else None
+
+
+def summary_writer_class():
+    """tensorboardX's SummaryWriter, imported without PyTorch where this process has not imported it:
+    tensorboardX.writer imports torch whenever it is installed, only to accept torch tensors (1.2 s of
+    every train start on a machine with torch; the run logs floats)."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+    else:
+        sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX loads
+        try:
+            from tensorboardX import SummaryWriter
+        finally:
+            del sys.modules["torch"]
+    return SummaryWriter
