@@ -5,6 +5,7 @@ by name. (tests/test_optimizer_layouts.py checks that every way leaves one devic
 
 import re
 
+import jax
 import pytest
 
 from boost_jax.analysis.comm import optimizer_comm
@@ -12,6 +13,7 @@ from boost_jax.analysis.program import build
 from boost_jax.config import ConfigError, load_config
 from boost_jax.config.hardware import one_machine
 from boost_jax.parallel import abstract_plan
+from boost_jax.train import train
 from boost_jax.training.muon_layout import chosen_ways, layer_matrices, way_seconds, ways
 
 LAYOUTS = {"tp2": ["parallel.tp=2"], "fsdp2": ["parallel.fsdp=2"]}  # btp: tp splits d, fsdp splits r
@@ -76,10 +78,6 @@ def test_a_way_the_matrix_split_does_not_allow_is_refused_by_name(overrides, nee
 
 def test_a_refused_way_or_mesh_leaves_no_run_dir_behind(tmp_path):
     """Refused before the run dir is made: a rerun with a fixed config starts clean."""
-    import jax
-
-    from boost_jax.train import train
-
     for overrides, needle in [(["parallel.tp=4", "train.muon.comm=distribute"], "train.muon.comm: distribute"),
                               (["parallel.tp=3"], "does not divide the 4 devices")]:
         run_dir = tmp_path / "run"

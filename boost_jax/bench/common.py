@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import time
 from collections.abc import Sequence
 
 import jax
@@ -14,6 +15,13 @@ from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.config.schemes import MESH_AXES
 from boost_jax.launch.prepare import prepare_jax
 from boost_jax.runtime.cli import CONFIG_HELP, refuse_retired_flags
+
+
+def seconds(fn) -> float:
+    """The wall seconds of one call of `fn`."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ from flax import nnx
 from boost_jax import api
 from boost_jax.analysis.flops import measure_read_bandwidth
 from boost_jax.bench import hf
-from boost_jax.bench.common import config_of, parse, parser
+from boost_jax.bench.common import config_of, parse, parser, seconds
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.archs import ARCHS
 from boost_jax.layers.kv_cache import CACHES, KVCache
@@ -43,12 +43,6 @@ from boost_jax.model.decode import COMPILER_OPTIONS, Decoder
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.cli import int_list
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int, new_tokens: int, reps: int,
@@ -85,7 +79,7 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
                 if baseline:
                     base.append(baseline.generate(prompts, new_tokens).decode_s)
                 if through_api:
-                    api_calls.append(_timed(call_api))
+                    api_calls.append(seconds(call_api))
             prefill = statistics.median(r.prefill_s for r in runs)
             decode = statistics.median(r.decode_s for r in runs)
             steps = new_tokens - 1  # the first new token comes from the prefill
@@ -134,7 +128,7 @@ def gemm_chain_seconds(weights: list[np.ndarray], batch: int, reps: int) -> floa
 
     run = jax.jit(chained, compiler_options=COMPILER_OPTIONS.get(jax.devices()[0].platform, {}))
     run(chain, inputs).block_until_ready()
-    return statistics.median(_timed(lambda: run(chain, inputs).block_until_ready()) for _ in range(reps))
+    return statistics.median(seconds(lambda: run(chain, inputs).block_until_ready()) for _ in range(reps))
 
 
 def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: int, reps: int) -> dict:
@@ -153,8 +147,8 @@ def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: in
                                         min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
         with torch.inference_mode():
             run()
-            seconds = statistics.median(_timed(run) for _ in range(reps))
-        rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / seconds, "seconds": seconds,
+            call_s = statistics.median(seconds(run) for _ in range(reps))
+        rows.append({"batch": b, "end_to_end_tokens_per_s": b * new_tokens / call_s, "seconds": call_s,
                      "step_gemms_s": hf.gemm_chain_seconds(weights, b, 5 * reps),
                      "xla_step_gemms_s": gemm_chain_seconds(weights, b, 5 * reps)})
     return {**hf.versions(), "step_gemms": len(weights), "rows": rows}

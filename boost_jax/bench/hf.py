@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from boost_jax.analysis.flops import count
+from boost_jax.bench.common import seconds
 from boost_jax.config import Config, ConfigError
 from boost_jax.export import export_model, is_hf_llama
 from boost_jax.model import Model
@@ -90,13 +91,7 @@ def gemm_chain_seconds(weights: list[np.ndarray], batch: int, reps: int) -> floa
 
     with torch.inference_mode():
         run()
-        return statistics.median(_seconds(run) for _ in range(reps))
-
-
-def _seconds(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+        return statistics.median(seconds(run) for _ in range(reps))
 
 
 def cores() -> int:
