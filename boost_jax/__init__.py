@@ -1,7 +1,7 @@
 """boost_jax: training low-rank (bottleneck) LLMs with bottleneck-aware tensor parallelism in JAX.
 
 Here sit the commands (`python -m boost_jax`, __main__.py, lists them): train.py, eval.py,
-generate.py, lm_eval.py, export.py, convert.py, plan.py, and data/ and bench/; and api.py, the
+generate.py, lm_eval.py, export.py, convert.py, plan.py, compile.py, and data/ and bench/; and api.py, the
 Python API. The library is in rooms, lowest floor first (docs/design.md section 8): runtime/
 (errors, exit, paths, cache; no JAX), config/ (the config and its tables; no JAX) beside configs/
 (base.yaml, hardware.yaml), launch/ (the pre-JAX setup), data/, parallel/, layers/, model/ (the

@@ -14,6 +14,7 @@ COMMANDS = {
     "export": "a run's checkpoint as safetensors (the Hugging Face LLaMA layout for dense)",
     "convert": "start a run dir from a Hugging Face LLaMA, an export or a run (--to svd factors it)",
     "plan": "the layout planner: the fastest layout of a model that fits a number of GPUs",
+    "compile": "every program of a run compiled by XLA:GPU for A100 / H100 / H200 nodes, without a GPU",
     "bench": "benchmarks: comm, step, profile, memory, kernels, decode, quality, paper, report, ...",
 }
 

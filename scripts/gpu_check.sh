@@ -2,13 +2,16 @@
 # GPU readiness, on a lent GPU machine's own Python stack as is (no install, no tensorboardX / grain /
 # zstandard needed), from a copy of the repo:
 #     OUT=/some/dir PYTHONPATH=. bash scripts/gpu_check.sh
-# Stages, each under `timeout` (7 minutes at most in all); a failed stage does not stop the next:
+# Stages, each under `timeout` (11.5 minutes at most in all); a failed stage does not stop the next:
 #   env      versions (python, jax, jaxlib, flax, optax, orbax, ...) and the devices   -> env.txt
 #   imports  boost_jax and its train / bench modules import                            -> imports.txt
 #   tests    the gpu-marked tests                                   -> gpu_tests.txt, gpu_tests.xml
 #   kernels  bench kernels (Pallas vs XLA) at llama-7b tp=4 shapes, bf16               -> kernels.json
 #   step     bench step llama-1b cola tp=1 bf16, batch 8 x 2048, with MFU against the
 #            datasheet peak (flops.PEAK_BF16_FLOPS)                                    -> step.json
+#   aot      llama-60m cola bf16 compiled for one H200 without the GPU (python -m boost_jax.compile
+#            --save, JAX on the CPU), then on the GPU: the saved executables loaded and run, and the
+#            device's own compile beside the deviceless one (scripts/aot_check.py)     -> aot.json
 # Output goes to $OUT (default: runs/gpu_check/<time>), each stage's stderr to <stage>.log; a summary
 # ends the run. Exit status: 1 if a stage failed, else 0; without a GPU it says so and exits 0.
 # PYTHON picks the interpreter (default: python, or python3 where there is no python).
@@ -77,6 +80,11 @@ stage kernels 60 "$OUT/kernels.json" "$PY" -m boost_jax.bench kernels model.pres
     train.batch_size=4 train.seq_len=4096 model.dtype=bfloat16 --json
 stage step 165 "$OUT/step.json" "$PY" -m boost_jax.bench step model.preset=llama-1b model.arch=cola parallel.tp=1 \
     parallel.dp=1 train.batch_size=8 train.seq_len=2048 model.dtype=bfloat16 --reps 3 --steps 3 --json
+AOT_RUN=(model.preset=llama-60m model.arch=cola model.dtype=bfloat16 parallel.dp=1 train.batch_size=4
+         train.seq_len=512 train.eval_every=0)
+stage aot_compile 150 "$OUT/aot_compile.txt" env JAX_PLATFORMS=cpu "$PY" -m boost_jax.compile "${AOT_RUN[@]}" \
+    --hardware h200-141gb --gpus 1 --save "$OUT/aot"
+stage aot 120 "$OUT/aot.json" "$PY" scripts/aot_check.py "$OUT/aot" "${AOT_RUN[@]}"
 
 echo
 echo "== summary ($OUT)"

@@ -21,7 +21,7 @@ FLOORS = [
     {"model"},
     {"model.weights", "model.decode", "training.step", "training.muon_layout", "training.checkpoint", "training.log"},
     {"analysis", "training.parts", "model.compress", "api", "train", "export", "generate", "eval", "lm_eval"},
-    {"planner", "plan", "convert"},
+    {"planner", "plan", "convert", "compile"},
     {"bench", "__main__"},
 ]
 

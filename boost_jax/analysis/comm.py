@@ -73,13 +73,7 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
     on_cp = lambda c: shape[CP] > 1 and over_axis(c, shape, CP)
     layers = lambda cols: [c for c in in_layers(cols, pipe is not None) if not on_cp(c)]
     layer_fwd, layer_bwd = summarize(layers(fwd), in_loop=True), summarize(layers(bwd), in_loop=True)
-    # Tokens one layer sees per run, per device: its rows' share of the sequence (cp), one micro-batch under a pipeline.
-    tokens = (cfg.train.batch_size // prog.plan.size("batch") * cfg.train.seq_len // prog.plan.size("seq")
-              // (pipe.microbatches if pipe else 1))
-    itemsize = 2 if m.dtype == "bfloat16" else 4
-    analytic = prog.plan.scheme.layer_forward_elements(m, tokens) * itemsize
-    backward_elements = prog.plan.scheme.layer_backward_all_reduces(m, tokens, shape["tp"])
-    analytic_bwd = None if backward_elements is None else sorted(n * itemsize for n in backward_elements)
+    tokens, itemsize, analytic, analytic_bwd = layer_analytic(cfg, prog.plan)
     upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in layers(cols) if c.upcast_from)
     fwd_ops = [_describe(c) for c in layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
@@ -108,6 +102,19 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
         **({"context": context_comm(prog, *([c for c in in_layers(cols, pipe is not None) if on_cp(c)]
                                             for cols in (fwd, bwd)))} if shape[CP] > 1 else {}),
     }
+
+
+def layer_analytic(cfg, plan: Plan) -> tuple[int, int, int, list[int] | None]:
+    """(tokens one layer sees per run, per device: its rows' share of the sequence (cp), one micro-batch
+    under a pipeline; the compute dtype's bytes; the scheme's forward bytes per layer; its backward's
+    all-reduces per layer, bytes each, sorted, or None where XLA alone decides them)."""
+    pipe, m = plan.pipeline, cfg.model
+    tokens = (cfg.train.batch_size // plan.size("batch") * cfg.train.seq_len // plan.size("seq")
+              // (pipe.microbatches if pipe else 1))
+    itemsize = 2 if m.dtype == "bfloat16" else 4
+    backward = plan.scheme.layer_backward_all_reduces(m, tokens, plan.mesh.shape["tp"])
+    return (tokens, itemsize, plan.scheme.layer_forward_elements(m, tokens) * itemsize,
+            None if backward is None else sorted(n * itemsize for n in backward))
 
 
 def context_comm(prog: Program, fwd: list[Collective], bwd: list[Collective]) -> dict:

@@ -64,6 +64,7 @@ class Collective:
     bytes_as_compiled: int = 0  # payload at the dtypes of the compiled HLO
     name: str = ""  # instruction name, e.g. "all-reduce.3"
     backward: bool = False  # made by the backward pass: JAX names those ops transpose(jvp(...))
+    conditional: bool = False  # inside a branch of a conditional: runs on the steps that take it only
 
 
 @dataclass
@@ -164,20 +165,21 @@ def callees(ins: _Instr) -> list[str]:
     return names
 
 
-def loop_contexts(comps: dict[str, _Comp], entry: str) -> dict[str, tuple[int, int, bool]]:
-    """(loop_depth, trip_count, trip_count_known) of each computation reachable from the entry.
+def loop_contexts(comps: dict[str, _Comp], entry: str) -> dict[str, tuple[int, int, bool, bool]]:
+    """(loop_depth, trip_count, trip_count_known, in a conditional's branch) of each computation
+    reachable from the entry.
 
     After XLA's call-graph flattening each computation has one call site, so first visit wins.
     A while condition is treated like its body (it actually runs once more)."""
-    ctx, todo = {entry: (0, 1, True)}, [entry]
+    ctx, todo = {entry: (0, 1, True, False)}, [entry]
     while todo:
         name = todo.pop()
-        depth, trips, known = ctx[name]
+        depth, trips, known, branch = ctx[name]
         for ins in comps[name].instrs.values():
-            inner = (depth, trips, known)
+            inner = (depth, trips, known, branch or ins.op == "conditional")
             if ins.op == "while":
                 m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                inner = (depth + 1, trips * int(m.group(1) if m else 1), known and m is not None)
+                inner = (depth + 1, trips * int(m.group(1) if m else 1), known and m is not None, branch)
             for callee in callees(ins):
                 if callee in comps and callee not in ctx:
                     ctx[callee] = inner
@@ -291,7 +293,7 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
             orig = _PROMOTED_FROM[dt]
         parts.append((orig or dt, dims))
     scale = size if kind == "reduce-scatter" else 1
-    depth, trips, known = ctx[comp.name]
+    depth, trips, known, branch = ctx[comp.name]
     return Collective(
         kind=kind, dtype=parts[0][0], shape=parts[0][1],
         bytes=scale * sum(nbytes(dt, dims) for dt, dims in parts),
@@ -299,7 +301,7 @@ def _collective(comps: dict[str, _Comp], comp: _Comp, ins: _Instr, ctx: dict, n_
         trip_count=trips, trip_count_known=known,
         upcast_from=next((c for (c, _), (p, _) in zip(compiled, parts) if c != p), None),
         parts=tuple(parts), bytes_as_compiled=scale * sum(nbytes(dt, dims) for dt, dims in compiled),
-        name=ins.name, backward=_BACKWARD.search(attrs) is not None)
+        name=ins.name, backward=_BACKWARD.search(attrs) is not None, conditional=branch)
 
 
 def collectives(hlo_text: str) -> list[Collective]:

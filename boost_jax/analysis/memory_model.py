@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -100,11 +100,20 @@ def layer_bytes(layer_cfg: Config) -> LayerBytes:
     return measure_layer(layer_cfg).bytes
 
 
-def measure_layer(layer_cfg: Config) -> Layer:
+def layer_bytes_on(devices: Sequence[jax.Device]) -> Callable[[Config], LayerBytes]:
+    """`layer_bytes` compiled for `devices` (the first tp x cp of them): a GPU topology's
+    (launch/gpu_target.py) measures the layer as XLA:GPU compiles it."""
+    return lambda layer_cfg: measure_layer(layer_cfg, devices).bytes
+
+
+def measure_layer(layer_cfg: Config, devices: Sequence[jax.Device] | None = None) -> Layer:
     """One decoder layer of a `one_layer_config`, measured from two compiles of the layer alone on
-    its tp x cp devices: its forward returning the vjp's residuals, and its backward taking them."""
+    its tp x cp devices (of `devices`, default JAX's): its forward returning the vjp's residuals, and
+    its backward taking them. The compiles use the CPU's analysis options where they run on the CPU."""
     cfg, m = layer_cfg, layer_cfg.model
-    plan = make_plan(cfg, mesh_devices(cfg.parallel))
+    n = cfg.parallel.tp * cfg.parallel.cp
+    plan = make_plan(cfg, mesh_devices(cfg.parallel) if devices is None else list(devices)[:n])
+    options = ANALYSIS_COMPILER_OPTIONS if plan.platform == "cpu" else {}
     graphdef, abstract = abstract_model(cfg)
     layers_def, layers = nnx.split(nnx.merge(graphdef, abstract).layers)
     one = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=plan.named(P(*s[1:]))),
@@ -121,7 +130,7 @@ def measure_layer(layer_cfg: Config) -> Layer:
         return jax.vjp(lambda p, c: layer(c, p)[0], params, carry)[1]
 
     traced = jax.jit(forward).trace(one, carry)  # one trace: the jaxpr, the residuals' shapes, the compile
-    fwd = traced.lower().compile(ANALYSIS_COMPILER_OPTIONS)
+    fwd = traced.lower().compile(options)
     jaxpr = traced.jaxpr.jaxpr
     n_weights = len(jax.tree.leaves(one))
     weights, from_input = set(jaxpr.invars[:n_weights]), _dependents(jaxpr, jaxpr.invars[n_weights:])
@@ -130,7 +139,7 @@ def measure_layer(layer_cfg: Config) -> Layer:
     kinds = {"activations": 0, "invariant": 0, "weights": 0}
     for r, v in zip(jax.tree.leaves(residuals), jaxpr.outvars):
         kinds["weights" if v in weights else "activations" if v in from_input else "invariant"] += _shard_bytes(r)
-    bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile(ANALYSIS_COMPILER_OPTIONS)
+    bwd = jax.jit(lambda vjp, ct: vjp(ct)).lower(residuals, carry).compile(options)
     used = bwd.memory_analysis()
     return Layer(LayerBytes(**kinds, transient=used.temp_size_in_bytes + used.output_size_in_bytes),
                  (fwd.as_text(), bwd.as_text()))

@@ -175,7 +175,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
     for comp in comps.values():
         if comp.name not in ctx:
             continue
-        depth, trips, _ = ctx[comp.name]
+        depth, trips = ctx[comp.name][:2]
         for ins in comp.instrs.values():
             if ins.op == "dot":
                 lhs, rhs = (arrays(comp.instrs[o].shape)[0][1] for o in ins.operands[:2])
@@ -186,7 +186,7 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
     for comp in comps.values():
         if comp.name not in ctx or comp.name in fusion_bodies or comp.name in on_chip:
             continue  # fusion bodies are priced as their fusion instruction
-        depth, trips, _ = ctx[comp.name]
+        depth, trips = ctx[comp.name][:2]
         for ins in comp.instrs.values():
             if ins.op in _FREE or ins.op in _COLLECTIVE_OPS or ins.op == "dot":
                 continue

@@ -16,6 +16,20 @@ HARDWARE_FILE = configs.HARDWARE
 
 
 @dataclass(frozen=True)
+class CompileTarget:
+    """What XLA:GPU needs to know of a GPU to compile for it without one (`hardware.yaml`'s
+    `compile_target`; launch/gpu_target.py writes it as a GpuTargetConfig)."""
+
+    device_kind: str
+    compute_capability: tuple[int, int]
+    clock_rate_ghz: float
+    fpus_per_core: int
+    shared_memory_per_core: int
+    shared_memory_per_block_optin: int
+    l2_cache_bytes: int
+
+
+@dataclass(frozen=True)
 class Hardware:
     name: str
     description: str
@@ -35,6 +49,7 @@ class Hardware:
     collective_efficiency: float
     collective_latency_s: float
     p2p_latency_s: float
+    compile_target: CompileTarget | None = None  # None: `python -m boost_jax.compile` cannot target it
 
 
 def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
@@ -45,12 +60,13 @@ def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
     raw = load_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of machine names to constants")
+    optional = {"compile_target"}
     fields = {f.name for f in dataclasses.fields(Hardware)} - {"name"}
     out = {}
     for name, spec in raw.items():
         if not isinstance(spec, dict):
             raise ConfigError(f"{path}: {name}: expected a mapping of constants")
-        if missing := fields - set(spec):
+        if missing := fields - optional - set(spec):
             raise ConfigError(f"{path}: {name}: missing {', '.join(sorted(missing))}")
         if unknown := set(spec) - fields:
             raise ConfigError(f"{path}: {name}: unknown {', '.join(sorted(unknown))} (known: {', '.join(sorted(fields))})")
@@ -58,11 +74,33 @@ def load_hardware(path: str | Path = HARDWARE_FILE) -> dict[str, Hardware]:
         if not (isinstance(tile, list) and len(tile) == 2 and all(isinstance(t, int) and t > 0 for t in tile)):
             raise ConfigError(f"{path}: {name}.gemm_tile must be [rows, cols] of positive integers, got {tile!r}")
         values = {k: (tuple(v) if k == "gemm_tile" else v) for k, v in spec.items()}
+        if "compile_target" in values:
+            values["compile_target"] = _compile_target(path, name, values["compile_target"])
         for k, v in values.items():
-            if k not in ("description", "gemm_tile") and not (isinstance(v, (int, float)) and v > 0):
+            if k not in ("description", "gemm_tile", "compile_target") and not (isinstance(v, (int, float)) and v > 0):
                 raise ConfigError(f"{path}: {name}.{k} must be a positive number, got {v!r}")
         out[name] = Hardware(name=name, **values)
     return out
+
+
+def _compile_target(path: Path, name: str, spec) -> CompileTarget:
+    where = f"{path}: {name}.compile_target"
+    fields = {f.name for f in dataclasses.fields(CompileTarget)}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected a mapping of {', '.join(sorted(fields))}")
+    if missing := fields - set(spec):
+        raise ConfigError(f"{where}: missing {', '.join(sorted(missing))}")
+    if unknown := set(spec) - fields:
+        raise ConfigError(f"{where}: unknown {', '.join(sorted(unknown))} (known: {', '.join(sorted(fields))})")
+    cc = spec["compute_capability"]
+    if not (isinstance(cc, list) and len(cc) == 2 and all(isinstance(c, int) and c >= 0 for c in cc) and cc[0] > 0):
+        raise ConfigError(f"{where}.compute_capability must be [major, minor], got {cc!r}")
+    for k in fields - {"device_kind", "compute_capability"}:
+        if isinstance(spec[k], bool) or not (isinstance(spec[k], (int, float)) and spec[k] > 0):
+            raise ConfigError(f"{where}.{k} must be a positive number, got {spec[k]!r}")
+    if not isinstance(spec["device_kind"], str) or not spec["device_kind"]:
+        raise ConfigError(f"{where}.device_kind must be the GPU's name, got {spec['device_kind']!r}")
+    return CompileTarget(**{**spec, "compute_capability": tuple(cc)})
 
 
 def select_hardware(path: str | Path | None, names: str) -> dict[str, Hardware]:

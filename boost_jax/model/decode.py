@@ -284,18 +284,31 @@ class Decoder:
         """The programs of a generation, compiled without running: the prefill of `batch` prompts of
         `prompt` tokens into a cache of `length` positions, and one call of the decode loop on that
         cache (up to CHUNK steps of every row, `max_new` tokens each), greedy."""
-        rows = lambda *shape: jax.ShapeDtypeStruct((batch, *shape), jnp.int32,
-                                                   sharding=self.plan.sharding(("batch",) + (None,) * len(shape)))
+        prefill, cache = self.compiled_prefill(batch, prompt, length)
+        return {"prefill": prefill, "decode": self.compiled_decode(cache, batch, max_new), "cache": cache}
+
+    def compiled_prefill(self, batch: int, prompt: int, length: int) -> tuple[jax.stages.Compiled, Cache]:
+        """The prefill program (`compiled`) and the cache it returns, as abstract arrays with their layout."""
         key, sampling = jax.random.key(0), Sampling()
-        prefill = self._prefill.trace(self.params, rows(prompt), rows(), key, length=length, sampling=sampling)
+        prefill = self._prefill.trace(self.params, self._rows_of(batch, prompt), self._rows_of(batch), key,
+                                      length=length, sampling=sampling)
         compiled = prefill.lower().compile()
         cache = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                              prefill.out_info[1], compiled.output_shardings[1])
+        return compiled, cache
+
+    def compiled_decode(self, cache: Cache, batch: int, max_new: int = CHUNK) -> jax.stages.Compiled:
+        """One call of the decode loop on `cache` (a `compiled_prefill`'s, of `batch` rows), compiled."""
+        rows = lambda *shape: self._rows_of(batch, *shape)
         state = {"last": rows(), "position": rows(), "count": rows(), "done": rows(), "out": rows(max_new),
                  "index": jax.ShapeDtypeStruct((), jnp.int32)}
         state["done"] = jax.ShapeDtypeStruct((batch,), jnp.bool_, sharding=state["done"].sharding)
-        step = self._chunk.lower(self.params, cache, state, key, sampling=sampling, max_new=max_new).compile()
-        return {"prefill": compiled, "decode": step, "cache": cache}
+        return self._chunk.lower(self.params, cache, state, jax.random.key(0), sampling=Sampling(),
+                                 max_new=max_new).compile()
+
+    def _rows_of(self, batch: int, *shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((batch, *shape), jnp.int32,
+                                    sharding=self.plan.sharding(("batch",) + (None,) * len(shape)))
 
     def _rows(self, out: np.ndarray) -> list[list[int]]:
         """Each row's tokens up to its first <eos> or unwritten slot."""

@@ -111,7 +111,8 @@ def btp_down(
         for i, group in enumerate(groups):
             a = jnp.concatenate([w.astype(dtype) for w in group], axis=1)
             if gamma is not None and norm == "online":
-                h, ssq = norm_down(x2, gamma.astype(dtype), a, eps=eps, d_total=d_total, impl=kernels)
+                h, ssq = norm_down(x2, gamma.astype(dtype), a, eps=eps, d_total=d_total, impl=kernels,
+                                   interpret=plan.interpret_kernels)
                 if i == 0:  # the statistics travel once, as one more column of the first latents
                     buf = reduce(jnp.concatenate([h.astype(dtype), ssq[:, None].astype(dtype)], axis=-1))
                     h, scale = buf[:, :-1], jax.lax.rsqrt(buf[:, -1:].astype(jnp.float32) / d_total + eps)
@@ -150,7 +151,7 @@ def grouped_up(plan: Layout, latents: Sequence[jax.Array], weights: Sequence[jax
     else:
         rows = ("batch", "seq") if split_seq else ("batch",)
         y = jax.shard_map(
-            lambda z, b: grouped_matmul(z, b, impl=kernels), mesh=plan.mesh,
+            lambda z, b: grouped_matmul(z, b, impl=kernels, interpret=plan.interpret_kernels), mesh=plan.mesh,
             in_specs=(plan.spec((None, *rows, None)), plan.spec((None, None, w_axis))),
             out_specs=plan.spec((None, *rows, y_axis)), check_vma=False,
         )(z, b)

@@ -32,6 +32,9 @@ class Layout(Protocol):
     @property
     def flat_tokens(self) -> bool: ...
 
+    @property
+    def interpret_kernels(self) -> bool: ...  # Pallas kernels emulated (no GPU among the mesh's devices)
+
     def spec(self, axes: Sequence[str | None]) -> PartitionSpec: ...
 
     def constrain(self, x: jax.Array, axes: Sequence[str | None]) -> jax.Array: ...

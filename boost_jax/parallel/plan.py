@@ -58,6 +58,18 @@ class Plan:
         return STRATEGIES[self.scheme.name]
 
     @property
+    def platform(self) -> str | None:
+        """The platform of the mesh's devices ("gpu", "cpu", ...; None for a device-free mesh): what a
+        program built for this plan runs on, which may not be `jax.default_backend()` (a deviceless
+        compile for GPUs runs on a CPU-only JAX: `python -m boost_jax.compile`)."""
+        return None if isinstance(self.mesh, AbstractMesh) else self.mesh.devices.flat[0].platform
+
+    @property
+    def interpret_kernels(self) -> bool:
+        """Whether the Pallas kernels run emulated: everywhere but on GPUs, which compile them with Triton."""
+        return self.platform != "gpu"
+
+    @property
     def flat_tokens(self) -> bool:
         """Whether GEMMs may merge batch and sequence into one tokens axis (`lowrank.matmul`): not
         where the sequence is split over devices, which merging would gather."""
@@ -122,14 +134,24 @@ class Plan:
 ATTENTION_IMPLS = ("xla", "cudnn")
 
 
-def resolve_attention(choice: str, platform: str | None) -> str:
-    """`model.attention` on devices of `platform`: auto is cuDNN's fused kernel on GPUs, XLA elsewhere
-    (an abstract mesh, platform None, has no devices: auto stands for the CPU compile that prices it)."""
+def resolve_attention(choice: str, platform: str | None, rules: Rules, n_kv_heads: int, tp: int) -> str:
+    """`model.attention` on devices of `platform` under `rules`: auto is cuDNN's fused kernel on GPUs,
+    XLA elsewhere (an abstract mesh, platform None, has no devices: auto stands for the CPU compile
+    that prices it). cuDNN's partitioner needs q, k and v split alike: where tp does not divide the kv
+    heads (replicated, `Scheme.rules_for`) while the query heads are split, auto takes XLA's attention
+    and an explicit cudnn is refused (XLA:GPU's compile fails there: "Query, key and value should have
+    same sharding")."""
+    alike = rules.get("act_heads") == rules.get("act_kv_heads")
     if choice == "auto":
-        return "cudnn" if platform == "gpu" else "xla"
+        return "cudnn" if platform == "gpu" and alike else "xla"
     if choice == "cudnn" and platform not in ("gpu", None):
         raise ConfigError(f"model.attention=cudnn needs GPU devices, this mesh has {platform or 'none'} "
                           "(auto picks cudnn on GPUs and xla elsewhere)")
+    if choice == "cudnn" and not alike:
+        raise ConfigError(f"model.attention=cudnn: parallel.tp={tp} does not divide model.n_kv_heads={n_kv_heads}, so "
+                          "the kv heads are replicated while the query heads are split, and cuDNN's attention "
+                          "cannot be partitioned that way; choose a tp that divides the kv heads, or "
+                          "model.attention=auto (XLA's attention here)")
     return choice
 
 
@@ -170,8 +192,9 @@ def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Pla
     if rows % shards:
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {shape})")
-    return Plan(mesh, scheme, scheme.rules_for(cfg.model.n_kv_heads, shape[TP], shape[PP]), _schedule(cfg, shape[PP]),
-                resolve_attention(cfg.model.attention, platform), cfg.parallel.cp_attention)
+    rules = scheme.rules_for(cfg.model.n_kv_heads, shape[TP], shape[PP])
+    attention = resolve_attention(cfg.model.attention, platform, rules, cfg.model.n_kv_heads, shape[TP])
+    return Plan(mesh, scheme, rules, _schedule(cfg, shape[PP]), attention, cfg.parallel.cp_attention)
 
 
 def _schedule(cfg: Config, stages: int) -> Schedule | None:
@@ -196,7 +219,9 @@ def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
     device = jax.devices()[0]
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=[device])
-    return Plan(mesh, chosen, chosen.rules_for(model.n_kv_heads, 1, 1), None, resolve_attention(model.attention, device.platform))
+    rules = chosen.rules_for(model.n_kv_heads, 1, 1)
+    attention = resolve_attention(model.attention, device.platform, rules, model.n_kv_heads, 1)
+    return Plan(mesh, chosen, rules, None, attention)
 
 
 def _flat(mesh_axes) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ def batch_keys(cfg: Config) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Setup:
-    """What the loop needs besides the state: graph, optimizer, shardings, jitted steps."""
+    """What the loop needs besides the state: graph, optimizer, shardings, jitted steps (`build`)."""
 
     graphdef: nnx.GraphDef
     tx: optax.GradientTransformation
@@ -52,6 +52,7 @@ class Setup:
     train_step: Callable
     eval_step: Callable
     layer_order: np.ndarray  # the model layer at each position of the stored layer stacks (plan.layer_order)
+    abstract_state: TrainState  # the state's jax.ShapeDtypeStructs, with their shardings (what the steps compile for)
 
     def adopt(self, state: TrainState, meta: dict) -> TrainState:
         """A restored state in this run's layer order; a checkpoint records the order it was saved in
@@ -64,29 +65,69 @@ class Setup:
 
 
 def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, TrainState]:
-    """The seed's train state laid out for `plan` (or one around `params`, host arrays in the model's
-    layer order and dtypes, with a fresh optimizer: an import), and the jitted train and eval steps."""
-    graphdef, _ = abstract_model(cfg)
+    """The train and eval steps of `cfg` under `plan` (`build`) and the seed's train state laid out
+    for them (or one around `params`, host arrays in the model's layer order and dtypes, with a fresh
+    optimizer: an import)."""
+    run = build(cfg, plan)
+    return run, init_state(cfg, plan, run, params)
+
+
+def init_state(cfg: Config, plan: Plan, run: Setup, params: dict | None = None) -> TrainState:
+    """The seed's train state (or one around `params`) in `run`'s shardings."""
     if params is None:
         params = place_params(cfg, plan)
     else:  # placed as they are: no seed's parameters beside them
         params = jax.device_put(in_plan_order(params, cfg, plan), param_shardings(cfg, plan))
-    pspecs = jax.tree.map(lambda p: p.sharding.spec, params)
-    mesh = plan.mesh
-    tx = make_optimizer(cfg.train, params, placements(cfg, plan))
-    replicated = NamedSharding(mesh, P())
-    opt_specs = optimizer_state_specs(jax.eval_shape(tx.init, params), params, pspecs)
+    shardings = run.state_shardings
     state = {
         "params": params,
-        "opt_state": jax.jit(tx.init, out_shardings=plan.named(opt_specs))(params),
-        "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
-        "rng": jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), replicated),
+        "opt_state": jax.jit(run.tx.init, out_shardings=shardings["opt_state"])(params),
+        "step": jax.device_put(jnp.zeros((), jnp.int32), shardings["step"]),
+        "rng": jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), shardings["rng"]),
     }
-    t = cfg.train
-    if t.spike_skip:  # the losses of the last spike_window applied updates (a ring) and how many were seen
-        state["spike"] = jax.device_put({"losses": jnp.zeros((t.spike_window,), jnp.float32),
-                                         "seen": jnp.zeros((), jnp.int32)}, replicated)
+    if cfg.train.spike_skip:  # the losses of the last spike_window applied updates (a ring) and how many were seen
+        state["spike"] = jax.device_put({"losses": jnp.zeros((cfg.train.spike_window,), jnp.float32),
+                                         "seen": jnp.zeros((), jnp.int32)}, shardings["spike"])
+    return state
+
+
+def abstract_state(cfg: Config, plan: Plan, tx: optax.GradientTransformation) -> TrainState:
+    """The train state's shapes, dtypes and shardings (jax.ShapeDtypeStructs: nothing allocated), as
+    `init_state` lays it out: each optimizer moment sharded like its parameter, the rest replicated."""
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nnx.to_pure_dict(abstract_model(cfg)[1]), param_shardings(cfg, plan))
+    opt_shapes = jax.eval_shape(tx.init, params)
+    opt_specs = optimizer_state_specs(opt_shapes, params, jax.tree.map(lambda p: p.sharding.spec, params))
+    replicated = NamedSharding(plan.mesh, P())
+    on = lambda shape, dtype, sharding=replicated: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    state = {
+        "params": params,
+        "opt_state": jax.tree.map(lambda a, s: on(a.shape, a.dtype, s), opt_shapes, plan.named(opt_specs)),
+        "step": on((), jnp.int32),
+        "rng": on(*(lambda k: (k.shape, k.dtype))(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))),
+    }
+    if cfg.train.spike_skip:
+        state["spike"] = {"losses": on((cfg.train.spike_window,), jnp.float32), "seen": on((), jnp.int32)}
+    return state
+
+
+def abstract_batch(cfg: Config, plan: Plan) -> dict:
+    """A global batch's shapes and layout (jax.ShapeDtypeStructs), as the train and eval steps take it."""
+    rows = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
+                                sharding=plan.sharding(("batch", None)))
+    return dict.fromkeys(batch_keys(cfg), rows)
+
+
+def build(cfg: Config, plan: Plan) -> Setup:
+    """The jitted train and eval steps of `cfg` under `plan`, from abstract shapes alone (no array is
+    made): what `train` runs, and what `python -m boost_jax.compile` compiles for GPUs it does not have."""
+    graphdef, abstract = abstract_model(cfg)
+    pspecs = plan.param_specs(abstract)
+    tx = make_optimizer(cfg.train, nnx.to_pure_dict(abstract), placements(cfg, plan))
+    replicated = NamedSharding(plan.mesh, P())
+    state = abstract_state(cfg, plan, tx)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    t = cfg.train
     batch_sharding = plan.sharding(("batch", None))
     loss_of = sharded_loss(graphdef, plan, t)
     grad_of = accumulated_grad(loss_of, plan, t.microbatches, plan.named(pspecs))
@@ -125,7 +166,7 @@ def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, T
         out_shardings=(state_shardings, replicated), donate_argnums=0,
     )
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, evaluation(cfg, plan).eval_step,
-                 order), state
+                 order, state)
 
 
 @dataclass(frozen=True)

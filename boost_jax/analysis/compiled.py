@@ -1,0 +1,113 @@
+"""Every program a run executes, compiled for its plan's devices, and what each compile says.
+
+    for name, compile_ in run_programs(cfg, plan).items():   # in order: the decode loop needs the prefill's
+        compiled, seconds = compile_timed(compile_)
+        report = read(name, compiled, seconds, cfg, plan)   # memory, collectives, custom calls
+
+The programs come from the builders the commands use (training/step.py `build` for the train and
+eval steps; model/decode.py's Decoder for the prefill and the decode loop), fed abstract shapes: a
+plan on a GPU topology (launch/gpu_target.py) gets them compiled by XLA:GPU without a GPU
+(`python -m boost_jax.compile`); a plan on CPU devices gets the CPU's.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+
+from boost_jax.analysis.comm import in_layers, layer_analytic, over_axis
+from boost_jax.analysis.hlo import collectives, summarize
+from boost_jax.analysis.program import peak_bytes
+from boost_jax.config import Config
+from boost_jax.config.schemes import TP
+from boost_jax.model.decode import Decoder
+from boost_jax.model.weights import abstract_model
+from boost_jax.parallel import Plan
+from boost_jax.training.step import abstract_batch, build
+
+# Fusions XLA:GPU hands to a library or code generator, by their backend_config "kind" (the rest are
+# XLA's own loop and reduction fusions).
+_FUSION_KIND = re.compile(r'"fusion_backend_config":\{"kind":"(__[^"]+)"')
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+
+
+def run_programs(cfg: Config, plan: Plan, cache: str = "full") -> dict[str, Callable[[], jax.stages.Compiled]]:
+    """Each program of the run, compiled on demand: the train step (exactly as `train` builds it), the
+    eval step where `train.eval_every` runs one, and on a layout that decodes (no pipeline, no cp)
+    the prefill of a batch of `train.seq_len`-token prompts and one call of the decode loop on its
+    `cache` KV cache (model/decode.py)."""
+    run = build(cfg, plan)
+    batch = abstract_batch(cfg, plan)
+    programs = {"train_step": lambda: run.train_step.lower(run.abstract_state, batch).compile()}
+    if cfg.train.eval_every > 0:
+        programs["eval_step"] = lambda: run.eval_step.lower(run.abstract_state["params"], batch).compile()
+    if plan.pipeline is None and plan.size("seq") == 1:
+        rows, seq = cfg.train.batch_size, cfg.train.seq_len
+        decoding: dict = {}  # the decoder, and the prefill's cache that the decode loop compiles for
+
+        def prefill() -> jax.stages.Compiled:
+            graphdef, abstract = abstract_model(cfg)
+            decoding["decoder"] = Decoder(nnx.merge(graphdef, abstract), plan, cache=cache)
+            compiled, decoding["cache"] = decoding["decoder"].compiled_prefill(rows, seq, seq)
+            return compiled
+
+        programs["prefill"] = prefill
+        programs["decode"] = lambda: decoding["decoder"].compiled_decode(decoding["cache"], rows)
+    return programs
+
+
+def compile_timed(compile_: Callable[[], jax.stages.Compiled]) -> tuple[jax.stages.Compiled, float]:
+    """The compiled program and the seconds its tracing, lowering and compile took."""
+    t0 = time.perf_counter()
+    compiled = compile_()
+    return compiled, time.perf_counter() - t0
+
+
+def custom_calls(hlo_text: str) -> dict[str, int]:
+    """How many of each library call and generated kernel the optimised HLO holds: custom calls by
+    target (cuDNN's attention `__cudnn$fmha...`, cuBLAS `__cublas$...`, Pallas' Triton kernels
+    `__gpu$xla.gpu.triton`) and library fusions by kind (`__triton_gemm`, `__cudnn$fusion`, ...)."""
+    found = Counter(_CUSTOM_CALL.findall(hlo_text))
+    found.update(_FUSION_KIND.findall(hlo_text))
+    return dict(sorted(found.items()))
+
+
+def memory(compiled: jax.stages.Compiled) -> dict[str, int]:
+    """Per-device bytes of the compiled memory analysis: arguments, outputs, temporaries, and the peak
+    (donated arguments counted once)."""
+    m = compiled.memory_analysis()
+    return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes, "alias": m.alias_size_in_bytes,
+            "temp": m.temp_size_in_bytes, "peak": peak_bytes(compiled)}
+
+
+def read(name: str, compiled: jax.stages.Compiled, seconds: float, cfg: Config, plan: Plan) -> dict:
+    """One program's report: compile time, memory, every collective per step (kind: count, bytes per
+    device; those in a conditional's branches apart, as they run on some steps only), custom calls; for the train step also its decoder layers' collectives beside the
+    scheme's analytic formulas (config/schemes.py), per layer, forward and backward."""
+    text = compiled.as_text()
+    cols = collectives(text)
+    # A conditional's collectives (the health metrics' power iterations, on logging steps only) apart.
+    per_step = summarize([c for c in cols if not c.conditional])
+    on_some = summarize([c for c in cols if c.conditional])
+    report = {"name": name, "compile_s": seconds, "memory": memory(compiled),
+              "collectives": per_step["by_kind"], "collective_bytes": per_step["bytes"],
+              "conditional_collectives": on_some["by_kind"], "conditional_collective_bytes": on_some["bytes"],
+              "custom_calls": custom_calls(text), "while_loops": text.count(" while("),
+              "analytic_collective_bytes": None}
+    if name in ("train_step", "eval_step") and plan.mesh.shape[TP] > 1:
+        # Per decoder layer, the collectives over tp inside the layer scan (a data-parallel gradient
+        # reduction XLA:GPU moves into the backward loop is not the scheme's). Forward and backward
+        # together: XLA:GPU's combined collectives and the kernels' custom VJPs do not keep JAX's
+        # transpose(...) names, so the eval step (the forward alone) is what splits them.
+        _, _, fwd_bytes, bwd_parts = layer_analytic(cfg, plan)
+        shape = dict(plan.mesh.shape)
+        layers = [c for c in in_layers(cols, plan.pipeline is not None) if over_axis(c, shape, TP)]
+        report["layer_collective_bytes"] = summarize(layers, in_loop=True)["bytes"]
+        backward = 0 if name == "eval_step" else None if bwd_parts is None else sum(bwd_parts)
+        report["analytic_collective_bytes"] = None if backward is None else fwd_bytes + backward
+    return report

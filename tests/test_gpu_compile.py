@@ -1,0 +1,134 @@
+"""Programs compiled by XLA:GPU for GPUs this machine does not have (`python -m boost_jax.compile`,
+launch/gpu_target.py): the run's programs compile for an H100 node, take the GPU paths (cuDNN
+attention where `auto` says so, the Pallas kernels as Triton calls, not interpret-mode loops), their
+decoder layers move the bytes the scheme's formulas say, and the bugs only this compile shows stay
+fixed. Needs JAX's CUDA plugin (the gpu-compile extra); without it these tests skip and say why."""
+
+import importlib.util
+import json
+
+import jax
+import pytest
+
+from boost_jax.config import load_config
+from boost_jax.config.hardware import load_hardware
+from boost_jax.runtime.errors import ConfigError, PackageError
+
+needs_plugin = pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
+                                  reason="JAX's CUDA plugin is not installed: pip install -e '.[gpu-compile]'")
+pytestmark = needs_plugin
+
+H100 = "h100-80gb"
+TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=4", "train.seq_len=128", "log.health=false",
+        "model.dtype=bfloat16", "train.eval_every=0"]
+
+
+def compile_tiny(*overrides, nodes=1, hardware=H100):
+    from boost_jax.compile import compile_run
+
+    cfg = load_config(None, [*TINY, *overrides])
+    return compile_run(cfg, load_hardware()[hardware], nodes)
+
+
+def calls(program: dict) -> dict:
+    return program["custom_calls"]
+
+
+def test_the_train_step_takes_the_gpu_paths_and_moves_the_formulas_bytes():
+    """btp tp=2 with the Pallas kernels: cuDNN's flash attention forward and backward, the kernels as
+    Triton calls (Pallas' interpret mode would be while loops instead), and per decoder layer the
+    bytes of config/schemes.py's formulas; the memory model beside the compiled peak."""
+    r = compile_tiny("parallel.tp=2", "parallel.dp=4", "model.kernels=pallas")
+    assert r["devices"] == 8 and r["mesh"]["tp"] == 2 and r["attention"] == "cudnn"
+    step = r["programs"][0]
+    assert step["name"] == "train_step"
+    assert calls(step)["__cudnn$fmhaSoftmax"] == 1 and calls(step)["__cudnn$fmhaSoftmaxBackward"] == 1
+    assert calls(step)["__gpu$xla.gpu.triton"] >= 2  # norm_down and grouped_matmul, forward and backward
+    # The online norm's statistics ride in the latents' all-reduces: 2 more columns per token than 7r.
+    tokens = 4 // 4 * 128
+    assert step["layer_collective_bytes"] == step["analytic_collective_bytes"] + 2 * tokens * 2
+    mem = step["memory"]
+    assert 0 < mem["temp"] < mem["peak"] and step["model_memory"] > 0
+    assert [p["name"] for p in r["programs"]] == ["train_step", "prefill", "decode"]
+
+
+def test_the_kernels_are_interpreted_only_off_gpus():
+    """The interpret switch reads the plan's devices, not jax.default_backend() (cpu here)."""
+    from boost_jax.launch.gpu_target import gpu_devices
+    from boost_jax.parallel import make_plan
+
+    cfg = load_config(None, [*TINY, "parallel.tp=2", "parallel.dp=1"])
+    assert jax.default_backend() == "cpu"
+    gpu = make_plan(cfg, gpu_devices(load_hardware()[H100], 1)[:2])
+    cpu = make_plan(cfg, jax.devices()[:2])
+    assert (gpu.platform, gpu.interpret_kernels, cpu.platform, cpu.interpret_kernels) == ("gpu", False, "cpu", True)
+
+
+def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn():
+    """llama-tiny's 2 kv heads at tp=4: cuDNN's partitioner cannot split q and replicate k, v (the
+    compile failed with "Query, key and value should have same sharding"); auto takes XLA's
+    attention and compiles, an explicit cudnn is refused by name before any work."""
+    r = compile_tiny("parallel.tp=4", "parallel.dp=2")
+    assert r["attention"] == "xla" and not any("cudnn" in k for k in calls(r["programs"][0]))
+    with pytest.raises(ConfigError, match="parallel.tp=4 does not divide model.n_kv_heads=2"):
+        compile_tiny("parallel.tp=4", "parallel.dp=2", "model.attention=cudnn")
+
+
+def test_the_command_prints_json_and_saves_the_executables(tmp_path, capsys):
+    from boost_jax.compile import main
+
+    main([*TINY, "model.arch=dense", "parallel.dp=-1", "train.batch_size=8", "train.eval_every=5",
+          "--hardware", H100, "--json", "--save", str(tmp_path / "exe")])
+    out = json.loads(capsys.readouterr().out)
+    names = [p["name"] for p in out["programs"]]
+    assert out["hardware"] == H100 and out["devices"] == 8 and names == ["train_step", "eval_step", "prefill", "decode"]
+    manifest = {p["name"]: p for p in json.loads((tmp_path / "exe" / "manifest.json").read_text())["programs"]}
+    for p in out["programs"]:
+        assert set(p["memory"]) == {"argument", "output", "alias", "temp", "peak"} and p["compile_s"] > 0
+        assert (tmp_path / "exe" / f"{p['name']}.hlo.txt").read_text().startswith("HloModule")
+    # cuDNN's attention (train and eval steps) cannot be serialised; the decoding programs can
+    assert [n for n, p in manifest.items() if p["executable"]] == ["prefill", "decode"]
+    assert (tmp_path / "exe" / "decode.bin").stat().st_size > 0 and "pickle" in manifest["train_step"]["not_serialised"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hardware", "b200"], "unknown machine"),
+    (["--hardware", H100, "--nodes", "0"], "--nodes must be at least 1"),
+    (["--hardware", H100, "parallel.tp=16"], "does not divide the 8 devices"),
+])
+def test_bad_input_is_one_message_and_writes_nothing(argv, message, tmp_path, capsys):
+    from boost_jax.compile import main
+
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, *argv, "--save", str(tmp_path / "exe")])
+    assert message in str(e.value) and not (tmp_path / "exe").exists()
+
+
+def test_a_missing_plugin_or_target_is_named(monkeypatch, tmp_path):
+    from boost_jax.config.hardware import HARDWARE_FILE
+    from boost_jax.launch import gpu_target
+
+    hw = load_hardware()[H100]
+    monkeypatch.setattr(gpu_target.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(PackageError, match=r"pip install -e '.\[gpu-compile\]'"):
+        gpu_target.gpu_devices(hw, 1)
+    monkeypatch.undo()
+    no_target = tmp_path / "hw.yaml"
+    no_target.write_text(HARDWARE_FILE.read_text().split("\n  compile_target:")[0])  # a100-80gb without its target
+    with pytest.raises(ConfigError, match="has no compile_target"):
+        gpu_target.target_config(load_hardware(no_target)["a100-80gb"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, scheme", [("dense", "megatron"), ("cola", "vanilla"), ("cola", "btp"), ("svd", "btp"),
+                                          ("lax", "btp")])
+@pytest.mark.parametrize("kernels", ["xla", "pallas"])
+def test_every_scheme_and_kernel_compiles_for_gpus(arch, scheme, kernels):
+    if kernels == "pallas" and scheme != "btp":
+        pytest.skip("the Pallas kernels serve btp's blocks")
+    r = compile_tiny(f"model.arch={arch}", f"parallel.scheme={scheme}", "parallel.tp=2", "parallel.dp=4",
+                     f"model.kernels={kernels}")
+    step = r["programs"][0]
+    assert calls(step).get("__cudnn$fmhaSoftmaxBackward") == 1
+    assert (calls(step).get("__gpu$xla.gpu.triton", 0) > 0) == (kernels == "pallas")
+    assert step["layer_collective_bytes"] == pytest.approx(step["analytic_collective_bytes"], rel=0.02)
