@@ -24,6 +24,7 @@ from flax import nnx
 from boost_jax.config import Config, ConfigError, from_dict, load_config, load_yaml
 from boost_jax.config.presets import PRESETS
 from boost_jax.model import Model
+from boost_jax.model.decode import DECODING_LAYOUT
 from boost_jax.parallel import Plan, single_device_plan
 
 
@@ -92,6 +93,16 @@ def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
     return _run_config(run_dir / "config.yaml", overrides)
+
+
+def decoding_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """`run_config` for a command that decodes (generate, lm_eval): a layout with pipeline stages or
+    context parallelism is refused here, by what decoding lacks, before make_plan would first ask the
+    stages for micro-batches decoding never uses."""
+    cfg = run_config(run_dir, overrides)
+    if cfg.parallel.pp > 1 or cfg.parallel.cp > 1:
+        raise ConfigError(f"parallel.pp={cfg.parallel.pp} parallel.cp={cfg.parallel.cp}: {DECODING_LAYOUT}")
+    return cfg
 
 
 def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:

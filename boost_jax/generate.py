@@ -88,7 +88,7 @@ def _main(argv: list[str]) -> None:
     startup.lap("import")
     tokenizer_path = a.run_dir / "tokenizer.json"
     # The run dir and its config.yaml first: what a damaged one names.
-    cfg = api.run_config(a.run_dir, a.config)
+    cfg = api.decoding_config(a.run_dir, a.config)
     prepare_jax(cfg, reuse_memory=False)  # decoding keeps glibc's defaults (launch/host_memory.py)
     if not tokenizer_path.is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")

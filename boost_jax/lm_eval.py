@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from boost_jax.config import Config
+from boost_jax.runtime.errors import ConfigError
 
 try:  # the harness is an optional extra
     from lm_eval.api.model import LM as _Harness
@@ -46,13 +48,22 @@ except ImportError:
     _Harness, register_model = object, None
 
 
+# What the harness passes every model besides its --model_args; the layout is the config's, so unused.
+HARNESS_KEYS = ("max_batch_size", "device")
+
+
 class BoostLM(_Harness):
     """An lm-evaluation-harness model over a boost_jax run dir's checkpoint."""
 
     def __init__(self, run_dir: str | Path, step: int | None = None, batch_size: int = 8,
-                 overrides: Sequence[str] | str = (), **_):
+                 overrides: Sequence[str] | str = (), **harness):
         """`overrides`: `section.key=value` strings (or one string of them separated by spaces, as
-        lm-eval's `--model_args ...,overrides=parallel.tp=2 parallel.dp=1` passes them)."""
+        lm-eval's `--model_args ...,overrides=parallel.tp=2 parallel.dp=1` passes them). Any other
+        argument but the harness's own (HARNESS_KEYS) is refused by name: a misspelt one would be lost."""
+        if unknown := [k for k in harness if k not in HARNESS_KEYS]:
+            raise ConfigError(f"BoostLM: no model argument {unknown[0]!r} (the arguments: run_dir, step, "
+                              "batch_size, overrides)")
+        batch_size = positive_batch_size(batch_size)
         super().__init__()
         from boost_jax import api
         from boost_jax.data.tokenizer import eos_id, load_tokenizer
@@ -62,7 +73,7 @@ class BoostLM(_Harness):
         from boost_jax.parallel.mesh import mesh_devices
 
         overrides = overrides.split() if isinstance(overrides, str) else list(overrides)
-        cfg = api.run_config(run_dir, overrides)
+        cfg = api.decoding_config(run_dir, overrides)
         prepare_jax(cfg, reuse_memory=False)  # decoding's scoring: glibc's defaults
         plan = make_plan(cfg, mesh_devices(cfg.parallel))
         self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step), overrides,
@@ -72,7 +83,7 @@ class BoostLM(_Harness):
         self.decoder = Decoder(self.model, plan, eos_id=self.eos)  # refuses pipeline stages and cp by name
         self.context = self.cfg.train.seq_len
         split = plan.size("batch")  # rows are padded to a multiple of the data-parallel split
-        self.rows = -(-int(batch_size) // split) * split
+        self.rows = -(-batch_size // split) * split
         graphdef, params = nnx.split(self.model)
         self._log_probs = jax.jit(lambda p, t: jax.nn.log_softmax(nnx.merge(graphdef, p)(t, plan=plan), axis=-1))
         self._params = params
@@ -150,6 +161,71 @@ class BoostLM(_Harness):
 if register_model is not None:
     register_model("boost_jax")(BoostLM)
 
+
+def positive_batch_size(value) -> int:
+    """--batch_size (or BoostLM's batch_size): a whole number of rows, at least 1."""
+    try:
+        rows = int(str(value))
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise ConfigError(f"--batch_size must be a whole number of rows, at least 1, got {value!r} (lm-eval's "
+                          "'auto' is not supported: the rows are padded to the data-parallel split)")
+    return rows
+
+
+def check_harness_args(harness_args: Sequence[str]) -> None:
+    """lm-eval's flags that would end in a traceback of its own, named before the harness starts:
+    --tasks missing (unless a --config file gives them), an --include_path that is not a folder, a
+    --limit that is not a count or a fraction of the examples, a --batch_size that is not a row count."""
+    import argparse
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--tasks", "-t", nargs="+")
+    p.add_argument("--config", "-C")
+    p.add_argument("--include_path")
+    p.add_argument("--limit", "-L")
+    p.add_argument("--batch_size", "-b")
+    a, _ = p.parse_known_args(harness_args)
+    if not a.tasks and a.config is None:
+        raise ConfigError("--tasks is missing: name the lm-eval tasks to run (--tasks hellaswag,arc_easy; "
+                          "`lm-eval ls tasks` lists them, --include_path DIR adds local ones)")
+    if a.include_path is not None and not Path(a.include_path).is_dir():
+        raise ConfigError(f"--include_path {a.include_path}: no such folder (it names a folder of task YAML files)")
+    if a.limit is not None:
+        check_limit(a.limit)
+    if a.batch_size is not None:
+        positive_batch_size(a.batch_size)
+
+
+def check_limit(text: str) -> None:
+    """lm-eval's --limit: a count of examples per task (a whole number), or a fraction of them below 1."""
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = math.nan
+    if not (0 < limit < 1 or (math.isfinite(limit) and limit >= 1 and limit == int(limit))):
+        raise ConfigError(f"--limit must be a count of examples per task (1, 2, ...) or a fraction of them "
+                          f"(0 < f < 1), got {text!r}")
+
+
+def run_harness(argv: list[str]) -> None:
+    """lm-eval's own command line on `argv`; a task it does not know named in one message."""
+    from lm_eval.__main__ import cli_evaluate
+
+    saved, sys.argv = sys.argv, argv
+    try:
+        cli_evaluate()
+    except ValueError as e:  # lm-eval (0.4.13) names an unknown task only in a ValueError of its own
+        if isinstance(e, ConfigError) or not str(e).startswith("Tasks not found"):
+            raise
+        missing = str(e).split(":", 1)[-1].strip()
+        raise ConfigError(f"--tasks: lm-eval has no task {missing} (`lm-eval ls tasks` lists them; --include_path "
+                          "DIR adds a folder of local task YAML files)") from None
+    finally:
+        sys.argv = saved
+
+
 SECTIONS = {f.name for f in dataclasses.fields(Config)}  # what starts a `section.key=value` override
 
 
@@ -165,7 +241,7 @@ def _main(argv: list[str]) -> None:
 
     from boost_jax import api
     from boost_jax.runtime.cli import DEBUG_HELP
-    from boost_jax.runtime.errors import ConfigError, PackageError
+    from boost_jax.runtime.errors import PackageError
 
     p = argparse.ArgumentParser(prog="python -m boost_jax.lm_eval", description=__doc__, epilog=DEBUG_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,14 +255,12 @@ def _main(argv: list[str]) -> None:
         raise ConfigError(f"{taken[0]}: the model is RUN_DIR's (python -m boost_jax.lm_eval RUN_DIR --tasks ...)")
     if a.step is not None and a.step < 0:
         raise ConfigError(f"--step must be a checkpoint's step (>= 0), got {a.step}")
-    api.run_config(a.run_dir, overrides)  # a run dir and its overrides, named before the harness starts
+    check_harness_args(harness_args)
+    api.decoding_config(a.run_dir, overrides)  # a run dir and its overrides, named before the harness starts
     if register_model is None:
         raise PackageError("python -m boost_jax.lm_eval needs lm-eval: pip install -e \".[eval]\" (or pip install lm-eval)")
-    from lm_eval.__main__ import cli_evaluate
-
     model_args = {"run_dir": str(a.run_dir), "overrides": overrides, **({} if a.step is None else {"step": a.step})}
-    sys.argv = ["lm-eval", "run", "--model", "boost_jax", "--model_args", json.dumps(model_args), *harness_args]
-    cli_evaluate()
+    run_harness(["lm-eval", "run", "--model", "boost_jax", "--model_args", json.dumps(model_args), *harness_args])
 
 
 if __name__ == "__main__":

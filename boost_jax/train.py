@@ -221,10 +221,11 @@ def step_line(row: dict, steps: int, guard) -> str:
     """The log line of a step's metrics row, with the updates dropped so far (`NonFiniteGuard`)."""
     dropped = [f"{n} {what}" for n, what in ((guard.skipped, "non-finite updates skipped"),
                                             (guard.spikes, "loss spikes skipped")) if n]
+    # No MFU over 100%: the peak it divides by came out low (training.parts.Meter).
+    mfu = f"MFU {100 * row['mfu']:.1f}%" if "mfu" in row else "MFU n/a (over 100%: the peak is too low)"
     return (f"step {row['step']}/{steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | gnorm {row['grad_norm']:.3f} "
             f"| {row['tokens_per_s']:,.0f} tok/s | {row['step_time_s'] * 1e3:.0f} ms/step "
-            f"| {row['tflops_per_s']:.3f} TFLOP/s | MFU {100 * row['mfu']:.1f}%"
-            + "".join(f" | {d}" for d in dropped))
+            f"| {row['tflops_per_s']:.3f} TFLOP/s | {mfu}" + "".join(f" | {d}" for d in dropped))
 
 
 if __name__ == "__main__":

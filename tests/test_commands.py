@@ -181,3 +181,48 @@ def test_bench_startup_times_each_command_cold_then_warm(tmp_path, tiny_override
         assert row["warm"]["startup_s"]["compile"] < row["cold"]["startup_s"]["compile"]
         assert any((tmp_path / f"xla-{row['command']}").iterdir())
     assert startup.table(r)[2].startswith("| train | ")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["soak", "--every-s", "nan"], "--every-s must be a finite number above 0, got nan"),
+    (["soak", "--rss-bound", "-1"], "--rss-bound must be a finite number above 0, got -1.0"),
+    (["soak", "--rss-bound", "nan"], "--rss-bound must be a finite number above 0, got nan"),
+    (["soak", "--warmup", "nan"], "--warmup must be a share of the steps"),
+    (["startup", "--work", "FILE"], "is a file: name a folder"),
+])
+def test_bench_soak_and_startup_refuse_bad_flags_before_any_run(tmp_path, argv, needle):
+    from importlib import import_module
+
+    (tmp_path / "file").write_text("")
+    argv = [str(tmp_path / "file") if a == "FILE" else a for a in argv]
+    with pytest.raises(ConfigError, match=needle):
+        import_module(f"boost_jax.bench.{argv[0]}").main(argv[1:])
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_a_benchmarks_child_passes_its_own_message_through():
+    from boost_jax.bench.common import child_failed
+    from boost_jax.runtime.errors import BoostJaxError
+
+    message = "config error: run_dir: x cannot be a folder"
+    stderr = f"{message}\n(rerun with --debug or BOOST_JAX_DEBUG=1 for the traceback)\n"
+    clean = child_failed("bench startup: python -m boost_jax.train", 1, stderr)
+    assert isinstance(clean, BoostJaxError) and str(clean).endswith(f"stopped:\n{message}")
+    bug = child_failed("bench startup: python -m boost_jax.train", 1, "Traceback (most recent call last):\nKeyError: 3")
+    assert type(bug) is RuntimeError and "KeyError: 3" in str(bug)
+
+
+def test_bench_soak_stops_its_training_run_when_the_watch_fails(monkeypatch):
+    """An error while the run is watched (Ctrl-C, a sampling bug) ends the training process too."""
+    from boost_jax.bench import soak
+
+    started = []
+
+    def fail(proc, *args):
+        started.append(proc)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(soak, "watch", fail)
+    with pytest.raises(KeyboardInterrupt):
+        soak.soak([], 10, 1, 1, 1.0, 0.1, 0.05)
+    assert started[0].poll() is not None

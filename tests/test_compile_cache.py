@@ -76,6 +76,28 @@ def test_a_small_program_is_kept_and_read_back_and_a_damaged_entry_recompiled(tm
     assert HIT not in recompiled
     assert any("Error reading persistent compilation cache entry" in str(w.message) for w in caught)
     np.testing.assert_array_equal(out, x * 2 + 1)
+    # The fresh program replaced its damaged entry: the next process reads it back.
+    (entry,) = [e for e in entries if e.name.startswith("jit__lambda-")]
+    assert entry.read_bytes() != b"not an executable"
+    jax.clear_caches()
+    assert HIT in events_of(lambda: double(x))[0]
+
+
+def test_jaxs_warning_of_an_entry_it_cannot_read_is_one_line(tmp_path, capsys):
+    compile_cache.enable(DataConfig(compile_cache_dir=str(tmp_path / "xla")))
+    warnings.showwarning(UserWarning(f"{compile_cache.READ_ERROR}'jit_f': ZstdError: bad frame"), UserWarning,
+                         "jax/_src/compiler.py", 782)
+    assert capsys.readouterr().err == (f"warning: compilation cache {tmp_path / 'xla'}: the entry of 'jit_f' could not "
+                                       "be read back (damaged, or from another build: ZstdError: bad frame); "
+                                       "compiled afresh\n")
+
+
+def test_a_folder_named_by_the_environment_is_warned_about_by_that_name(tmp_path, capsys, monkeypatch):
+    """$JAX_COMPILATION_CACHE_DIR, not data.compile_cache_dir (a key the user never set), is named."""
+    (tmp_path / "FILE").write_text("a file")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "FILE"))
+    assert compile_cache.enable(DataConfig()) is None
+    assert f"warning: $JAX_COMPILATION_CACHE_DIR: {tmp_path / 'FILE'} is a file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("where, why", [("FILE", "is a file, not a folder"), ("FILE/xla", "is under a file"),

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import numpy as np
@@ -370,6 +371,76 @@ def test_damaged_cache_is_rebuilt(tmp_path):
     assert rebuilt.directory == data.directory and np.fromfile(shard, np.uint16).max() < 300
     assert rebuilt.stats["train_documents"] == data.stats["train_documents"]
     assert rebuilt.train.batch(3, 4)["inputs"].shape == want.shape
+
+
+def test_a_cache_missing_its_index_is_rebuilt(tmp_path):
+    """Like a truncated shard: a cached dataset without its index.json (and no interrupted prepare to
+    finish) is rebuilt, not refused with "choose another --out", a flag `train` does not have."""
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs(200)))
+    cfg = DataConfig(source="files", paths=(str(src),), cache_dir=str(tmp_path / "cache"), val_fraction=0.1)
+    data = build_data(cfg, vocab_size=300, seq_len=16, seed=0)
+    (data.directory / INDEX).unlink()
+    rebuilt = build_data(cfg, vocab_size=300, seq_len=16, seed=0)
+    assert rebuilt.directory == data.directory and (data.directory / INDEX).is_file()
+    assert rebuilt.stats["train_documents"] == data.stats["train_documents"]
+
+
+def test_cli_prepare_refuses_a_val_fraction_that_holds_out_no_document(tmp_path):
+    """30 documents at the default val fraction (the config's data.val_fraction): none of these
+    hashes below it, so eval would have no data. Refused before anything is written, with the
+    fraction that holds one out, which then does."""
+    from boost_jax.data.__main__ import main
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in _docs(30, seed=5)))
+    out, args = tmp_path / "out", ["--vocab-size", "300", "--workers", "1", "--no-progress"]
+    with pytest.raises(SystemExit, match=f"--val-fraction {DataConfig.val_fraction} holds out none of the corpus's "
+                                         "30 documents .*: --val-fraction 0.08 holds out one"):
+        main(["prepare", str(src), "--out", str(out), *args])
+    assert not out.exists()
+    main(["prepare", str(src), "--out", str(out), "--val-fraction", "0.08", *args])
+    assert read_index(out).documents("val") == 1
+
+
+# A prepare's worker pool in a process of its own: the pids of its workers and resource tracker, then a wait.
+POOL_PARENT = """
+import os, time
+from multiprocessing import resource_tracker
+from tokenizers import Tokenizer, models
+from boost_jax.data import encode, prepare
+pool = prepare._pool(2, encode.EncodeSettings(Tokenizer(models.BPE()).to_str(), 0, "<u2", 0.1))
+list(pool.map(time.sleep, [0.5, 0.5]))  # both workers started
+print(*pool._processes, resource_tracker._resource_tracker._pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_prepares_workers_die_with_it(tmp_path):
+    """kill -9 of `data prepare --workers 2` left its workers and multiprocessing's resource tracker
+    running: the workers now die with their parent, and the tracker ends with them."""
+    parent = subprocess.Popen([sys.executable, "-c", POOL_PARENT], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    alive = lambda: [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]
+    try:
+        assert len(pids) == 3 and len(alive()) == 3
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive()
+    finally:
+        for p in alive():
+            os.kill(p, 9)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie, ended and not yet reaped), "" once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 # ----------------------------------------------------------------------------- loader

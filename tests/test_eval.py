@@ -177,9 +177,32 @@ def test_the_lm_eval_command_refuses_bad_input_by_name(run_dir, tmp_path):
                          ([str(run_dir), "--model", "hf", "--tasks", "x"], "--model: the model is RUN_DIR's"),
                          ([str(run_dir), "--step", "-1", "--tasks", "x"], "--step must be a checkpoint's step"),
                          ([str(run_dir), "model.d_model=8", "--tasks", "x"], "different model.d_model"),
-                         ([str(run_dir), "parallel.tpp=2", "--tasks", "x"], "parallel.tpp")]:
+                         ([str(run_dir), "parallel.tpp=2", "--tasks", "x"], "parallel.tpp"),
+                         ([str(run_dir)], "--tasks is missing"),
+                         ([str(run_dir), "--tasks", "x", "--include_path", str(tmp_path / "no")], "no such folder"),
+                         ([str(run_dir), "--tasks", "x", "--limit", "-1"], "--limit must be a count"),
+                         ([str(run_dir), "--tasks", "x", "--limit", "nan"], "--limit must be a count"),
+                         ([str(run_dir), "--tasks", "x", "--batch_size", "0"], "--batch_size must be a whole number"),
+                         ([str(run_dir), "--tasks", "x", "-b", "many"], "--batch_size must be a whole number"),
+                         ([str(run_dir), "--tasks", "x", "parallel.pp=2"], "decoding runs without pipeline stages")]:
         with pytest.raises(SystemExit, match=needle):
             main(argv)
+
+
+def test_the_harness_refuses_a_model_argument_it_does_not_have(run_dir):
+    with pytest.raises(ConfigError, match="no model argument 'overides'"):
+        BoostLM(run_dir, overides="parallel.tp=2")
+    with pytest.raises(ConfigError, match="--batch_size must be a whole number of rows, at least 1, got 'auto'"):
+        BoostLM(run_dir, batch_size="auto")
+
+
+@pytest.mark.slow  # lm-eval indexes its ~15,000 tasks: ~20 s
+def test_the_lm_eval_command_names_a_task_lm_eval_does_not_have(run_dir):
+    pytest.importorskip("lm_eval")
+    proc = subprocess.run([sys.executable, "-m", "boost_jax.lm_eval", str(run_dir), "--tasks", "no_such_task"],
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "--tasks: lm-eval has no task no_such_task" in proc.stderr
 
 
 def test_the_harness_knows_the_model_by_name():

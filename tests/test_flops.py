@@ -1,3 +1,4 @@
+import json
 from types import SimpleNamespace
 
 import jax
@@ -78,6 +79,33 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path):
     assert source == "measured:cpu" and peak > 1e8
     assert (tmp_path / "cpu_peak.json").exists()
     assert device_peak_flops("float32", tmp_path) == (peak, source)
+
+
+@pytest.mark.parametrize("measured_again", [2.0, 1e30])
+def test_an_mfu_over_100_percent_is_never_printed(tmp_path, monkeypatch, measured_again):
+    """The quickstart printed MFU 103-114%: the CPU's peak, measured once on a busy host and cached,
+    was low. The meter measures it again (once) and caches the higher; a throughput that still passes
+    it has no MFU, and the log line says why instead of a number."""
+    from boost_jax import analysis
+    from boost_jax.config import load_config
+    from boost_jax.train import step_line
+    from boost_jax.training.parts import Meter
+
+    cfg = load_config(None, ["model.preset=llama-tiny", f"data.cache_dir={tmp_path}"])
+    (tmp_path / "cpu_peak.json").write_text(json.dumps({analysis.flops.cpu_peak_key(cfg.model.dtype): 1.0}))
+    low, _ = device_peak_flops(cfg.model.dtype, tmp_path)
+    measured = []
+    monkeypatch.setattr(analysis.flops, "measure_matmul_peak", lambda dtype: measured.append(dtype) or measured_again)
+    meter = Meter(cfg, 1, 0, 1e6, low)
+    rows = [meter.read(1), meter.read(2)]
+    assert measured == [cfg.model.dtype]  # once
+    assert device_peak_flops(cfg.model.dtype, tmp_path)[0] == measured_again  # the higher peak, cached
+    guard = SimpleNamespace(skipped=0, spikes=0)
+    line = step_line({"step": 2, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0, **rows[-1]}, 4, guard)
+    if measured_again == 2.0:  # still passed: no MFU
+        assert all("mfu" not in r for r in rows) and line.endswith("| MFU n/a (over 100%: the peak is too low)")
+    else:
+        assert 0 < rows[-1]["mfu"] < 1 and line.endswith("| MFU 0.0%")
 
 
 def test_datasheet_peak_is_the_tables_for_a_known_accelerator_only():

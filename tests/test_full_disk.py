@@ -84,11 +84,12 @@ def test_prepare_and_export_on_a_full_disk(tmp_path, tiny_overrides):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n" for i in range(20000)))
     out = tmp_path / "prepared"
+    one_doc = ["--val-fraction", "0"]  # one text file is one document: none to hold out
     with small_disk(out, "64k") as grow:
         with pytest.raises(SystemExit, match=rf"disk full: no space left writing the prepared dataset to {out}"):
-            data_main(["prepare", str(corpus), "--out", str(out), "--vocab-size", "300", "--workers", "1"])
+            data_main(["prepare", str(corpus), "--out", str(out), "--vocab-size", "300", "--workers", "1", *one_doc])
         grow("32m")
-        data_main(["prepare", str(corpus), "--out", str(out), "--vocab-size", "300", "--workers", "1"])
+        data_main(["prepare", str(corpus), "--out", str(out), "--vocab-size", "300", "--workers", "1", *one_doc])
         assert (out / "index.json").is_file()
     run = train_tiny(tmp_path / "run", tiny_overrides)
     with small_disk(tmp_path / "export", "256k") as grow:

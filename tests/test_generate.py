@@ -309,6 +309,8 @@ def test_cli_streams_one_prompt(run_dir, capsys):
     (["--max-new-tokens", "100"], "more than the model's 64 (train.seq_len"),
     (["model.d_model=128"], "different model.d_model"),
     (["--step", "3"], "has no checkpoint of step 3"),
+    # Decoding's own reason first, not the pipeline schedule's want of micro-batches.
+    (["parallel.pp=2"], "parallel.pp=2 parallel.cp=1: decoding runs without pipeline stages"),
 ])
 def test_cli_refuses_bad_input_by_name(run_dir, args, needle):
     with pytest.raises(SystemExit, match=needle.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):

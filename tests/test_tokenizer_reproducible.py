@@ -75,9 +75,11 @@ def test_prepare_twice_gives_identical_directories(tmp_path):
     src = tmp_path / "corpus.jsonl"
     src.write_text("".join(json.dumps({"text": t[i:i + 700]}) + "\n" for t in _tied_texts()
                            for i in range(0, len(t), 700)))
-    prepare(files_corpus([str(src)]), tmp_path / "here", PrepareConfig(vocab_size=VOCAB, workers=1))
+    # 27 documents: at 0.05 one is held out (the default, 0.02, holds out none of these, which the command refuses).
+    prepare(files_corpus([str(src)]), tmp_path / "here", PrepareConfig(vocab_size=VOCAB, workers=1, val_fraction=0.05))
     r = subprocess.run([sys.executable, "-m", "boost_jax.data", "prepare", str(src), "--out", str(tmp_path / "there"),
-                        "--vocab-size", str(VOCAB), "--no-progress"], capture_output=True, text=True,
+                        "--vocab-size", str(VOCAB), "--val-fraction", "0.05", "--no-progress"],
+                       capture_output=True, text=True,
                        env={**ENV, "PYTHONHASHSEED": "7", "RAYON_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     files = lambda d: {p.name: p.read_bytes() for p in sorted(d.iterdir())}

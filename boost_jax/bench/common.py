@@ -14,7 +14,8 @@ import jax
 from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.config.schemes import MESH_AXES
 from boost_jax.launch.prepare import prepare_jax
-from boost_jax.runtime.cli import CONFIG_HELP, refuse_retired_flags
+from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_FLAG, refuse_retired_flags
+from boost_jax.runtime.errors import BoostJaxError
 
 
 def seconds(fn) -> float:
@@ -22,6 +23,16 @@ def seconds(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def child_failed(what: str, returncode: int, stderr: str) -> Exception:
+    """The error for a command a benchmark ran that failed: one that stopped on its own message (exit
+    1, no traceback: a user error) passes it through as a BoostJaxError (no traceback of ours around
+    it); anything else is a bug and keeps its stderr's tail in a RuntimeError."""
+    if returncode == 1 and "Traceback" not in stderr:
+        lines = [line for line in stderr.strip().splitlines() if not line.startswith(f"(rerun with {DEBUG_FLAG}")]
+        return BoostJaxError(f"{what} stopped:\n" + "\n".join(lines[-20:]))
+    return RuntimeError(f"{what} failed (exit {returncode}):\n{stderr[-2000:]}")
 
 
 def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.ArgumentParser:

@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from boost_jax.bench.common import parse, parser
+from boost_jax.bench.common import child_failed, parse, parser
 from boost_jax.config import ConfigError, from_args
+from boost_jax.runtime.cli import at_least, positive
 
 DEFAULTS = ["model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "data.max_bytes=300000",
             "parallel.dp=1", "train.eval_batches=2"]
@@ -47,6 +48,18 @@ def logged_steps(metrics: Path) -> int:
         return sum(1 for _ in f)
 
 
+def watch(proc: subprocess.Popen, metrics: Path, t0: float, every_s: float) -> list[dict]:
+    """Samples of a running process every `every_s` seconds until it ends."""
+    samples = []
+    while proc.poll() is None:
+        try:
+            samples.append({"s": time.monotonic() - t0, "step": logged_steps(metrics), **sample(proc.pid)})
+        except (FileNotFoundError, ProcessLookupError, KeyError):  # it ended between the poll and the read (a zombie has no VmRSS)
+            break
+        time.sleep(every_s)
+    return samples
+
+
 def soak(args: list[str], steps: int, eval_every: int, save_every: int, every_s: float, warmup: float,
          rss_bound: float) -> dict:
     recipe, overrides = (args[:1], args[1:]) if args and "=" not in args[0] else ([], args)
@@ -61,18 +74,14 @@ def soak(args: list[str], steps: int, eval_every: int, save_every: int, every_s:
         err_path = Path(tmp) / "train.stderr"
         with err_path.open("w") as err_file:
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
-        samples = []
-        while proc.poll() is None:
-            try:
-                samples.append({"s": time.monotonic() - t0, "step": logged_steps(run_dir / "metrics.jsonl"),
-                                **sample(proc.pid)})
-            except (FileNotFoundError, ProcessLookupError, KeyError):  # it ended between the poll and the read (a zombie has no VmRSS)
-                break
-            time.sleep(every_s)
-        proc.wait()
+        try:
+            samples = watch(proc, run_dir / "metrics.jsonl", t0, every_s)
+        finally:  # an error or Ctrl-C here must not leave the run training on its own
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
         if proc.returncode:
-            err = err_path.read_text().strip().splitlines()[-1:]
-            raise ConfigError(f"the soak run failed (exit {proc.returncode}): {err}")
+            raise child_failed("bench soak: its training run", proc.returncode, err_path.read_text())
         rows = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         checkpoints = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     after = [s for s in samples if warmup * steps <= s["step"] < steps]  # not the last save and the exit
@@ -102,8 +111,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("--warmup", type=float, default=0.1, help="the share of the steps before the bounds apply")
     p.add_argument("--rss-bound", type=float, default=0.05, help="RSS growth allowed past the warm-up")
     a = parse(p, argv)
-    if a.steps < 10 or a.eval_every < 1 or a.save_every < 1 or a.every_s <= 0 or not 0 <= a.warmup < 1:
-        raise ConfigError("--steps >= 10, --eval-every and --save-every >= 1, --every-s > 0, 0 <= --warmup < 1")
+    at_least(a, steps=10, eval_every=1, save_every=1)
+    positive(a, "every_s", "rss_bound")
+    if not 0 <= a.warmup < 1:
+        raise ConfigError(f"--warmup must be a share of the steps, 0 <= --warmup < 1, got {a.warmup}")
     if bad := [c for c in a.config if c.split("=")[0] in ("train.steps", "train.eval_every", "checkpoint.every",
                                                          "run_dir", *(f.split("=")[0] for f in FIXED))]:
         raise ConfigError(f"{bad[0]}: bench soak sets it (its flags name what may change)")

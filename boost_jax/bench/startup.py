@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from boost_jax.bench.common import parse, parser
+from boost_jax.bench.common import child_failed, parse, parser
 from boost_jax.config import ConfigError, from_args
 from boost_jax.launch.startup import PHASES, parse_line
 
@@ -44,8 +44,7 @@ def timed(argv: list[str], cache: Path, log) -> dict:
                           text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"bench startup: python -m {' '.join(argv)} failed (exit {proc.returncode}):\n"
-                           f"{proc.stderr[-2000:]}")
+        raise child_failed(f"bench startup: python -m {' '.join(argv)}", proc.returncode, proc.stderr)
     split = json.loads(proc.stdout)["startup_s"] if "--json" in argv else parse_line(proc.stderr)
     if split is None:
         raise RuntimeError(f"bench startup: python -m {' '.join(argv)} printed no start-up line:\n{proc.stderr[-2000:]}")
@@ -92,6 +91,9 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--steps must be at least 1, got {a.steps}")
     if bad := [c for c in a.config if c.split("=")[0] in ("run_dir", "train.steps", "data.compile_cache_dir")]:
         raise ConfigError(f"{bad[0]}: bench startup sets the run dirs, the steps and the cache folders")
+    if a.work is not None and a.work.exists() and not a.work.is_dir():
+        raise ConfigError(f"--work {a.work} is a file: name a folder (made if missing), or leave --work out "
+                          "for a temporary one")
     log = lambda s: print(s, file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(a.config, a.steps, a.work or Path(tmp), log)

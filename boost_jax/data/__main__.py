@@ -13,6 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from boost_jax.config import DataConfig
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
 
 
@@ -33,7 +34,8 @@ def _main(argv: list[str]) -> None:
                    help="what to train (sentencepiece: bpe with merges learned by SentencePiece's trainer; "
                         "pip install 'boost_jax[sentencepiece]')")
     q.add_argument("--text-key", default="text", help="field of .jsonl lines / column of Parquet files")
-    q.add_argument("--val-fraction", type=float, default=0.01, help="share of documents held out (by text hash)")
+    q.add_argument("--val-fraction", type=float, default=DataConfig.val_fraction,
+                   help="share of documents held out (by text hash; the default is data.val_fraction's)")
     q.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encode processes (1 = in process)")
     q.add_argument("--max-bytes", type=int, default=0, help="stop after this many bytes of text (0 = all)")
     q.add_argument("--sample-mb", type=int, default=64, help="text the tokenizer is trained on")
@@ -51,7 +53,7 @@ def _prepare(a: argparse.Namespace) -> None:
     from boost_jax.runtime.errors import ConfigError
     from boost_jax.runtime.paths import check_writable_dir
 
-    if not 0 <= a.val_fraction < 1:
+    if not 0 <= a.val_fraction < 1:  # nan included
         raise ConfigError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
     at_least(a, workers=1, shard_mb=1, sample_mb=1, max_bytes=0)
     if not a.tokenizer and not MIN_TRAINED_VOCAB <= a.vocab_size <= MAX_TRAINED_VOCAB:
@@ -61,6 +63,7 @@ def _prepare(a: argparse.Namespace) -> None:
     cfg = PrepareConfig(
         vocab_size=a.vocab_size, tokenizer=a.tokenizer_kind, tokenizer_path=a.tokenizer, val_fraction=a.val_fraction,
         sample_bytes=a.sample_mb << 20, chunk_bytes=a.shard_mb << 20, workers=a.workers, progress=not a.no_progress,
+        need_val=a.val_fraction > 0,
     )
     warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
     done = prepare(files_corpus(a.sources, a.text_key, a.max_bytes, a.skip_bad_lines), a.out, cfg)

@@ -22,7 +22,7 @@ from boost_jax.config import DataConfig, mixture_name
 from boost_jax.data.corpus import files_corpus, stdlib_corpus
 from boost_jax.data.loader import Split, TokenWindows
 from boost_jax.data.mixture import Mixture, dataset_seed
-from boost_jax.data.prepare import PrepareConfig, prepare
+from boost_jax.data.prepare import PrepareConfig, prepare, resumes
 from boost_jax.data.shards import INDEX, TOKENIZER, Index, read_index, verify_ids
 from boost_jax.data.tokenizer import load_tokenizer, tokenizer_hash
 from boost_jax.runtime.cache import cache_root, digest
@@ -151,6 +151,8 @@ def _cached(cfg: DataConfig, vocab_size: int) -> tuple[Path, Index, Tokenizer]:
                 return directory, index, tok
             except DataError:
                 shutil.rmtree(directory)  # damaged or altered: rebuilt, never trusted
+        elif directory.exists() and not resumes(corpus, directory, pcfg):
+            shutil.rmtree(directory)  # its index lost, and no interrupted prepare to go on from: rebuilt too
         prepare(corpus, directory, pcfg)
         return directory, *_open(directory)
 

@@ -10,6 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from boost_jax.data.corpus import unit_hash
+from boost_jax.runtime.processes import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class Encoded:
 
 
 _state: tuple[Tokenizer, EncodeSettings] | None = None  # set once per process by `init`
+
+
+def init_worker(settings: EncodeSettings, parent: int) -> None:
+    """`init` in a pool's worker process, which dies with `parent` (the prepare): a prepare killed
+    with -9 leaves no worker encoding on, nor the resource tracker the workers keep alive."""
+    die_with_parent(parent)
+    init(settings, parallel=False)
 
 
 def init(settings: EncodeSettings, parallel: bool) -> None:

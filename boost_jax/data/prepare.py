@@ -12,6 +12,7 @@ threads: two prepares of one corpus with one command are byte-identical, tokeniz
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -28,8 +29,9 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from boost_jax.config import DataConfig
 from boost_jax.data import encode
-from boost_jax.data.corpus import Corpus, Skipped
+from boost_jax.data.corpus import Corpus, Skipped, unit_hash
 from boost_jax.data.shards import (
     INDEX,
     SPLITS,
@@ -55,11 +57,14 @@ class PrepareConfig:
     vocab_size: int = 32000
     tokenizer: Literal["bpe", "byte_bpe", "sentencepiece"] = "bpe"
     tokenizer_path: str = ""  # an existing tokenizer.json instead of training one
-    val_fraction: float = 0.01  # chance that a document goes to val, by a stable hash of its text
+    val_fraction: float = DataConfig.val_fraction  # chance that a document goes to val, by a stable hash of its text
     sample_bytes: int = 64 << 20  # text the tokenizer is trained on: the first train documents
     chunk_bytes: int = 512 << 20  # text per shard pair (and per unit of resume)
     workers: int = 1  # encode processes; 1 = in this process (tokenizers still uses every core)
     progress: bool = False
+    # Refuse a val_fraction > 0 that holds out no document (the prepare command's datasets are for
+    # eval too; a run's own cache is not, and its eval checks its split). Not in the recipe.
+    need_val: bool = False
 
     def recipe(self, tokenizer_sha256: str = "") -> dict[str, object]:
         """What the shards depend on: a different recipe is a different dataset."""
@@ -90,11 +95,32 @@ def prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
                         "the shards finished are kept and a rerun of the same command goes on from them") from None
 
 
+def resumes(corpus: Corpus, out: Path, cfg: PrepareConfig) -> bool:
+    """`out` holds a prepare of these inputs and settings that stopped before its index: a rerun goes
+    on from its shards."""
+    return _saved_plan(out) == _plan(corpus, cfg, _given(cfg))
+
+
+def _given(cfg: PrepareConfig) -> Tokenizer | None:
+    return load_tokenizer(Path(cfg.tokenizer_path).expanduser()) if cfg.tokenizer_path else None
+
+
+def _plan(corpus: Corpus, cfg: PrepareConfig, given: Tokenizer | None) -> dict:
+    return {"source_fingerprint": corpus.fingerprint(), "recipe": cfg.recipe(tokenizer_hash(given) if given else "")}
+
+
+def _saved_plan(out: Path) -> dict | None:
+    """The plan an interrupted prepare left in `out` (None: none, or unreadable)."""
+    try:
+        return json.loads((out / _PARTS / _PLAN).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
     t0 = time.perf_counter()
-    given = load_tokenizer(Path(cfg.tokenizer_path).expanduser()) if cfg.tokenizer_path else None
-    plan = {"source_fingerprint": corpus.fingerprint(),
-            "recipe": cfg.recipe(tokenizer_hash(given) if given else "")}
+    given = _given(cfg)
+    plan = _plan(corpus, cfg, given)
     if (out / INDEX).is_file():
         index = read_index(out)
         if {"source_fingerprint": index.source_fingerprint, "recipe": index.recipe} != plan:
@@ -106,9 +132,11 @@ def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
         raise DataError(f"the corpus ({len(corpus.files)} files: {', '.join(map(str, corpus.files[:3]))}"
                         f"{', ...' if len(corpus.files) > 3 else ''}) holds no documents with any text"
                         + (f"; {peek.lines} malformed lines were skipped" if peek.lines else ""))
+    if cfg.need_val:
+        _check_val(corpus, cfg.val_fraction)
     parts = out / _PARTS
-    if (parts / _PLAN).is_file():
-        if json.loads((parts / _PLAN).read_text()) != plan:
+    if (parts / _PLAN).exists():
+        if _saved_plan(out) != plan:
             raise DataError(f"{out} holds an interrupted prepare of other inputs or settings; "
                             "delete it or choose another --out")
     elif out.exists() and any(out.iterdir()):
@@ -169,6 +197,25 @@ def _prepare(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Prepared:
     return Prepared(read_index(out), time.perf_counter() - t0, encoded, tokens, skipped)
 
 
+def _check_val(corpus: Corpus, val_fraction: float) -> None:
+    """Refused before anything is written: a val_fraction that holds out none of a small corpus's
+    documents, with the fraction that would hold one out. Refused, not forced: a document's side is
+    a hash of its own text (the split stays put as a corpus grows, a rerun resumes chunk by chunk, a
+    duplicate never sits on both sides); picking a document for val would tie it to the whole corpus.
+    Reads up to the first held-out document: about 1 / val_fraction of them."""
+    lowest, count = 1.0, 0
+    for doc in corpus.documents(Skipped()):
+        if encode.is_val(doc.text, val_fraction):
+            return
+        lowest, count = min(lowest, unit_hash("split", doc.text)), count + 1
+    enough = math.floor(lowest * 100) / 100 + 0.01  # the next hundredth above the lowest hash
+    fix = (f"--val-fraction {enough:.2f} holds out one" if count > 1 and enough < 1
+           else "it has too few documents to hold one out")
+    raise DataError(f"--val-fraction {val_fraction} holds out none of the corpus's {count} documents (each goes "
+                    f"to the validation split by a hash of its text), so eval would have no validation data: {fix}; "
+                    "--val-fraction 0 prepares without a validation split")
+
+
 def _tokenizer(corpus: Corpus, out: Path, cfg: PrepareConfig) -> Tokenizer:
     """Trained on the first `sample_bytes` of train text, or the one an interrupted prepare saved."""
     saved = out / _PARTS / TOKENIZER
@@ -223,8 +270,8 @@ def _pool(workers: int, settings: encode.EncodeSettings) -> ProcessPoolExecutor 
         encode.init(settings, parallel=True)
         return nullcontext()
     # spawn, not fork: the caller may be a training process with JAX's threads running.
-    return ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=encode.init,
-                               initargs=(settings, False))
+    return ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=encode.init_worker,
+                               initargs=(settings, os.getpid()))
 
 
 class _Writer:

@@ -10,9 +10,10 @@ file cache writes an entry in place (`Path.write_bytes`), where a concurrent rea
 of it, and its size bound's file lock fails every write once the folder holds entries of a process
 without the bound (their access-time files are missing); so the cache is JAX's, unbounded as by
 default, with each entry written to a temporary file and renamed into place (`AtomicFileCache`).
-An entry JAX cannot read back (damaged, from another build) is a warning from JAX and a fresh
-compile, never a crash. A folder that cannot be used (a file, unwritable, a full disk) is one line
-on stderr naming it, and the command runs uncached.
+An entry JAX cannot read back (damaged, from another build) is one warning line naming it and
+a fresh compile, never a crash, and the fresh program replaces the entry. A folder that cannot be
+used (a file, unwritable, a full disk) is one line on stderr naming it and the setting that chose
+it, and the command runs uncached.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import jax
@@ -39,22 +41,30 @@ _PROBE = b"\0" * 65536  # a probe write this size fails on a full disk (a bare f
 def folder(data: DataConfig) -> Path | None:
     """The cache folder (None: data.compile_cache=false): data.compile_cache_dir, else
     $JAX_COMPILATION_CACHE_DIR, else <data.cache_dir or its default>/xla."""
+    return chosen(data)[0]
+
+
+def chosen(data: DataConfig) -> tuple[Path | None, str]:
+    """(`folder(data)`, the setting that named it: what a warning about the folder names)."""
     if not data.compile_cache:
-        return None
-    given = data.compile_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    return Path(given).expanduser() if given else cache_root(data.cache_dir) / "xla"
+        return None, "data.compile_cache"
+    if data.compile_cache_dir:
+        return Path(data.compile_cache_dir).expanduser(), "data.compile_cache_dir"
+    if given := os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return Path(given).expanduser(), "$JAX_COMPILATION_CACHE_DIR"
+    return cache_root(data.cache_dir) / "xla", "data.cache_dir"
 
 
 def enable(data: DataConfig) -> Path | None:
     """Point JAX's persistent compilation cache at `folder(data)` (any time before a compile; a
     folder already in use in this process is swapped); returns the folder, or None when uncached."""
-    path = folder(data)
+    path, setting = chosen(data)
     if path is not None and (why := unusable(path)):
         if path not in _WARNED:
-            print(f"warning: data.compile_cache_dir: {path} {why}; running without the compilation cache",
-                  file=sys.stderr)
+            print(f"warning: {setting}: {path} {why}; running without the compilation cache", file=sys.stderr)
             _WARNED.add(path)
         path = None
+    one_line_read_errors()
     jax.config.update("jax_enable_compilation_cache", path is not None)
     if path is not None:
         jax.config.update("jax_compilation_cache_dir", str(path))
@@ -71,15 +81,47 @@ def enable(data: DataConfig) -> Path | None:
 
 class AtomicFileCache(LRUCache):
     """JAX's file cache without a size bound, each entry written whole: to a temporary file in the
-    folder, then renamed into place, so that a concurrent reader meets the whole entry or none."""
+    folder, then renamed into place, so that a concurrent reader meets the whole entry or none. An
+    entry this process read and then was asked to store is one JAX could not read back (it stores
+    only what it compiled): it is replaced, or it would cost a compile and a warning every run."""
 
     def __init__(self, path: Path):
         super().__init__(str(path), max_size=-1)
+        self.served: set[str] = set()
+
+    def get(self, key: str) -> bytes | None:
+        value = super().get(key)
+        if value is not None:
+            self.served.add(key)
+        return value
 
     def put(self, key: str, value: bytes) -> None:
         entry = Path(self.path) / f"{key}{_CACHE_SUFFIX}"
-        if not entry.exists():
+        if key in self.served or not entry.exists():
             atomic_write(entry, lambda f: f.write(value))
+
+
+READ_ERROR = "Error reading persistent compilation cache entry for "  # JAX's warning (jax/_src/compiler.py)
+
+
+def one_line_read_errors() -> None:
+    """Show JAX's warning for a cache entry it cannot read back as one line naming the folder (JAX's
+    own is two, the second its source line); every other warning as before."""
+    shown = warnings.showwarning
+    if getattr(shown, "boost_jax", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if not text.startswith(READ_ERROR):
+            return shown(message, category, filename, lineno, file, line)
+        program, _, reason = text.removeprefix(READ_ERROR).partition(": ")
+        print(f"warning: compilation cache {jax.config.jax_compilation_cache_dir}: the entry of {program} could "
+              f"not be read back (damaged, or from another build: {reason}); compiled afresh",
+              file=sys.stderr if file is None else file)
+
+    show.boost_jax = True
+    warnings.showwarning = show
 
 
 def unusable(path: Path) -> str:

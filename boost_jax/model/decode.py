@@ -34,6 +34,8 @@ from boost_jax.model import Model, unstack_layers
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
 
+DECODING_LAYOUT = ("decoding runs without pipeline stages or context parallelism: pass parallel.pp=1 "
+                   "parallel.cp=1 (a checkpoint restores onto any layout)")
 CHUNK = 16  # decode steps per call of the compiled loop (the granularity of streaming)
 MIN_BUCKET = 16
 # XLA options of the prefill and decode programs, per platform. On CPU, XLA's default library for
@@ -142,8 +144,7 @@ class Decoder:
         if cache not in CACHES:
             raise ConfigError(f"cache {cache!r}: choose one of {list(CACHES)}")
         if plan.pipeline is not None or plan.size("seq") > 1:
-            raise ConfigError("decoding runs without pipeline stages or context parallelism: pass parallel.pp=1 "
-                              "parallel.cp=1 (a checkpoint restores onto any layout)")
+            raise ConfigError(DECODING_LAYOUT)
         self.cfg, self.plan, self.cache_name, self.eos_id = model.cfg, plan, cache, eos_id
         try:
             CACHES[cache].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here

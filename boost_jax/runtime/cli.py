@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -87,6 +88,15 @@ def at_least(a: argparse.Namespace, **bounds: float) -> None:
         value = getattr(a, name)
         if value < bound:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {bound}, got {value}")
+
+
+def positive(a: argparse.Namespace, *names: str) -> None:
+    """Each named flag of `a` a finite number above 0 (a float flag also parses "nan" and "inf"), or
+    one ConfigError naming the flag and its value."""
+    for name in names:
+        value = getattr(a, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number above 0, got {value}")
 
 
 def int_list(text: str) -> tuple[int, ...]:

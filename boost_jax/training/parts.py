@@ -29,7 +29,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from boost_jax.analysis.flops import remeasured_cpu_peak
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
+from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import DivergenceError
 from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
 from boost_jax.training.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
@@ -261,14 +263,19 @@ def any_process(flag: bool) -> bool:
 
 class Meter:
     """Tokens/s, model FLOP/s and MFU of the steps since the last reading, time spent paused (eval,
-    checkpoints) excluded."""
+    checkpoints) excluded. An MFU over 100% is no measurement but a peak measured low: a CPU's peak
+    (measured once, on a host that may have been busy, and cached) is measured again, once, and kept
+    in the cache when higher; while the throughput still passes it, the row has no "mfu"."""
 
     def __init__(self, cfg: Config, n_devices: int, start: int, flops_per_token: float, peak_flops: float):
         t = cfg.train
         self.tokens_per_step, self.flops_per_token = t.batch_size * t.seq_len, flops_per_token
         # Simulated CPU devices share the host's cores: the measured peak is per host, not per device.
         on_cpu = jax.devices()[0].platform == "cpu"
-        self.peak = (jax.process_count() if on_cpu else n_devices) * peak_flops
+        self.hosts = jax.process_count() if on_cpu else n_devices
+        self.peak = self.hosts * peak_flops
+        remeasure = lambda: remeasured_cpu_peak(cfg.model.dtype, cache_root(cfg.data.cache_dir), peak_flops)
+        self.remeasure = remeasure if on_cpu else None
         self.tick, self.tick_step, self.paused = time.perf_counter(), start, 0.0
 
     def pause(self, state) -> float:
@@ -286,9 +293,12 @@ class Meter:
         step_time = (now - self.tick - self.paused) / (done - self.tick_step)
         tok_s = self.tokens_per_step / step_time
         flops_s = tok_s * self.flops_per_token
+        if flops_s > self.peak and self.remeasure is not None:
+            self.peak, self.remeasure = self.hosts * self.remeasure(), None
+            now = time.perf_counter()  # measuring is not training
         self.tick, self.tick_step, self.paused = now, done, 0.0
-        return {"tokens_per_s": tok_s, "step_time_s": step_time, "tflops_per_s": flops_s / 1e12,
-                "mfu": flops_s / self.peak}
+        mfu = {"mfu": flops_s / self.peak} if flops_s <= self.peak else {}
+        return {"tokens_per_s": tok_s, "step_time_s": step_time, "tflops_per_s": flops_s / 1e12, **mfu}
 
 
 class Evaluator:
