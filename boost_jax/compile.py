@@ -85,21 +85,11 @@ def compile_run(cfg, hw, nodes: int, cache: str = "full", gpus: int = 0) -> dict
     """Every program of `cfg`'s run compiled for `nodes` nodes of `hw`, or `gpus` GPUs of one (JAX on the
     CPU, the CUDA plugin installed): one report each (analysis/compiled.py), the memory model's figure beside the train
     step's, and the executables themselves under "_compiled" (for --save)."""
-    from boost_jax.analysis.compiled import compile_timed, read, run_programs
-    from boost_jax.analysis.memory_model import breakdown, layer_bytes_on
-    from boost_jax.launch.gpu_target import gpu_devices, no_persistent_cache
-    from boost_jax.parallel import make_plan
+    from boost_jax.analysis.compiled import compile_all
+    from boost_jax.launch.gpu_target import gpu_devices
 
     devices = gpu_devices(hw, nodes, gpus)
-    plan = make_plan(cfg, devices)
-    sized = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **dict(plan.mesh.shape)))
-    programs, compiled = [], {}
-    with no_persistent_cache():
-        for name, compile_ in run_programs(sized, plan, cache).items():  # in order: decode needs the prefill's cache
-            compiled[name], seconds = compile_timed(compile_)
-            programs.append(read(name, compiled[name], seconds, sized, plan))
-        # The memory model with its one measured term, a decoder layer, compiled by XLA:GPU too.
-        programs[0]["model_memory"] = breakdown(sized, layer_bytes_on(devices))["total"]
+    plan, programs, compiled = compile_all(cfg, devices, cache)
     m = cfg.model
     return {"hardware": hw.name, "devices": len(devices), "nodes": nodes, "mesh": dict(plan.mesh.shape),
             "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "dtype": m.dtype,

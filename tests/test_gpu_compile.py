@@ -23,11 +23,14 @@ TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=4", "tra
         "model.dtype=bfloat16", "train.eval_every=0"]
 
 
-def compile_tiny(*overrides, nodes=1, hardware=H100):
-    from boost_jax.compile import compile_run
+def compile_tiny(*overrides, only=("train_step",)):
+    """The programs `only` of a tiny run compiled for one H100 node: (the plan, their reports)."""
+    from boost_jax.analysis.compiled import compile_all
+    from boost_jax.launch.gpu_target import gpu_devices
 
     cfg = load_config(None, [*TINY, *overrides])
-    return compile_run(cfg, load_hardware()[hardware], nodes)
+    plan, reports, _ = compile_all(cfg, gpu_devices(load_hardware()[H100], 1), only=only)
+    return plan, reports
 
 
 def calls(program: dict) -> dict:
@@ -38,9 +41,8 @@ def test_the_train_step_takes_the_gpu_paths_and_moves_the_formulas_bytes():
     """btp tp=2 with the Pallas kernels: cuDNN's flash attention forward and backward, the kernels as
     Triton calls (Pallas' interpret mode would be while loops instead), and per decoder layer the
     bytes of config/schemes.py's formulas; the memory model beside the compiled peak."""
-    r = compile_tiny("parallel.tp=2", "parallel.dp=4", "model.kernels=pallas")
-    assert r["devices"] == 8 and r["mesh"]["tp"] == 2 and r["attention"] == "cudnn"
-    step = r["programs"][0]
+    plan, (step,) = compile_tiny("parallel.tp=2", "parallel.dp=4", "model.kernels=pallas")
+    assert plan.mesh.size == 8 and plan.mesh.shape["tp"] == 2 and plan.attention == "cudnn"
     assert step["name"] == "train_step"
     assert calls(step)["__cudnn$fmhaSoftmax"] == 1 and calls(step)["__cudnn$fmhaSoftmaxBackward"] == 1
     assert calls(step)["__gpu$xla.gpu.triton"] >= 2  # norm_down and grouped_matmul, forward and backward
@@ -49,7 +51,6 @@ def test_the_train_step_takes_the_gpu_paths_and_moves_the_formulas_bytes():
     assert step["layer_collective_bytes"] == step["analytic_collective_bytes"] + 2 * tokens * 2
     mem = step["memory"]
     assert 0 < mem["temp"] < mem["peak"] and step["model_memory"] > 0
-    assert [p["name"] for p in r["programs"]] == ["train_step", "prefill", "decode"]
 
 
 def test_the_kernels_are_interpreted_only_off_gpus():
@@ -68,8 +69,8 @@ def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn
     """llama-tiny's 2 kv heads at tp=4: cuDNN's partitioner cannot split q and replicate k, v (the
     compile failed with "Query, key and value should have same sharding"); auto takes XLA's
     attention and compiles, an explicit cudnn is refused by name before any work."""
-    r = compile_tiny("parallel.tp=4", "parallel.dp=2")
-    assert r["attention"] == "xla" and not any("cudnn" in k for k in calls(r["programs"][0]))
+    plan, (step,) = compile_tiny("parallel.tp=4", "parallel.dp=2")
+    assert plan.attention == "xla" and not any("cudnn" in k for k in calls(step))
     with pytest.raises(ConfigError, match="parallel.tp=4 does not divide model.n_kv_heads=2"):
         compile_tiny("parallel.tp=4", "parallel.dp=2", "model.attention=cudnn")
 
@@ -126,9 +127,52 @@ def test_a_missing_plugin_or_target_is_named(monkeypatch, tmp_path):
 def test_every_scheme_and_kernel_compiles_for_gpus(arch, scheme, kernels):
     if kernels == "pallas" and scheme != "btp":
         pytest.skip("the Pallas kernels serve btp's blocks")
-    r = compile_tiny(f"model.arch={arch}", f"parallel.scheme={scheme}", "parallel.tp=2", "parallel.dp=4",
-                     f"model.kernels={kernels}")
-    step = r["programs"][0]
+    _, (step,) = compile_tiny(f"model.arch={arch}", f"parallel.scheme={scheme}", "parallel.tp=2", "parallel.dp=4",
+                              f"model.kernels={kernels}")
     assert calls(step).get("__cudnn$fmhaSoftmaxBackward") == 1
     assert (calls(step).get("__gpu$xla.gpu.triton", 0) > 0) == (kernels == "pallas")
     assert step["layer_collective_bytes"] == pytest.approx(step["analytic_collective_bytes"], rel=0.02)
+
+
+@pytest.mark.slow
+def test_the_work_analysis_reads_the_gpu_program_as_the_cpu_one():
+    """analysis/work.py on XLA:GPU's program: the same GEMM FLOPs as the CPU's, and cuDNN's attention
+    (one custom call per pass, no dots) priced as the CPU program's attention matmuls."""
+    from boost_jax.analysis.program import build
+    from boost_jax.analysis.work import analyze
+    from boost_jax.launch.gpu_target import gpu_devices
+    from boost_jax.parallel.context import query_group
+
+    cfg = load_config(None, [*TINY, "parallel.tp=2", "parallel.dp=1"])
+    flops = {}
+    for name, devices in (("cpu", jax.devices()[:2]), ("gpu", gpu_devices(load_hardware()[H100], 1, 2))):
+        prog = build(cfg, devices)
+        text = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text()
+        gemms, _ = analyze(text, seq=128, itemsize=2, query_block=cfg.model.attention_query_block,
+                           group=query_group(prog.plan, cfg.model))
+        flops[name] = [sum(g.flops * g.trip_count * (g.causal_share if g.attention else 1) for g in gemms
+                           if g.attention == attention) for attention in (False, True)]
+    assert "__cudnn$fmhaSoftmaxBackward" in text and flops["cpu"][1] > 0
+    assert flops["gpu"] == pytest.approx(flops["cpu"], rel=1e-6)
+
+
+def test_commands_take_the_cpu_where_the_plugin_has_no_driver(monkeypatch):
+    """With the gpu-compile extra installed and no NVIDIA driver, JAX would print the plugin's failed
+    cuInit as a traceback before falling back to the CPU: every command's prepare_jax asks for the
+    CPU first; a platform the user set is left alone."""
+    from types import SimpleNamespace
+
+    from boost_jax.launch import prepare
+
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    asked = []
+    config = SimpleNamespace(jax_platforms=None, update=lambda key, value: asked.append((key, value)))
+    monkeypatch.setattr(prepare, "jax", SimpleNamespace(config=config))
+    monkeypatch.setattr(prepare.ctypes, "CDLL", no_driver)
+    prepare.cpu_without_a_driver()
+    assert asked == [("jax_platforms", "cpu")]
+    config.jax_platforms = "cuda"
+    prepare.cpu_without_a_driver()
+    assert asked == [("jax_platforms", "cpu")]

@@ -12,6 +12,7 @@ plan on a GPU topology (launch/gpu_target.py) gets them compiled by XLA:GPU with
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import Counter
@@ -22,12 +23,14 @@ from flax import nnx
 
 from boost_jax.analysis.comm import in_layers, layer_analytic, over_axis
 from boost_jax.analysis.hlo import collectives, summarize
+from boost_jax.analysis.memory_model import breakdown, layer_bytes_on
 from boost_jax.analysis.program import peak_bytes
 from boost_jax.config import Config
 from boost_jax.config.schemes import TP
+from boost_jax.launch.gpu_target import no_persistent_cache
 from boost_jax.model.decode import Decoder
 from boost_jax.model.weights import abstract_model
-from boost_jax.parallel import Plan
+from boost_jax.parallel import Plan, make_plan
 from boost_jax.training.step import abstract_batch, build
 
 # Fusions XLA:GPU hands to a library or code generator, by their backend_config "kind" (the rest are
@@ -59,6 +62,26 @@ def run_programs(cfg: Config, plan: Plan, cache: str = "full") -> dict[str, Call
         programs["prefill"] = prefill
         programs["decode"] = lambda: decoding["decoder"].compiled_decode(decoding["cache"], rows)
     return programs
+
+
+def compile_all(cfg: Config, devices: list[jax.Device], cache: str = "full",
+                only: tuple[str, ...] = ()) -> tuple[Plan, list[dict], dict[str, jax.stages.Compiled]]:
+    """Every program of `cfg`'s run (or those named in `only`) compiled for `devices` (a GPU topology's:
+    launch/gpu_target.py): the plan, one report each (`read`; the train step's with the memory
+    model's figure beside it, its one measured term, a decoder layer, compiled for the same devices),
+    and the executables."""
+    plan = make_plan(cfg, devices)
+    sized = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **dict(plan.mesh.shape)))
+    reports, compiled = [], {}
+    with no_persistent_cache():
+        for name, compile_ in run_programs(sized, plan, cache).items():  # in order: decode needs the prefill's cache
+            if only and name not in only:
+                continue
+            compiled[name], seconds = compile_timed(compile_)
+            reports.append(read(name, compiled[name], seconds, sized, plan))
+            if name == "train_step":
+                reports[-1]["model_memory"] = breakdown(sized, layer_bytes_on(devices))["total"]
+    return plan, reports, compiled
 
 
 def compile_timed(compile_: Callable[[], jax.stages.Compiled]) -> tuple[jax.stages.Compiled, float]:

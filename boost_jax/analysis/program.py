@@ -56,8 +56,10 @@ class Program:
         return sum(math.prod(p.sharding.shard_shape(p.shape)) for p in jax.tree.leaves(self.params))
 
 
-def build(cfg: Config) -> Program:
-    plan = make_plan(cfg, mesh_devices(cfg.parallel))
+def build(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Program:
+    """The program of `cfg` on `devices` (default: the simulated CPU devices its mesh needs; a GPU
+    topology's, launch/gpu_target.py, compiles it with XLA:GPU)."""
+    plan = make_plan(cfg, mesh_devices(cfg.parallel) if devices is None else devices)
     graphdef, abstract = abstract_model(cfg)
     shardings = plan.named(plan.param_specs(abstract))
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

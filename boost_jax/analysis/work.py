@@ -3,6 +3,7 @@ it runs, and the bytes moved by the memory-bound instructions around them. The p
 (`boost_jax/analysis/perf_model.py`) turns these into seconds.
 
 GEMMs: each `dot` (standalone or inside a fusion) as (batch, m, n, k), FLOPs = 2 * batch * m * n * k,
+and the matmuls of each cuDNN attention call (an XLA:GPU program's flash attention),
 run trip_count times (the scanned decoder stack is one while loop, attention's query blocks a loop
 inside it). A batched dot over a block of queries and its keys (m, n, k include one of
 `attention_blocks`: a query block and the sequence length, or under context parallelism's ring one
@@ -43,6 +44,10 @@ _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
 _ATTENTION_SCOPE = re.compile(r'op_name="[^"]*/attention/')  # layers/attention.py's name scope
 _ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # its loop over query blocks
 _IN_ATTENTION = re.compile(r'op_name="[^"]*[/(]attention[/)]')  # under it, autodiff's jvp(...) included
+# cuDNN's fused attention on GPUs (model.attention=cudnn): one custom call per pass, whose matmuls are
+# no dots in the HLO; the forward runs QK^T and PV, the backward recomputes QK^T and runs dV, dP, dQ, dK.
+_CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha\w*?(Backward)?"')
+_CUDNN_MATMULS = {False: 2, True: 5}
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,16 @@ def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, blocks: dict[t
     if batch > 1 and share is not None and (not named or _IN_ATTENTION.search(attrs)):
         return Gemm(batch, m, n, k, trips, depth > 0, True, op, causal_share=share)
     return Gemm(batch, m, n, k, trips, depth > 0, False, op)
+
+
+def _cudnn_attention(ins, trips: int, depth: int) -> list[Gemm]:
+    """The matmuls of a cuDNN attention custom call, from its q and k operands' [B, S, H, D] shapes
+    (`operand_layout_constraints`), at a causal kernel's half of their FLOPs under a causal mask."""
+    backward = _CUDNN_ATTENTION.search(ins.attrs).group(1) is not None
+    q, k = (dims for _, dims in arrays(re.search(r"operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}", ins.attrs).group(1))[:2])
+    share = 0.5 if re.search(r'mask_type"\s*:\s*"CAUSAL', ins.attrs) else 1.0
+    gemm = Gemm(q[0] * q[2], q[1], k[1], q[3], trips, depth > 0, True, ins.name, causal_share=share)
+    return [gemm] * _CUDNN_MATMULS[backward]
 
 
 def _fusion_callers(comps) -> dict[str, tuple[str, str]]:
@@ -182,6 +197,8 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
                 op = _executed(callers, comp.name, ins.name)
                 gemms.append(_gemm(lhs, rhs, ins.attrs, blocks, trips, depth, op))
                 has_dot.add(comp.name)
+            elif ins.op == "custom-call" and _CUDNN_ATTENTION.search(ins.attrs):
+                gemms += _cudnn_attention(ins, trips, depth)
     on_chip = _attention_loops(comps)
     for comp in comps.values():
         if comp.name not in ctx or comp.name in fusion_bodies or comp.name in on_chip:

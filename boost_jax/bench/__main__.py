@@ -13,6 +13,7 @@ COMMANDS = ("comm", "step", "profile", "memory", "kernels", "decode", "quality",
 # Simulated CPU devices of the sweeps over the paper's table (its 30B row is TP 4 x PP 4: 16 GPUs);
 # the other commands simulate their config's mesh (bench/common.py).
 SWEEP_CPU_DEVICES = {"paper": 16, "planner": 16, "report": 16}
+GPU_COMPILE = "--gpu-compile"  # bench paper's and bench planner's flag
 
 
 def main() -> None:
@@ -29,6 +30,11 @@ def _main(args: list[str]) -> None:
     cmd, argv = args[0], args[1:]
     from boost_jax.config import Config, ParallelConfig
     from boost_jax.launch.prepare import prepare_jax
+
+    if any(a.split("=")[0] == GPU_COMPILE for a in argv):  # a deviceless GPU compile: JAX on the CPU alone (launch/gpu_target.py)
+        from boost_jax.launch.gpu_target import use_cpu_backend
+
+        use_cpu_backend()
 
     # The defaults (compilation cache, a sweep's devices); a command reading a config then prepares
     # for it (bench/common.config_of), host memory included.

@@ -24,6 +24,7 @@ train.batch_size=32` (the global batch of an iteration, as everywhere).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -34,15 +35,17 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.analysis.comm import forward, layer_split, pipeline_comm
+from boost_jax.analysis.compiled import custom_calls
 from boost_jax.analysis.flops import count
 from boost_jax.analysis.hlo import collectives, summarize
-from boost_jax.analysis.memory_model import breakdown
+from boost_jax.analysis.memory_model import breakdown, layer_bytes_on
 from boost_jax.analysis.perf_model import Work, collective_seconds, predict
 from boost_jax.analysis.program import build, peak_bytes
 from boost_jax.analysis.work import analyze
 from boost_jax.bench.common import parse, parser
 from boost_jax.config import Config, ConfigError, load_config
-from boost_jax.config.hardware import HARDWARE_FILE, select_hardware
+from boost_jax.config.hardware import HARDWARE_FILE, Hardware, one_machine, select_hardware
+from boost_jax.launch.gpu_target import gpu_devices, no_persistent_cache, target_config
 from boost_jax.parallel.context import query_group
 
 GIB = 2**30
@@ -158,15 +161,58 @@ def measure(cfg: Config, variant: str) -> tuple[dict, Work, list]:
     }, work, [c for c in fwd if c.loop_depth and c.kind != "collective-permute"]
 
 
+def gpu_topology(gpus: int, hw: Hardware) -> tuple[int, int]:
+    """(nodes, GPUs of one node: 0 for whole nodes) holding `gpus` GPUs of `hw`."""
+    if gpus < hw.gpus_per_node:
+        return 1, gpus
+    if gpus % hw.gpus_per_node:
+        raise ConfigError(f"{gpus} GPUs are no whole number of {hw.name} nodes of {hw.gpus_per_node}")
+    return gpus // hw.gpus_per_node, 0
+
+
+def ideal(hw: Hardware) -> Hardware:
+    """`hw` at its datasheet figures: every efficiency 1, no launch or collective latency (a roofline)."""
+    return dataclasses.replace(hw, gemm_efficiency=1.0, attention_efficiency=1.0, memory_efficiency=1.0,
+                               collective_efficiency=1.0, kernel_overhead_s=0.0, collective_latency_s=0.0,
+                               p2p_latency_s=0.0)
+
+
+def gpu_reading(cfg: Config, hw: Hardware) -> dict:
+    """The row's program compiled by XLA:GPU for its GPUs of `hw` (launch/gpu_target.py, no GPU
+    needed): its peak beside the memory model's (the layer measured by the same compiler), and the
+    GEMMs, cuDNN attention, memory traffic and collectives of the program XLA:GPU built, priced by the
+    performance model and as a roofline (`ideal`: datasheet peak, bandwidth and links)."""
+    t0 = time.perf_counter()
+    devices = gpu_devices(hw, *gpu_topology(cfg.parallel.tp * cfg.parallel.pp, hw))
+    m = cfg.model
+    with no_persistent_cache():
+        prog = build(cfg, devices)
+        step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
+        model_step = breakdown(cfg, layer_bytes_on(devices))["step"]
+    text = step.as_text()
+    itemsize = jnp.dtype(m.dtype).itemsize
+    gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=m.attention_query_block,
+                             group=query_group(prog.plan, m))
+    work = Work(gemms, traffic, [c for c in collectives(text) if not c.conditional], itemsize, prog.params_per_device)
+    return {"hardware": hw.name, "attention": prog.plan.attention, "peak_bytes": peak_bytes(step),
+            "memory_model_step_bytes": model_step, "predicted": predict(work, hw) | {
+                "with_overlap_s": predict(work, hw, overlap=True)["seconds"]},
+            "roofline": predict(work, ideal(hw)) | {"with_overlap_s": predict(work, ideal(hw), overlap=True)["seconds"]},
+            # Beside the CPU program's `gemm_flops_hlo`: XLA:GPU rematerializes toward a memory limit of its own.
+            "gemm_flops": sum(g.flops * g.trip_count for g in gemms if not g.attention),
+            "custom_calls": custom_calls(text), "compile_s": time.perf_counter() - t0}
+
+
 def paper_variants(model: str) -> list[str]:
     """The variants the paper measured for `model` (SVD and LaX only at 7B)."""
     return [v for v in VARIANTS if v in PAPER[model]]
 
 
 def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, overrides: tuple[str, ...] = (),
-        log=print, protocols: tuple[str, ...] = ("micro",)) -> dict:
+        log=print, protocols: tuple[str, ...] = ("micro",), gpu_compile: Hardware | None = None) -> dict:
     """`variants=None`: each model's `paper_variants`; each row `row_config(model, variant, overrides,
-    protocol)` for each protocol, priced with and without the performance model's overlap."""
+    protocol)` for each protocol, priced with and without the performance model's overlap; with
+    `gpu_compile`, each row also compiled by XLA:GPU for that GPU (`gpu_reading`)."""
     rows = []
     for protocol in protocols:
         for model in models:
@@ -181,13 +227,15 @@ def run(models: list[str], variants: tuple[str, ...] | None, hardware: dict, ove
                                     for name, hw in hardware.items()}
                 row["paper_seconds"] = setting.get(variant)
                 row["compile_s"] = time.perf_counter() - t0
+                if gpu_compile is not None:
+                    row["gpu_compile"] = gpu_reading(row_config(model, variant, overrides, protocol), gpu_compile)
                 rows.append(row)
                 log(f"  {protocol} {model} {variant}: compiled and analysed in {row['compile_s']:.0f} s")
     first = rows[0] if rows else {}
     return {"settings": {"batch": first.get("batch"), "seq": first.get("seq"), "dtype": first.get("dtype"),
                          "overrides": list(overrides), "protocols": list(protocols), "jax": jax.__version__,
                          "backend": jax.default_backend()},
-            "hardware": {name: vars(hw) for name, hw in hardware.items()}, "rows": rows}
+            "hardware": {name: dataclasses.asdict(hw) for name, hw in hardware.items()}, "rows": rows}
 
 
 def find_row(result: dict, model: str, variant: str, protocol: str = "micro") -> dict | None:
@@ -199,7 +247,11 @@ def model_seconds(row: dict, hw: str, overlap: bool = False) -> float:
     """The model's reading of the paper's figure under the row's protocol on `hw`: micro, the time per
     micro-batch (an iteration over M); authors, the time per iteration (every micro-batch's forward
     and backward, then one optimizer step). `overlap`: priced with perf_model's overlap."""
-    pred = row["predicted"][hw]
+    return protocol_seconds(row, row["predicted"][hw], overlap)
+
+
+def protocol_seconds(row: dict, pred: dict, overlap: bool = False) -> float:
+    """A prediction `pred` (perf_model.predict's, of the row's program) read under the row's protocol."""
     seconds, optimizer = (pred["with_overlap_s"] if overlap else pred["seconds"]), pred["parts"]["optimizer"]
     if row["protocol"] == "authors":
         return row["runs_per_iteration"] * (seconds - optimizer) + optimizer
@@ -329,6 +381,27 @@ def breakdown_table(result: dict, hw: str) -> list[str]:
     return lines
 
 
+def gpu_table(result: dict) -> list[str]:
+    """Markdown: each row compiled by XLA:GPU (`gpu_reading`): its peak beside the memory model's, and
+    its seconds as a roofline and by the performance model, beside the performance model over the CPU
+    program and the paper, each read under the row's protocol."""
+    rows = [r for r in result["rows"] if "gpu_compile" in r]
+    if not rows:
+        return []
+    lines = ["| model | variant | protocol | XLA:GPU peak GiB | memory model GiB (ratio) | roofline s (GPU program) "
+             "| model s (GPU program) | model s (CPU program) | paper s | model (GPU) / paper | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g, hw = r["gpu_compile"], r["gpu_compile"]["hardware"]
+        ours = protocol_seconds(r, g["predicted"])
+        paper = f"{r['paper_seconds']:.2f} | {ours / r['paper_seconds']:.2f}x" if r["paper_seconds"] else "- | -"
+        lines.append(f"| {r['model']} | {r['variant']} | {r['protocol']} | {g['peak_bytes'] / GIB:.1f} "
+                     f"| {g['memory_model_step_bytes'] / GIB:.1f} ({g['memory_model_step_bytes'] / g['peak_bytes']:.2f}x) "
+                     f"| {protocol_seconds(r, g['roofline']):.3f} | {ours:.3f} | {model_seconds(r, hw):.3f} | {paper} "
+                     f"| {g['compile_s']:.0f} |")
+    return lines
+
+
 def layer_comm_table(result: dict, hw: str) -> list[str]:
     """Markdown: llama-7b's per-layer forward communication time on `hw` beside the paper's measurement."""
     rows = [r for r in _rows(result, "micro") if r["model"] == "llama-7b" and r["variant"] in PAPER_LAYER_COMM_7B_S]
@@ -360,6 +433,9 @@ def print_report(result: dict) -> None:
         print(f"\nThe pipelined rows on {first}, as compiled:", *table, sep="\n")
     if table := breakdown_table(result, first):
         print(f"\nllama-7b on {first}, where the time goes (seconds per iteration):", *table, sep="\n")
+    if table := gpu_table(result):
+        print(f"\nCompiled by XLA:GPU for {result['settings']['gpu_compile']} (no GPU): memory per GPU (the gradient "
+              "program; AdamW apart) and seconds, under each row's protocol:", *table, sep="\n")
     if table := layer_comm_table(result, first):
         print(f"\nllama-7b per-layer forward communication on {first}: the model on the measured bytes / the paper's measurement:",
               *table, sep="\n")
@@ -371,6 +447,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated arch/scheme pairs from {', '.join(VARIANTS)}, or paper: those the paper measured per model")
     p.add_argument("--hardware-file", default=str(HARDWARE_FILE))
     p.add_argument("--hardware", default="all", help="comma-separated names from the hardware file, or all")
+    p.add_argument("--gpu-compile", default="", metavar="NAME",
+                   help="also compile each row with XLA:GPU for this machine of the hardware file (deviceless: "
+                        "pip install -e '.[gpu-compile]'), priced as a roofline and by the performance model")
     p.add_argument("--protocol", default=",".join(PROTOCOLS),
                    help="comma-separated: micro (micro-batch 4 x 4096, M = PP, the time per micro-batch) and/or "
                         "authors (the authors' configs, the time per iteration: docs/design.md)")
@@ -392,7 +471,12 @@ def from_flags(a: argparse.Namespace, log=print) -> dict:
         for model in models:
             for variant in variants or paper_variants(model):
                 row_config(model, variant, overrides, protocol)
-    return run(models, variants, hardware, overrides, log=log, protocols=protocols)
+    gpu = one_machine(a.hardware_file, a.gpu_compile) if a.gpu_compile else None
+    if gpu is not None:
+        target_config(gpu)  # a machine without a compile target, or a missing extra, before any compile
+    result = run(models, variants, hardware, overrides, log=log, protocols=protocols, gpu_compile=gpu)
+    result["settings"]["gpu_compile"] = a.gpu_compile or None
+    return result
 
 
 def main(argv: list[str]) -> None:

@@ -53,9 +53,27 @@ def row_overrides(model: str, overrides: tuple[str, ...]) -> list[str]:
     return [f"{k}={values[k]}" for k in ROW_KEYS] + [o for o in overrides if o.split("=")[0] not in ROW_KEYS]
 
 
+def gpu_check(cfg, hw: Hardware, gpus: int) -> dict:
+    """A layout's train step compiled by XLA:GPU for its `gpus` GPUs of `hw` (deviceless:
+    launch/gpu_target.py): its peak per GPU from the real compiler, whether that fits the GPU, and the
+    memory model's total (its layer term measured by the same compiler) beside it."""
+    from boost_jax.analysis.compiled import compile_all
+    from boost_jax.bench.paper import gpu_topology
+    from boost_jax.launch.gpu_target import gpu_devices
+
+    t0 = time.perf_counter()
+    _, (report,), _ = compile_all(cfg, gpu_devices(hw, *gpu_topology(gpus, hw)), only=("train_step",))
+    peak = report["memory"]["peak"]
+    return {"hardware": hw.name, "peak_bytes": peak, "fits": peak <= hw.hbm_bytes, "memory_model_bytes":
+            report["model_memory"], "attention": report["custom_calls"].get("__cudnn$fmhaSoftmax", 0) > 0,
+            "compile_s": time.perf_counter() - t0}
+
+
 def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tuple[str, ...],
-            pp_repeats: tuple[int, ...], headroom: float, max_priced: int | None, cache, workers, log) -> dict:
-    """The planner's choice and the paper's layout for one row of the paper's table."""
+            pp_repeats: tuple[int, ...], headroom: float, max_priced: int | None, cache, workers, log,
+            gpu_compile: Hardware | None = None) -> dict:
+    """The planner's choice and the paper's layout for one row of the paper's table; with `gpu_compile`,
+    each compiled by XLA:GPU for that GPU (`gpu_check`)."""
     from boost_jax.planner.layouts import Space
     from boost_jax.planner.search import plan
 
@@ -72,6 +90,12 @@ def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tu
     theirs = [c for c in cands if is_paper_layout(c.layout, model)]
     best_theirs = next((c for c in priced if is_paper_layout(c.layout, model)), None)
     cfg = priced[0].cfg
+    checked = {}
+    if gpu_compile is not None:
+        for name, c in (("choice", priced[0]), ("paper_layout", best_theirs)):
+            if c is not None:
+                checked[name] = gpu_check(c.cfg, gpu_compile, gpus)
+                log(f"  {model} {name} compiled by XLA:GPU in {checked[name]['compile_s']:.0f} s")
     return {
         "model": model, "gpus": gpus, "global_batch": cfg.train.batch_size, "seq": cfg.train.seq_len,
         "dtype": cfg.model.dtype,
@@ -81,12 +105,13 @@ def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tu
         # The paper's layout in every remat mode: what the memory model says it needs, and why it lost.
         "paper_layout_by_remat": {c.layout.remat: {"memory_bytes_per_gpu": c.memory["total"], "why": c.why or "chosen"}
                                   for c in theirs if c.memory},
+        **({"gpu_compile": checked} if checked else {}),
     }
 
 
 def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), schemes: tuple[str, ...] = (SCHEME,),
         pp_repeats: tuple[int, ...] = (1, 2), headroom: float = 0.0, max_priced: int | None = MAX_PRICED,
-        log=print) -> dict:
+        log=print, gpu_compile: Hardware | None = None) -> dict:
     import jax
 
     from boost_jax.planner.price import DiskCache
@@ -98,10 +123,12 @@ def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), sch
     cold = not any(cache.root.glob("*.json"))  # the rows' wall times then include every compile
     with Workers(default_workers(), jax.device_count()) as workers:
         rows = [compare(m, hw, overrides=overrides, schemes=schemes, pp_repeats=pp_repeats, headroom=headroom,
-                        max_priced=max_priced, cache=cache, workers=workers, log=log) for m in models]
+                        max_priced=max_priced, cache=cache, workers=workers, log=log, gpu_compile=gpu_compile)
+                for m in models]
     return {"settings": {"hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "headroom": headroom, "arch": ARCH,
                          "schemes": list(schemes), "pp_repeats": list(pp_repeats), "max_priced": max_priced,
                          "workers": workers.n, "cold_cache": cold,
+                         "gpu_compile": gpu_compile.name if gpu_compile else None,
                          "batch": first.train.batch_size // first.train.microbatches, "seq": first.train.seq_len,
                          "dtype": first.model.dtype, "overrides": list(overrides)},
             "rows": rows}
@@ -131,6 +158,23 @@ def table(result: dict) -> list[str]:
     return lines
 
 
+def gpu_lines(result: dict) -> list[str]:
+    """Markdown: each row's chosen (and paper's) layout compiled by XLA:GPU: fits or not from the real
+    compiler, its peak beside the memory model's total."""
+    rows = [r for r in result["rows"] if "gpu_compile" in r]
+    if not rows:
+        return []
+    lines = ["| model | layout | XLA:GPU peak GiB per GPU | fits | memory model GiB (ratio) | compile s |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        for name, g in r["gpu_compile"].items():
+            layout = _layout(r[name]["layout"]) + (" (the paper's)" if name == "paper_layout" else "")
+            lines.append(f"| {r['model']} | {layout} | {g['peak_bytes'] / GIB:.1f} | {'yes' if g['fits'] else 'NO'} "
+                         f"| {g['memory_model_bytes'] / GIB:.1f} ({g['memory_model_bytes'] / g['peak_bytes']:.2f}x) "
+                         f"| {g['compile_s']:.0f} |")
+    return lines
+
+
 def paper_layout_lines(result: dict) -> list[str]:
     """Markdown bullets: the paper's layout in each remat mode, its memory and its fate."""
     return [f"- {r['model']}: " + "; ".join(f"{remat} {v['memory_bytes_per_gpu'] / GIB:.1f} GiB ({v['why']})"
@@ -146,6 +190,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--schemes", default=SCHEME, help="schemes the planner may choose (comma-separated)")
     p.add_argument("--pp-repeats", type=int_list, default="1,2")
     p.add_argument("--headroom", type=float, default=0.0, help="fraction of GPU memory left free")
+    p.add_argument("--gpu-compile", default="", metavar="NAME",
+                   help="also compile each chosen layout with XLA:GPU for this machine (deviceless: "
+                        "pip install -e '.[gpu-compile]'): fits or not from the real compiler")
     p.add_argument("--max-priced", type=int, default=MAX_PRICED,
                    help="layouts priced per row besides the paper's, lowest lower bound first (0: every one that can win)")
     a = parse(p, argv)
@@ -157,12 +204,21 @@ def main(argv: list[str]) -> None:
     if not 0 <= a.headroom < 1 or a.max_priced < 0:
         raise ConfigError("--headroom must be in [0, 1) and --max-priced >= 0")
     hw = one_machine(a.hardware_file, a.hardware)
+    gpu = one_machine(a.hardware_file, a.gpu_compile) if a.gpu_compile else None
+    if gpu is not None:
+        from boost_jax.launch.gpu_target import target_config
+
+        target_config(gpu)  # a machine without a compile target, or a missing extra, before any work
     log = lambda s: print(s, file=sys.stderr, flush=True)
     result = run(models, hw, overrides=tuple(a.config), schemes=tuple(a.schemes.split(",")),
-                 pp_repeats=a.pp_repeats, headroom=a.headroom, max_priced=a.max_priced or None, log=log)
+                 pp_repeats=a.pp_repeats, headroom=a.headroom, max_priced=a.max_priced or None, log=log,
+                 gpu_compile=gpu)
     result["settings"]["command"] = " ".join(["python -m boost_jax.bench planner", *argv])
     if a.json:
         print(json.dumps(result, indent=1))
         return
     print(f"The planner on the paper's rows: {ARCH}, {hw.name}, budget {hw.hbm_bytes * (1 - a.headroom) / GIB:.1f} GiB "
           f"per GPU ({a.headroom:.0%} headroom), the same performance model for both layouts:", *table(result), sep="\n")
+    if lines := gpu_lines(result):
+        print(f"\nThe layouts compiled by XLA:GPU for {gpu.name} (no GPU): the train step as `train` builds it",
+              *lines, sep="\n")
