@@ -176,3 +176,28 @@ def test_commands_take_the_cpu_where_the_plugin_has_no_driver(monkeypatch):
     config.jax_platforms = "cuda"
     prepare.cpu_without_a_driver()
     assert asked == [("jax_platforms", "cpu")]
+
+
+def test_a_rows_gpus_are_whole_nodes_or_part_of_one():
+    from boost_jax.bench.paper import gpu_topology
+
+    a100 = load_hardware()["a100-80gb"]
+    assert [gpu_topology(n, a100) for n in (1, 2, 4, 8, 16)] == [(1, 1), (1, 2), (1, 0), (2, 0), (4, 0)]
+    with pytest.raises(ConfigError, match="no whole number of a100-80gb nodes"):
+        gpu_topology(6, a100)
+
+
+@pytest.mark.slow
+def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout():
+    """bench paper --gpu-compile's reading of one program: a roofline under the performance model's
+    price, the memory model beside the peak; bench planner --gpu-compile's check of a layout."""
+    from boost_jax.bench.paper import gpu_reading
+    from boost_jax.bench.planner import gpu_check
+
+    cfg = load_config(None, [*TINY, "parallel.tp=2", "parallel.dp=1"])
+    r = gpu_reading(cfg, load_hardware()[H100])
+    assert r["attention"] == "cudnn" and r["custom_calls"]["__cudnn$fmhaSoftmaxBackward"] == 1
+    assert 0 < r["roofline"]["seconds"] < r["predicted"]["seconds"] and r["gemm_flops"] > 0
+    assert r["memory_model_step_bytes"] == pytest.approx(r["peak_bytes"], rel=0.5)
+    check = gpu_check(cfg, load_hardware()[H100], 2)
+    assert check["fits"] and check["attention"] and check["peak_bytes"] > r["peak_bytes"]  # the optimizer's state too
