@@ -1,5 +1,5 @@
 """python -m boost_jax.generate RUN_DIR (--prompt TEXT | --prompts-file FILE) [--step N] [--max-new-tokens N]
-[--temperature T] [--top-k K] [--top-p P] [--seed S] [--cache full|latent_v|latent] [section.key=value ...] [--json]
+[--temperature T] [--top-k K] [--top-p P] [--seed S] [--cache auto|full|latent_v|latent] [section.key=value ...] [--json]
 
 Continues text with a trained run's model (its newest checkpoint, or --step), tokenized by the run's
 own tokenizer. One --prompt streams its continuation to stdout as it is produced; --prompts-file
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from boost_jax.layers.kv_cache import CACHES
+from boost_jax.layers.kv_cache import AUTO, CACHES
 from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.runtime.errors import ConfigError
 
@@ -40,8 +40,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timings", action="store_true", help="print on stderr the seconds to the first token, by "
                    "phase: import, data, restore, compile, run (--json has them always)")
-    p.add_argument("--cache", default="full", choices=list(CACHES),
-                   help="latent_v: keys and v's rank-r latent; latent: both latents (low-rank archs; layers/kv_cache.py)")
+    p.add_argument("--cache", default=AUTO, choices=[AUTO, *CACHES],
+                   help="auto (default): the kind with the fewest bytes per device for this model and layout; "
+                        "full: keys and values; latent_v: keys and v's rank-r latent; latent: both latents "
+                        "(low-rank archs; layers/kv_cache.py)")
     a = run_dir_args(p, argv)
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
@@ -81,7 +83,7 @@ def _main(argv: list[str]) -> None:
     from boost_jax import api
     from boost_jax.data.tokenizer import eos_id, load_tokenizer
     from boost_jax.launch.prepare import prepare_jax
-    from boost_jax.model.decode import Decoder
+    from boost_jax.model.decode import Decoder, choose_cache
     from boost_jax.parallel import make_plan
     from boost_jax.parallel.mesh import mesh_devices
 
@@ -102,6 +104,12 @@ def _main(argv: list[str]) -> None:
     _, model, step = api.restore(a.run_dir, a.step, a.config, plan)
     decoder = Decoder(model, plan, cache=a.cache, eos_id=eos_id(tok))
     del model
+    cache = {"cache": decoder.cache_name, "cache_auto": a.cache == AUTO}
+    if a.cache == AUTO:  # one line saying what auto chose and why
+        cache["cache_bytes_per_token"] = choose_cache(cfg.model, plan)[1]
+        sizes = ", ".join(f"{k} {v:,}" for k, v in cache["cache_bytes_per_token"].items())
+        print(f"cache: {decoder.cache_name} (auto: the fewest bytes per cached token per device here: {sizes})",
+              file=sys.stderr)
     startup.lap("restore")
     streaming = len(prompts) == 1 and not a.json
     shown = [""]
@@ -126,7 +134,7 @@ def _main(argv: list[str]) -> None:
     out = decoder.generate(ids, a.max_new_tokens, a.sampling, max_len=cfg.train.seq_len, on_tokens=on_tokens)
     texts = [tok.decode(t) for t in out.tokens]
     if a.json:
-        print(json.dumps({"run_dir": str(a.run_dir), "step": step, "cache": a.cache, "prompts": prompts,
+        print(json.dumps({"run_dir": str(a.run_dir), "step": step, **cache, "prompts": prompts,
                           "prompt_ids": ids, "tokens": out.tokens, "texts": texts, **out.timings(),
                           "startup_s": first}, indent=1))
     elif streaming:

@@ -80,7 +80,8 @@ class BoostLM(_Harness):
                                                       plan=plan)
         self.tokenizer = load_tokenizer(Path(run_dir) / "tokenizer.json")
         self.eos = eos_id(self.tokenizer)
-        self.decoder = Decoder(self.model, plan, eos_id=self.eos)  # refuses pipeline stages and cp by name
+        # The cache with the fewest bytes per device here; refuses pipeline stages and cp by name.
+        self.decoder = Decoder(self.model, plan, cache="auto", eos_id=self.eos)
         self.context = self.cfg.train.seq_len
         split = plan.size("batch")  # rows are padded to a multiple of the data-parallel split
         self.rows = -(-batch_size // split) * split

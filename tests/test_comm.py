@@ -135,6 +135,52 @@ def test_llama_7b_tp4_forward_and_backward_equal_the_analytic(arch, scheme):
         assert r["layer_backward_bytes"] == (3 * 4096 + 11008) * 4 * 4096 * 2 == 0.7109375 * 2**30
 
 
+def latent_heads_comm(tp: int, *overrides: str, model: str = "llama-tiny", batch: int = B, seq: int = S) -> dict:
+    return measure(build(config_for(model, "cola", "btp", tp=tp, batch_size=batch, seq=seq, dtype="bfloat16",
+                                    overrides=[f"model.attn_latent_heads={tp}", *overrides])))
+
+
+def assert_latent_heads_equal_the_formula(r: dict, tokens: int, tp: int, online: bool, grouped: bool):
+    """Per layer, kinds, counts and bytes: the k/v latents reduce-scattered forward (the online norm's
+    statistic riding in the first, one column per rank's share), their gradients all-gathered backward,
+    everything else all-reduced as in btp (config/schemes.py)."""
+    stat = 2 * tokens  # one bf16 column
+    scatters = 1 if grouped else 2
+    forward, backward = r["by_kind"]["forward"], r["by_kind"]["backward"]
+    analytic = r["analytic_layer_forward_by_kind"]
+    assert set(forward) == {"all-reduce", "reduce-scatter"} and set(backward) == {"all-reduce", "all-gather"}
+    assert forward["reduce-scatter"]["count"] == backward["all-gather"]["count"] == scatters
+    assert r["layer_forward_issued"]["reduce-scatter"] == scatters
+    assert forward["reduce-scatter"]["bytes"] == analytic["reduce-scatter"] + online * tp * stat
+    # gate|up's statistic column (online), or the sync norm's two fp32 [T, 1] all-reduces
+    assert forward["all-reduce"]["bytes"] == analytic["all-reduce"] + (stat if online else 2 * 4 * tokens)
+    gathers = r["analytic_layer_backward_all_gathers"]
+    assert r["layer_backward_all_gather_parts"] == sorted([gathers[0] + online * tp * stat, *gathers[1:]])
+    sync = [] if online else [4 * tokens] * 2  # the sync norm's statistics, summed back (a plain psum's transpose)
+    assert r["layer_backward_all_reduce_parts"] == sorted(r["analytic_layer_backward_all_reduces"] + sync)
+
+
+@pytest.mark.parametrize("norm, grouping", [("online", True), pytest.param("sync", True, marks=pytest.mark.slow),
+                                            pytest.param("online", False, marks=pytest.mark.slow)])
+def test_latent_heads_reduce_scatter_the_kv_latents_as_the_formula_says(norm, grouping, btp):
+    r = latent_heads_comm(TP, "model.n_kv_heads=8", f"model.norm={norm}", f"model.grouping={grouping}")
+    assert_latent_heads_equal_the_formula(r, B * S, TP, norm == "online", grouping)
+    if norm == "online" and grouping:  # k|v leave q's all-reduce for one reduce-scatter; the total is btp's
+        m = config("cola", "btp").model
+        assert r["analytic_layer_forward_by_kind"]["reduce-scatter"] == B * S * 2 * m.attn_rank * 2
+        assert r["layer_forward_bytes"] == btp["layer_forward_bytes"] + (TP - 1) * 2 * B * S
+        assert r["layer_forward_collectives"] == btp["layer_forward_collectives"] + 1
+
+
+@pytest.mark.slow  # two abstract compiles of llama-7b
+def test_llama_7b_tp8_latent_heads_equal_the_formula():
+    """The issue's setting: llama-7b btp tp=8, 4 x 4096 tokens, bf16, g=8."""
+    r = latent_heads_comm(8, model="llama-7b", batch=4, seq=4096)
+    assert_latent_heads_equal_the_formula(r, 4 * 4096, 8, True, True)
+    assert r["analytic_layer_forward_by_kind"] == {"all-reduce": 4096 * 4 * (2 * 1024 + 3 * 1024) * 2,
+                                                   "reduce-scatter": 4096 * 4 * 2 * 1024 * 2}
+
+
 def test_vanilla_moves_far_more_than_btp(btp):
     vanilla = comm("cola", "vanilla")
     assert vanilla["layer_forward_bytes"] > 5 * btp["analytic_layer_forward_bytes"]

@@ -63,6 +63,22 @@ def test_bad_input_names_the_key(override, needle):
     assert needle in str(e.value)
 
 
+@pytest.mark.parametrize("overrides, needle", [
+    (["model.attn_latent_heads=0"], "model.attn_latent_heads: must be a positive integer (1 = one latent), got 0"),
+    (["model.arch=dense", "model.attn_latent_heads=2"],
+     "model.attn_latent_heads: 2 splits the k/v latents of a low-rank arch (svd, cola, lax); arch dense has none"),
+    (["model.attn_latent_heads=3"], "model.attn_latent_heads: 3 must divide model.attn_rank=64"),
+    (["model.attn_latent_heads=8", "model.n_kv_heads=2"], "model.attn_latent_heads: 8 must divide model.n_kv_heads=2"),
+    (["model.attn_latent_heads=2", "parallel.scheme=vanilla"],
+     "model.attn_latent_heads: 2 needs a scheme that lays the latent heads out over tp (btp); parallel.scheme=vanilla"),
+    (["model.attn_latent_heads=2", "parallel.tp=4"], "model.attn_latent_heads: 2 must divide by parallel.tp=4"),
+])
+def test_latent_heads_that_cannot_be_laid_out_are_refused_by_name(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.preset=llama-mini", *overrides])
+    assert needle in str(e.value)
+
+
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("no/such.yaml")

@@ -40,7 +40,7 @@ def one_device(arch: str, *data: str):
 
 def assert_equal_to_one_device(arch: str, *overrides: str):
     value, grads = loss_and_grads(arch, *overrides)
-    ref_value, ref_grads = one_device(arch, *(o for o in overrides if o.startswith("data.")))
+    ref_value, ref_grads = one_device(arch, *(o for o in overrides if o.startswith(("data.", "model."))))
     assert value == pytest.approx(ref_value, rel=1e-5)
     assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
@@ -53,6 +53,15 @@ VARIANTS = ("gather", "ring", "latent")
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_each_attention_variant_with_tp_equals_one_device(attention):
     assert_equal_to_one_device("cola", "parallel.cp=2", "parallel.tp=2", f"parallel.cp_attention={attention}")
+
+
+@pytest.mark.parametrize("attention", [pytest.param("gather", marks=pytest.mark.slow), "latent",
+                                       pytest.param("ring", marks=pytest.mark.slow)])
+def test_latent_heads_with_cp_and_tp_equal_one_device(attention):
+    """Latent heads under btp (each tp rank its own groups of the k/v latents) composed with cp; the
+    latent variant gathers each rank's own groups over cp and rebuilds its own kv heads from them."""
+    assert_equal_to_one_device("cola", "model.attn_latent_heads=2", "parallel.cp=2", "parallel.tp=2",
+                               f"parallel.cp_attention={attention}", "train.remat=lowrank")
 
 
 # cp = 2 and 4 alone and with tp 2 (btp and megatron), fsdp 2, pp 2 with micro-batches, gradient

@@ -51,6 +51,18 @@ def test_hand_counts():
     assert c.train_flops_per_token == 3 * c.forward_flops_per_token
 
 
+@pytest.mark.parametrize("arch, preset, g", [("cola", "llama-tiny", 2), ("lax", "llama-7b", 8), ("svd", "llama-60m", 4)])
+def test_latent_heads_count_their_blocks(arch, preset, g):
+    """A block-diagonal B_k, B_v of g blocks holds (and multiplies) 1/g of a dense B's r x d_kv: the
+    module's parameters and the count agree, and the FLOPs drop by exactly what the parameters do."""
+    one = ModelConfig(preset=preset, arch=arch).resolved()
+    cfg = ModelConfig(preset=preset, arch=arch, attn_latent_heads=g).resolved()
+    assert count(cfg, 128).params == actual_params(cfg)
+    saved = cfg.n_layers * 2 * cfg.attn_rank * cfg.n_kv_heads * cfg.head_dim * (g - 1) // g
+    assert count(one, 128).params - count(cfg, 128).params == saved
+    assert count(one, 128).forward_flops_per_token - count(cfg, 128).forward_flops_per_token == 2 * saved
+
+
 def test_cola_halves_compute_at_quarter_rank():
     dense = count(ModelConfig(preset="llama-7b", arch="dense").resolved(), 4096)
     cola = count(ModelConfig(preset="llama-7b", arch="cola").resolved(), 4096)

@@ -92,6 +92,39 @@ def test_the_latent_caches_compute_what_the_full_one_does(arch):
     assert tokens["latent"] == tokens["latent_v"] == tokens["full"]
 
 
+@pytest.mark.parametrize("arch, g, tp, kv_heads", [("cola", 2, 2, 2), pytest.param("lax", 4, 4, 8, marks=pytest.mark.slow)])
+def test_latent_heads_caches_split_over_tp_and_decode_as_one_device(arch, g, tp, kv_heads):
+    """Latent heads (model.attn_latent_heads=g): every cache kind gives the full cache's logits on one
+    device and under btp at tp (fp32, 1e-5), where each device holds 1/tp of the latents (its own
+    groups); greedy decoding with the split latent cache picks one device's tokens."""
+    model = Model(tiny(arch, attn_latent_heads=g, n_kv_heads=kv_heads), rngs=nnx.Rngs(0))
+    cfg = load_config(None, ["model.preset=llama-tiny", f"model.arch={arch}", f"model.attn_latent_heads={g}",
+                             f"model.n_kv_heads={kv_heads}", "parallel.dp=1", f"parallel.tp={tp}", "train.batch_size=4"])
+    one, plan = single_device_plan(model.cfg), make_plan(cfg, jax.devices()[:tp])
+    seq = jax.random.randint(jax.random.key(5), (4, 11), 0, 512)
+    graphdef, state = nnx.split(model, nnx.Param)
+
+    def run(p, kind):  # a prefill and two steps -> logits, the cache's per-device shape of a latent
+        params = jax.device_put(nnx.to_pure_dict(state), p.named(p.param_specs(state)))
+        cache, out = tuple(c.constrain(p.constrain) for c in empty(kind, model.cfg, 4, 16)), []
+        step = jax.jit(lambda params, t, c, pos: nnx.merge(graphdef, params).decode(t, c, plan=p, positions=pos))
+        for lo, hi in [(0, 9), (9, 10), (10, 11)]:
+            x, cache = step(params, seq[:, lo:hi], cache, jnp.broadcast_to(jnp.arange(lo, hi), (4, hi - lo)))
+            out.append(np.asarray(x))
+        return np.concatenate(out, axis=1), cache[0].v.sharding.shard_shape(cache[0].v.shape)
+
+    full, _ = run(one, "full")
+    for kind in ("full", "latent_v", "latent"):
+        for p in (one, plan):
+            logits, v_shard = run(p, kind)
+            assert np.abs(logits - full).max() <= 1e-5 * np.abs(full).max(), (kind, p.mesh.shape)
+            if kind != "full":
+                assert v_shard == (4, 16, model.cfg.attn_rank // p.size("act_kv_latent"))
+    assert plan.size("act_kv_latent") == tp
+    tokens = Decoder(model, one).generate(PROMPTS, 12).tokens
+    assert Decoder(model, plan, cache="latent").generate(PROMPTS, 12).tokens == tokens
+
+
 def test_a_row_does_not_depend_on_the_rest_of_its_batch():
     model = model_of("cola")
     decoder = Decoder(model, single_device_plan(model.cfg))
@@ -266,12 +299,35 @@ def run_dir(tiny_run_dir):
     return tiny_run_dir
 
 
+@pytest.mark.parametrize("overrides, tp, chosen", [
+    ([], 1, "latent"),  # one device: the latents, 256 of a full cache's 1,024 elements per token and layer
+    ([], 4, "full"),  # the full cache split 4 ways over its heads: 256, the same, and full computes less
+    ([], 8, "full"),
+    (["model.attn_latent_heads=8"], 8, "latent"),  # latent heads split the latent cache too: 32
+    (["model.arch=dense"], 1, "full"),
+])
+def test_the_auto_cache_is_the_smallest_per_device(overrides, tp, chosen):
+    """`--cache auto`: llama-60m (8 kv heads of 64, rank 128) under btp at each tp."""
+    from boost_jax.model.decode import choose_cache
+    from boost_jax.parallel import make_plan
+
+    cfg = load_config(None, ["model.preset=llama-60m", "model.arch=cola", f"parallel.tp={tp}", "parallel.dp=1",
+                             "train.batch_size=8", *overrides])
+    kind, sizes = choose_cache(cfg.model, make_plan(cfg, jax.devices()[:tp]))
+    assert kind == chosen and sizes[kind] == min(sizes.values())
+    assert sizes["full"] == cfg.model.n_layers * 2 * 8 * 64 * 4 // tp  # fp32, split over the kv heads
+
+
 def test_cli_generates_and_reports_as_json(run_dir, capsys, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def main(\nimport os\n")
     generate.main([str(run_dir), "--prompts-file", str(prompts), "--max-new-tokens", "8", "--json"])
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert out["prompts"] == ["def main(", "import os"] and len(out["tokens"]) == 2
+    # --cache auto (the default) says which kind it chose, on stderr and in the JSON
+    assert out["cache_auto"] and out["cache"] == min(out["cache_bytes_per_token"], key=out["cache_bytes_per_token"].get)
+    assert f"cache: {out['cache']} (auto:" in captured.err
     assert all(len(t) <= 8 for t in out["tokens"]) and out["decode_tokens_per_s"] > 0
     _, model, _ = api.restore(run_dir)
     assert out["tokens"][0] == greedy_by_full_forwards(model, out["prompt_ids"][:1], len(out["tokens"][0]))[0]

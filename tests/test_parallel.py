@@ -73,6 +73,31 @@ def test_scheme_equals_single_device(arch, scheme, mesh):
     assert_close(grads, ref_grads, 1e-5)
 
 
+# Latent heads (model.attn_latent_heads): under btp each rank computes and keeps only its own groups of
+# the k/v latents (a reduce-scatter, its backward an all-gather). The reference is the same model on one
+# device; one case in the inner loop, the grid (tp=4 and 8, GQA, fsdp, LaX's crossing, ungrouped, the
+# sync norm) in the slow tier. (arch, (dp, fsdp, tp), overrides)
+LATENT_HEADS = [
+    ("cola", (4, 1, 2), ("model.attn_latent_heads=2",)),
+    ("svd", (2, 1, 4), ("model.attn_latent_heads=4", "model.n_kv_heads=4")),
+    ("lax", (2, 2, 2), ("model.attn_latent_heads=2",)),
+    ("cola", (1, 1, 8), ("model.attn_latent_heads=8", "model.n_kv_heads=8")),
+    ("lax", (2, 1, 4), ("model.attn_latent_heads=4", "model.n_kv_heads=8", "model.grouping=false")),
+    ("cola", (2, 1, 4), ("model.attn_latent_heads=4", "model.n_kv_heads=4", "model.norm=sync")),
+]
+
+
+@pytest.mark.parametrize("arch, mesh, overrides", [
+    pytest.param(a, m, o, id=f"{a}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}-" + "-".join(x.split("=")[1] for x in o),
+                 marks=() if i == 0 else pytest.mark.slow) for i, (a, m, o) in enumerate(LATENT_HEADS)])
+def test_latent_heads_equal_single_device(arch, mesh, overrides):
+    value, logits, grads = loss_logits_grads(config(arch, "btp", *mesh, *overrides), jax.devices())
+    ref_value, ref_logits, ref_grads = loss_logits_grads(config(arch, "btp", 1, 1, 1, *overrides), jax.devices()[:1])
+    assert value == pytest.approx(ref_value, rel=1e-6)
+    assert_close(logits, ref_logits, 1e-5)
+    assert_close(grads, ref_grads, 1e-5)
+
+
 def test_parameter_init_does_not_depend_on_the_mesh():
     cfg = config("cola", "btp", 1, 2, 4)
     plan = make_plan(cfg)
@@ -115,6 +140,8 @@ def test_accelerators_compute_only_their_own_parameter_shards():
     (["parallel.dp=8", "train.batch_size=4"], "train.batch_size=4 must divide by dp x fsdp = 8"),
     (["parallel.fsdp=4", "parallel.scheme=vanilla", "model.n_heads=3", "model.n_kv_heads=3", "model.head_dim=2"],
      "model.n_heads*head_dim=6 must divide by fsdp = 4"),
+    (["parallel.fsdp=8", "model.attn_latent_heads=2", "model.head_dim=4"],
+     "model.n_kv_heads*head_dim/attn_latent_heads=4 must divide by fsdp = 8 (the columns of a latent head's block"),
 ])
 def test_shapes_that_do_not_divide_fail_early(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):

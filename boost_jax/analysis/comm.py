@@ -73,7 +73,11 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
     on_cp = lambda c: shape[CP] > 1 and over_axis(c, shape, CP)
     layers = lambda cols: [c for c in in_layers(cols, pipe is not None) if not on_cp(c)]
     layer_fwd, layer_bwd = summarize(layers(fwd), in_loop=True), summarize(layers(bwd), in_loop=True)
-    tokens, itemsize, analytic, analytic_bwd = layer_analytic(cfg, prog.plan)
+    tokens, itemsize, analytic, _ = layer_analytic(cfg, prog.plan)
+    kinds = layer_analytic_by_kind(cfg, prog.plan)
+    analytic_bwd = kinds["backward"] and kinds["backward"]["all-reduce"]
+    parts = lambda cols, kind: sorted(nbytes(dt, dims) * (c.group_size if kind == "reduce-scatter" else 1)
+                                      for c in layers(cols) if c.kind == kind for dt, dims in c.parts)
     upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in layers(cols) if c.upcast_from)
     fwd_ops = [_describe(c) for c in layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
@@ -89,9 +93,15 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
         "forward_over_analytic": layer_fwd["bytes"] / analytic,
         # The backward's all-reduces per layer, one entry per partial sum (combined or not by XLA).
         "analytic_layer_backward_all_reduces": analytic_bwd,
-        "analytic_layer_backward_bytes": None if analytic_bwd is None else sum(analytic_bwd),
-        "layer_backward_all_reduce_parts": sorted(nbytes(dt, dims) for c in layers(bwd) if c.kind == "all-reduce"
-                                                  for dt, dims in c.parts),
+        "analytic_layer_backward_bytes": None if analytic_bwd is None else sum(analytic_bwd)
+        + sum(kinds["backward"]["all-gather"]),
+        "layer_backward_all_reduce_parts": parts(bwd, "all-reduce"),
+        # Latent heads: the k/v latents reduce-scattered forward (bytes at the input) and their gradients
+        # all-gathered backward (at the output), each part beside the scheme's (latents only).
+        "analytic_layer_forward_by_kind": kinds["forward"],
+        "analytic_layer_backward_all_gathers": kinds["backward"] and kinds["backward"]["all-gather"],
+        "layer_forward_reduce_scatter_parts": parts(fwd, "reduce-scatter"),
+        "layer_backward_all_gather_parts": parts(bwd, "all-gather"),
         "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
@@ -107,14 +117,38 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
 def layer_analytic(cfg, plan: Plan) -> tuple[int, int, int, list[int] | None]:
     """(tokens one layer sees per run, per device: its rows' share of the sequence (cp), one micro-batch
     under a pipeline; the compute dtype's bytes; the scheme's forward bytes per layer; its backward's
-    all-reduces per layer, bytes each, sorted, or None where XLA alone decides them)."""
-    pipe, m = plan.pipeline, cfg.model
+    collectives per layer (all-reduces, and the all-gathers of latent heads), bytes each, sorted, or
+    None where XLA alone decides them)."""
+    tokens, itemsize = _layer_tokens(cfg, plan)
+    backward = layer_analytic_by_kind(cfg, plan)["backward"]
+    return (tokens, itemsize, plan.scheme.layer_forward_elements(cfg.model, tokens) * itemsize,
+            None if backward is None else sorted(backward["all-reduce"] + backward["all-gather"]))
+
+
+def layer_analytic_by_kind(cfg, plan: Plan) -> dict:
+    """The scheme's collectives per decoder layer by kind, bytes per device: {"forward": {kind: bytes}
+    (the latents only), "backward": {kind: [bytes of each part], sorted} or None where XLA alone
+    decides them}. Latents split over tp (latent heads) are reduce-scattered forward and their
+    gradients all-gathered backward; the rest all-reduced."""
+    m, tp = cfg.model, plan.mesh.shape["tp"]
+    tokens, itemsize = _layer_tokens(cfg, plan)
+    scattered = [n * itemsize for n in plan.scheme.layer_scattered(m, tokens, tp)]
+    reduced = plan.scheme.layer_forward_elements(m, tokens) * itemsize - sum(scattered)
+    forward = {"all-reduce": reduced, **({"reduce-scatter": sum(scattered)} if scattered else {})}
+    backward = plan.scheme.layer_backward_all_reduces(m, tokens, tp)
+    if backward is None:
+        return {"forward": forward, "backward": None}
+    return {"forward": forward, "backward": {"all-reduce": sorted(n * itemsize for n in backward),
+                                             "all-gather": sorted(scattered)}}
+
+
+def _layer_tokens(cfg, plan: Plan) -> tuple[int, int]:
+    """Tokens one layer sees per run, per device (its rows' share of the sequence under cp, one
+    micro-batch under a pipeline), and the compute dtype's bytes."""
+    pipe = plan.pipeline
     tokens = (cfg.train.batch_size // plan.size("batch") * cfg.train.seq_len // plan.size("seq")
               // (pipe.microbatches if pipe else 1))
-    itemsize = 2 if m.dtype == "bfloat16" else 4
-    backward = plan.scheme.layer_backward_all_reduces(m, tokens, plan.mesh.shape["tp"])
-    return (tokens, itemsize, plan.scheme.layer_forward_elements(m, tokens) * itemsize,
-            None if backward is None else sorted(n * itemsize for n in backward))
+    return tokens, 2 if cfg.model.dtype == "bfloat16" else 4
 
 
 def context_comm(prog: Program, fwd: list[Collective], bwd: list[Collective]) -> dict:
@@ -133,8 +167,8 @@ def pipeline_carry_width(plan: Plan, m: ModelConfig) -> int:
     """Elements per token a pipeline stage sends the next: the residual as the plan splits it, plus
     any latents the arch carries (LaX)."""
     carry = m.d_model // plan.size("act_embed")
-    if ARCHS[m.arch].carries_latents:
-        carry += (4 * m.attn_rank + 3 * m.mlp_rank) // plan.size("act_latent")
+    if ARCHS[m.arch].carries_latents:  # k's and v's as the plan lays them (split by latent heads under btp)
+        carry += (2 * m.attn_rank + 3 * m.mlp_rank) // plan.size("act_latent") + 2 * m.attn_rank // plan.size("act_kv_latent")
     return carry
 
 
@@ -169,7 +203,7 @@ def optimizer_comm(prog: Program, hw: Hardware) -> dict | None:
     if cfg.train.optimizer == "adamw":
         return None
     chosen = chosen_ways(cfg, prog.plan, hw.gpus_per_node)
-    tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan))
+    tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan), split=prog.plan.mesh.size > 1)
     found = collectives(jax.jit(tx.update).lower(prog.params, optimizer_state(prog, tx), prog.params).compile().as_text())
     small = lambda c: c.kind == "all-reduce" and len(c.shape) <= 1
     formula = Counter()

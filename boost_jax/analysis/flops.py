@@ -39,11 +39,19 @@ def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
             "gate": (d, f, rm), "up": (d, f, rm), "down": (f, d, rm)}
 
 
+def layer_linear_groups(cfg: ModelConfig) -> dict[str, int]:
+    """The latent heads of each projection of one decoder layer: k's and v's B are block-diagonal in
+    `model.attn_latent_heads` groups, every other B (and dense W) one block."""
+    return {name: cfg.attn_latent_heads if name in ("k", "v") else 1 for name in layer_linear_shapes(cfg)}
+
+
 def count(cfg: ModelConfig, seq_len: int) -> Counts:
-    """Parameters and FLOPs of a resolved model config at a sequence length."""
+    """Parameters and FLOPs of a resolved model config at a sequence length (a block-diagonal B
+    counted by its blocks: latent heads hold and multiply r d_out / g of its r d_out)."""
     cfg.require_resolved("flops.count")
     d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
-    per_layer = sum(ARCHS[cfg.arch].linear_params(*s) for s in layer_linear_shapes(cfg).values())
+    groups = layer_linear_groups(cfg)
+    per_layer = sum(ARCHS[cfg.arch].linear_params(*s, groups=groups[name]) for name, s in layer_linear_shapes(cfg).items())
     head = d * v
     params = v * d + n * (per_layer + 2 * d) + d + (0 if cfg.tie_embeddings else head)
     matmul_params = n * per_layer + head

@@ -29,6 +29,11 @@ def print_table(r: dict) -> None:
     if (bwd := r["analytic_layer_backward_bytes"]) is not None:
         print(f"    analytic backward         {bwd / GIB:8.4f} GiB  ({len(r['analytic_layer_backward_all_reduces'])} "
               f"all-reduces; measured parts equal: {r['layer_backward_all_reduce_parts'] == r['analytic_layer_backward_all_reduces']})")
+    if gathers := r["analytic_layer_backward_all_gathers"]:  # latent heads: k/v latents split over tp
+        kinds = ", ".join(f"{k} {v / GIB:.4f} GiB" for k, v in r["analytic_layer_forward_by_kind"].items())
+        print(f"    latent heads: analytic forward {kinds}; backward all-gathers {sum(gathers) / GIB:.4f} GiB "
+              f"(measured reduce-scatter {sum(r['layer_forward_reduce_scatter_parts']) / GIB:.4f}, all-gather "
+              f"{sum(r['layer_backward_all_gather_parts']) / GIB:.4f} GiB, with the online norm's statistic)")
     for op in r["layer_forward_ops"]:
         print(f"      fwd: {op}")
     if r["layer_forward_issued"]:

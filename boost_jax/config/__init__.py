@@ -53,6 +53,10 @@ class ModelConfig:
     vocab_size: int | None = None
     attn_rank: int | None = None
     mlp_rank: int | None = None
+    # Latent heads of k and v (MLRA-style): their rank-r latents split into this many groups, each
+    # group's B mapping its r / g latent columns only to its n_kv_heads / g heads (a block-diagonal B,
+    # stored as the g blocks stacked: [r, n_kv_heads * head_dim / g]). 1 = one latent, as before.
+    attn_latent_heads: int = 1
     # None = the arch's default: SwiGLU gate SiLU on for dense/svd, off for cola/lax.
     mlp_gate_silu: bool | None = None
     tie_embeddings: bool = False
@@ -485,6 +489,20 @@ def _validate_model(m: ModelConfig) -> None:
     _require(m.norm_eps > 0, "model.norm_eps", "must be > 0")
     _require(m.rope_theta > 0, "model.rope_theta", "must be > 0")
     _require(m.init_std > 0, "model.init_std", "must be > 0")
+    _validate_latent_heads(m)
+
+
+def _validate_latent_heads(m: ModelConfig) -> None:
+    g = m.attn_latent_heads
+    _require(g > 0, "model.attn_latent_heads", f"must be a positive integer (1 = one latent), got {g}")
+    if g == 1:
+        return
+    _require(ARCHS[m.arch].low_rank, "model.attn_latent_heads",
+             f"{g} splits the k/v latents of a low-rank arch (svd, cola, lax); arch {m.arch} has none (leave it at 1)")
+    _require(m.attn_rank % g == 0, "model.attn_latent_heads",
+             f"{g} must divide model.attn_rank={m.attn_rank} (each latent head takes attn_rank / g latent columns)")
+    _require(m.n_kv_heads % g == 0, "model.attn_latent_heads",
+             f"{g} must divide model.n_kv_heads={m.n_kv_heads} (each latent head feeds n_kv_heads / g kv heads)")
 
 
 @functools.cache
@@ -578,6 +596,12 @@ def _validate(c: Config) -> None:
     _require(c.model.arch in scheme.archs, "parallel.scheme",
              f"{p.scheme} does not apply to arch {c.model.arch}: "
              + "; ".join(f"{s.name} takes {'/'.join(s.archs)}" for s in SCHEMES.values()))
+    g = c.model.attn_latent_heads
+    _require(g == 1 or scheme.latent_heads, "model.attn_latent_heads",
+             f"{g} needs a scheme that lays the latent heads out over tp (btp); parallel.scheme={p.scheme} "
+             "splits the rank or the dense weights instead")
+    _require(g == 1 or g % p.tp == 0, "model.attn_latent_heads",
+             f"{g} must divide by parallel.tp={p.tp}: each tp rank keeps whole latent heads (g / tp of them)")
     for knob, default in KNOB_DEFAULTS.items():  # a setting the program would ignore is a mistake
         value = getattr(c.model, knob)
         _require(value == default or knob in scheme.knobs, f"model.{knob}",

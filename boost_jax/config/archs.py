@@ -37,9 +37,10 @@ class Arch:
     # Exported in the Hugging Face LLaMA layout (with the gate SiLU); else the boost layout (export.py).
     hf_llama_export: bool
 
-    def linear_params(self, d_in: int, d_out: int, rank: int) -> int:
-        """Parameters of one projection d_in -> d_out."""
-        return rank * (d_in + d_out) if self.low_rank else d_in * d_out
+    def linear_params(self, d_in: int, d_out: int, rank: int, groups: int = 1) -> int:
+        """Parameters of one projection d_in -> d_out (`groups`: latent heads, a block-diagonal B of
+        that many [r / g, d_out / g] blocks)."""
+        return rank * (d_in + d_out // groups) if self.low_rank else d_in * d_out
 
 
 ARCHS: dict[str, Arch] = {

@@ -34,6 +34,7 @@ class ModelShape(Protocol):
     head_dim: int
     attn_rank: int
     mlp_rank: int
+    attn_latent_heads: int
     grouping: bool
 
 # Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
@@ -48,10 +49,15 @@ Rules = Mapping[str, MeshAxes]
 
 # Parameter dimensions: vocab, table_embed (d of the embedding table and LM head), embed (d inside
 # the blocks), heads, kv_heads, mlp (d_ff), rank (r), norm (the blocks' norm scales), final_norm,
-# layers (the stacked layer axis). Activation dimensions: batch, seq, act_embed (the residual
-# stream), act_heads, act_kv_heads, act_mlp, act_latent ([T, r]), act_vocab.
-PARAM_AXES = ("vocab", "table_embed", "embed", "heads", "kv_heads", "mlp", "rank", "norm", "final_norm", "layers")
-ACTIVATION_AXES = ("batch", "seq", "act_embed", "act_heads", "act_kv_heads", "act_mlp", "act_latent", "act_vocab")
+# layers (the stacked layer axis); with latent heads (model.attn_latent_heads), a block-diagonal B
+# stored as its blocks stacked [r, d_out / g]: latent_rows (its r rows, whole groups in order) and
+# latent_cols (one group's outputs). Activation dimensions: batch, seq, act_embed (the residual
+# stream), act_heads, act_kv_heads, act_mlp, act_latent ([T, r]), act_kv_latent (the r of k's and
+# v's latents: split over tp by their latent heads under btp, else laid out as act_latent), act_vocab.
+PARAM_AXES = ("vocab", "table_embed", "embed", "heads", "kv_heads", "mlp", "rank", "norm", "final_norm", "layers",
+              "latent_rows", "latent_cols")
+ACTIVATION_AXES = ("batch", "seq", "act_embed", "act_heads", "act_kv_heads", "act_mlp", "act_latent", "act_kv_latent",
+                   "act_vocab")
 LOGICAL_AXES = frozenset(PARAM_AXES + ACTIVATION_AXES)
 
 # `model.*` knobs of BOOST's optimizations and their defaults; a scheme lists those it acts on, and
@@ -85,12 +91,20 @@ class Scheme:
     # alone decides it (kv heads replicated because tp does not divide them).
     layer_backward_all_reduces: Callable[[ModelShape, int, int], tuple[int, ...] | None]
     summary: str
+    # The latents the forward reduce-scatters per decoder layer (input elements of each, per device,
+    # for `tokens` tokens per replica at a tp size): those split over tp (latent heads); the backward
+    # all-gathers the same elements. Empty where every latent stays whole.
+    layer_scattered: Callable[[ModelShape, int, int], tuple[int, ...]] = lambda m, tokens, tp: ()
+    latent_heads: bool = False  # whether it lays model.attn_latent_heads out (each tp rank its own groups)
 
-    def rules_for(self, n_kv_heads: int, tp: int, pp: int) -> Rules:
+    def rules_for(self, n_kv_heads: int, tp: int, pp: int, latent_heads: int = 1) -> Rules:
         """The rules for a model and mesh: kv heads fewer than (or not divisible by) tp are replicated
         (GQA); under a pipeline the embedding, LM head and loss split their vocabulary over pp as well
-        as tp, so each stage does 1/pp of the edges' work (docs/design.md section 9)."""
+        as tp, so each stage does 1/pp of the edges' work (docs/design.md section 9). Without latent
+        heads the k and v latents are laid out as every latent."""
         rules = dict(self.rules)
+        if latent_heads == 1:
+            rules["act_kv_latent"] = rules.get("act_latent")
         if n_kv_heads % tp:
             rules.update(kv_heads=None, act_kv_heads=None)
         if pp > 1:
@@ -121,7 +135,8 @@ def _vanilla_elements(m: ModelShape, tokens: int) -> int:
 
 
 def _btp_elements(m: ModelShape, tokens: int) -> int:
-    return tokens * (4 * m.attn_rank + 3 * m.mlp_rank)  # the rank-r latents only
+    # The rank-r latents only (a reduce-scatter counted at its input, as analysis/hlo.py counts it).
+    return tokens * (4 * m.attn_rank + 3 * m.mlp_rank)
 
 
 def _partial_sums(split: dict[str, int], grouping: bool) -> int:
@@ -158,12 +173,25 @@ def _vanilla_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...]:
     return (d,) * qkv + (tokens * m.n_heads * m.head_dim,) + (d,) * gate_up + (tokens * m.d_ff,)
 
 
+def _btp_scattered(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...]:
+    # Latent heads: each rank keeps its own groups of the k and v latents, so the forward
+    # reduce-scatters them (one op under grouping, one each without) and the backward all-gathers
+    # their gradients. The latents only, as `_btp_elements`: the online norm's statistic rides in the
+    # first, one more column in each rank's share (tp columns in, one out).
+    if m.attn_latent_heads == 1 or tp == 1:
+        return ()
+    return (tokens * 2 * m.attn_rank,) if m.grouping else (tokens * m.attn_rank,) * 2
+
+
 def _btp_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...] | None:
     # The latents' gradients, each a partial sum at its column-parallel B; grouping batches the B's of
-    # equal width (GQA: B_q apart from B_k|B_v), one partial sum of their stacked latents.
+    # equal width (GQA: B_q apart from B_k|B_v), one partial sum of their stacked latents. With latent
+    # heads B_k and B_v read only the rank's own latents: no partial sum (`_btp_scattered`).
     r, q = m.attn_rank, m.mlp_rank
     if (split := _attention_split(m, tp)) is None:
         return None
+    if m.attn_latent_heads > 1 and tp > 1:
+        split = {"q": split["q"]}
     if not m.grouping:
         return (tokens * r,) * (len(split) + 1) + (tokens * q,) * 3
     stacked = Counter(split.values()).values()  # B's per width
@@ -188,7 +216,7 @@ SCHEMES: dict[str, Scheme] = {
         # width output after every B; attention and the MLP product run replicated. With grouping
         # (the authors' baseline) A_q|A_k|A_v and A_gate|A_up run as one column-parallel GEMM each.
         rules=MappingProxyType({**_COMMON, "rank": TP, "embed": FSDP, "heads": FSDP, "kv_heads": FSDP, "mlp": FSDP,
-                                "act_latent": TP}),
+                                "act_latent": TP, "act_kv_latent": TP}),
         requires=(*_COMMON_REQUIRES, Requirement("model.attn_rank", (TP,)), Requirement("model.mlp_rank", (TP,)),
                   Requirement("model.n_heads*head_dim", (FSDP,)), Requirement("model.n_kv_heads*head_dim", (FSDP,)),
                   Requirement("model.d_ff", (FSDP,))),
@@ -199,15 +227,22 @@ SCHEMES: dict[str, Scheme] = {
     "btp": Scheme(
         "btp", archs=_LOW_RANK, knobs=("norm", "grouping", "kernels"),
         # Bottleneck-aware TP: the residual stream stays sharded on d; every A is row-parallel (one
-        # [T, r] all-reduce), every B column-parallel; latents replicated; r is never split.
+        # [T, r] all-reduce), every B column-parallel; latents replicated; r is never split. With
+        # latent heads, k's and v's latents and the rows of their block-diagonal B's are split over tp
+        # by groups (each rank its own kv heads' groups): a reduce-scatter instead of an all-reduce.
         rules=MappingProxyType({**_COMMON, "embed": TP, "heads": TP, "kv_heads": TP, "mlp": TP, "norm": TP,
-                                "rank": FSDP, "act_embed": TP, "act_heads": TP, "act_kv_heads": TP, "act_mlp": TP}),
+                                "rank": FSDP, "latent_rows": TP, "latent_cols": FSDP, "act_embed": TP,
+                                "act_heads": TP, "act_kv_heads": TP, "act_mlp": TP, "act_kv_latent": TP}),
         requires=(*_COMMON_REQUIRES, Requirement("model.n_heads", (TP,)), Requirement("model.d_ff", (TP,)),
                   Requirement("model.d_model", (TP,), "the residual is split on d"),
-                  Requirement("model.attn_rank", (FSDP,)), Requirement("model.mlp_rank", (FSDP,))),
+                  Requirement("model.attn_rank", (FSDP,)), Requirement("model.mlp_rank", (FSDP,)),
+                  Requirement("model.n_kv_heads*head_dim/attn_latent_heads", (FSDP,),
+                              "the columns of a latent head's block of B_k, B_v")),
         layer_forward_elements=_btp_elements,
         layer_backward_all_reduces=_btp_backward,
         summary="residual split on d, A row-parallel, B column-parallel: 4 all-reduces of rank-r latents per layer",
+        layer_scattered=_btp_scattered,
+        latent_heads=True,
     ),
 }
 

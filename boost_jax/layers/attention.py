@@ -184,17 +184,37 @@ def cached_attention(q: jax.Array, k: jax.Array, positions: jax.Array, combine, 
 
 
 def latent_value_attention(q: jax.Array, k: jax.Array, positions: jax.Array, h_v: jax.Array, b_v: jax.Array, *,
-                           query_block: int) -> jax.Array:
+                           query_block: int, groups: int = 1) -> jax.Array:
     """`cached_attention` of q [B, S, H, d_h] over keys k [B, H_kv, T, d_h] whose values are the
     latents h_v [B, T, r] of the up-projection b_v [r, H_kv d_h]: softmax(q k^T) (h_v B_v) computed
     as (softmax(q k^T) h_v) B_v per kv head, B_v applied once per query instead of once per cached
-    token -> [B, S, H d_h]."""
+    token -> [B, S, H d_h]. With latent heads (`groups` > 1, b_v [r, H_kv d_h / g] the stacked blocks
+    of a block-diagonal B_v), each kv head weighs only its own group's r / g latent columns."""
+    if groups > 1:
+        return _grouped_latent_value_attention(q, k, positions, h_v, b_v, query_block=query_block, groups=groups)
     b, s, h, dh = q.shape
     weighted = lambda p: jnp.einsum("bkgst,btr->bskgr", p.astype(h_v.dtype), h_v)  # the attention-weighted latents
     z = cached_attention(q, k, positions, weighted, query_block=query_block)
     with jax.named_scope("attention"):
         b_v = b_v.astype(z.dtype).reshape(-1, k.shape[1], dh)  # [r, H_kv, d_h]
         return jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
+
+
+def _grouped_latent_value_attention(q, k, positions, h_v, b_v, *, query_block: int, groups: int) -> jax.Array:
+    """`latent_value_attention` with latent heads: kv head j h' (group j, head h' of it) weighs the
+    latents h_v[..., j, :] [B, T, r / g] and applies block j of B_v."""
+    b, s, h, dh = q.shape
+    kvh, t = k.shape[1], k.shape[2]
+    h_v = h_v.reshape(b, t, groups, -1)  # [B, T, g, r / g]
+
+    def weighted(p):  # [B, H_kv, G, S', T] -> [B, S', g, H_kv / g, G, r / g]
+        p = p.reshape(b, groups, kvh // groups, *p.shape[2:]).astype(h_v.dtype)
+        return jnp.einsum("bjhgst,btjr->bsjhgr", p, h_v)
+
+    z = cached_attention(q, k, positions, weighted, query_block=query_block)
+    with jax.named_scope("attention"):
+        b_v = b_v.astype(z.dtype).reshape(groups, -1, kvh // groups, dh)  # [g, r / g, H_kv / g, d_h]
+        return jnp.einsum("bsjhgr,jrhd->bsjhgd", z, b_v).reshape(b, s, h * dh)
 
 
 class Attention(nnx.Module):
@@ -205,10 +225,13 @@ class Attention(nnx.Module):
         d, dh = cfg.d_model, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
         self.rope_theta, self.query_block = cfg.rope_theta, cfg.attention_query_block
-        lin = lambda i, o, axes: Linear(i, o, rank=cfg.attn_rank, axes=axes, rngs=rngs, **linear_kwargs)
+        lin = lambda i, o, axes, groups=1: Linear(i, o, rank=cfg.attn_rank, axes=axes, rngs=rngs, groups=groups,
+                                                  **linear_kwargs)
+        # Latent heads split k's and v's latents only: q is not cached, and each query head keeps the
+        # whole rank-r latent of its token (docs/design.md, latent heads).
         self.q = lin(d, cfg.n_heads * dh, ("embed", "heads"))
-        self.k = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
-        self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"))
+        self.k = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"), cfg.attn_latent_heads)
+        self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"), cfg.attn_latent_heads)
         self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
 
     def __call__(self, x: jax.Array, norm, proj, where: Positions,
@@ -296,5 +319,6 @@ class Attention(nnx.Module):
                        jnp.broadcast_to(cache.positions(), (b, cache.length)), "act_kv_heads")
             k = constrain(jnp.swapaxes(k, 1, 2), KV_AXES)
         q = rotate(qk["q"], positions, "act_heads")
-        out = latent_value_attention(q, k, positions, cache.v, proj.up_weight(self.v), query_block=self.query_block)
+        out = latent_value_attention(q, k, positions, cache.v, proj.up_weight(self.v), query_block=self.query_block,
+                                     groups=self.v.groups)
         return out, cache

@@ -18,6 +18,11 @@ the token at position j. A table of kinds (`CACHES`, chosen by name):
   (docs/design.md section 11). Neither latent kind saves anything where GQA already makes
   H_kv d_h <= r.
 
+With latent heads (`model.attn_latent_heads` = g) the latents are the same [B, T, r], in g groups of
+r / g columns, each feeding only its H_kv / g heads: rebuilding a key costs 1/g of the FLOPs, and
+under btp each tp rank holds only its own groups (1/tp of a latent cache) where one latent is
+replicated on every rank.
+
 The model's cache is one per layer (`empty`): decoding runs the layers one by one, so each layer's
 cache (and weights) is its own buffer, never a slice copied out of a stack.
 
@@ -51,7 +56,9 @@ def _write(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 
 
 KV_AXES = ("batch", "act_kv_heads", None, None)  # logical axes of a layer's keys or values [B, H_kv, T, d_h]
-CACHED_LATENT_AXES = ("batch", None, "act_latent")  # of a cached latent [B, T, r], its r as the scheme lays latents out
+# Of a cached latent of k or v [B, T, r], its r as the scheme lays these latents out: with latent heads
+# under btp split over tp (each rank caches its own groups, 1/tp of the latents), else as every latent.
+CACHED_LATENT_AXES = ("batch", None, "act_kv_latent")
 
 
 class _LayerCache:
@@ -149,6 +156,8 @@ class ValueLatentCache(_LayerCache):
 # `--cache` name -> its kind.
 CACHES: dict[str, type[KVCache] | type[ValueLatentCache] | type[LatentCache]] = {
     "full": KVCache, "latent_v": ValueLatentCache, "latent": LatentCache}
+
+AUTO = "auto"  # not a kind: the one with the fewest bytes per device for a model and layout (model/decode.choose_cache)
 
 Cache = tuple[KVCache, ...] | tuple[ValueLatentCache, ...] | tuple[LatentCache, ...]  # the model's: one per layer
 

@@ -30,9 +30,23 @@ def cola_init_std(d_in: int, d_out: int, rank: int) -> float:
     return rank**-0.25 * (d_in + d_out) ** -0.25
 
 
+def up_projection(h: jax.Array, b: jax.Array, groups: int, *, flat: bool) -> jax.Array:
+    """h [..., r] @ B: b [r, n] itself (groups 1), or the block-diagonal B of `groups` blocks
+    [r / g, n] stacked in b -> [..., g n], group j's r / g latent columns feeding only its own n
+    outputs (latent heads). `flat`: `matmul`'s."""
+    if groups == 1:
+        return matmul(h, b, flat=flat)
+    rows = h.reshape(-1, h.shape[-1]) if flat else h
+    z = rows.reshape(*rows.shape[:-1], groups, -1)  # [..., g, r / g]
+    y = jnp.einsum("...gk,gkn->...gn", z, b.reshape(groups, -1, b.shape[-1]))
+    return y.reshape(*h.shape[:-1], groups * b.shape[-1])
+
+
 class Linear(nnx.Module):
     """A projection `x -> y` of one arch: `w` [d_in, d_out] (dense) or `a` [d_in, r], `b` [r, d_out],
-    each carrying the logical axes its layout is derived from."""
+    each carrying the logical axes its layout is derived from. With `groups` > 1 (latent heads, k and
+    v) B is block-diagonal: `b` [r, d_out / g] holds its g blocks [r / g, d_out / g] stacked, group j's
+    latent columns mapping only to its share of the outputs."""
 
     def __init__(
         self,
@@ -46,17 +60,19 @@ class Linear(nnx.Module):
         dtype: jnp.dtype,
         param_dtype: jnp.dtype,
         rngs: nnx.Rngs,
+        groups: int = 1,
     ):
-        self.arch, self.dtype, self.d_out = ARCHS[arch], dtype, d_out
+        self.arch, self.dtype, self.d_out, self.groups = ARCHS[arch], dtype, d_out, groups
         if not self.arch.low_rank:
             w = init_std * jax.random.normal(rngs.params(), (d_in, d_out), param_dtype)
             self.w = nnx.Param(w, logical_axes=axes)
             return
-        std = cola_init_std(d_in, d_out, rank)
+        # Each latent head is CoLA-initialised as a projection d_in -> d_out / g of rank r / g.
+        std = cola_init_std(d_in, d_out // groups, rank // groups)
         a = std * jax.random.normal(rngs.params(), (d_in, rank), param_dtype)
-        b = std * jax.random.normal(rngs.params(), (rank, d_out), param_dtype)
+        b = std * jax.random.normal(rngs.params(), (rank, d_out // groups), param_dtype)
         self.a = nnx.Param(a, logical_axes=(axes[0], "rank"))
-        self.b = nnx.Param(b, logical_axes=("rank", axes[1]))
+        self.b = nnx.Param(b, logical_axes=("rank", axes[1]) if groups == 1 else ("latent_rows", "latent_cols"))
 
     def down(self, x: jax.Array, *, flat: bool) -> jax.Array:
         """x @ A, before the latent function (`flat`: `matmul`'s)."""
@@ -68,8 +84,14 @@ class Linear(nnx.Module):
         return getattr(jax.nn, name)(h) if name else h
 
     def up(self, h: jax.Array, *, flat: bool) -> jax.Array:
-        """h @ B."""
-        return matmul(h, self.b[...].astype(self.dtype), flat=flat)
+        """h @ B (block-diagonal with latent heads)."""
+        return up_projection(h, self.b[...].astype(self.dtype), self.groups, flat=flat)
+
+    def up_with(self, h: jax.Array, b: jax.Array, *, flat: bool) -> jax.Array:
+        """h @ b, where b is this projection's B or a device's rows of it (whole latent heads): what a
+        strategy's own region does with the shard it holds."""
+        blocks = b.shape[0] * self.groups // self.a.shape[1] if self.groups > 1 else 1
+        return up_projection(h, b.astype(self.dtype), blocks, flat=flat)
 
     def __call__(self, x: jax.Array, *, flat: bool) -> jax.Array:
         """The projection of x as written (one device's math; under a plan the model goes through its

@@ -18,6 +18,7 @@ reproduces a generation whatever the chunking.
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,7 +30,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from boost_jax.layers.kv_cache import CACHES, Cache, empty
+from boost_jax.config.archs import ARCHS
+from boost_jax.layers.kv_cache import AUTO, CACHES, Cache, empty
 from boost_jax.model import Model, unstack_layers
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
@@ -132,22 +134,43 @@ def _served(w, sharding, dtype):
     return jax.device_put(w, sharding)
 
 
+def cache_bytes_per_token(kind: str, cfg, plan: Plan) -> int:
+    """Bytes one cached position of one row takes on one device, all layers, for a cache `kind`
+    (CACHES) laid out by `plan`: a full cache is split over the kv heads, a latent one over tp only
+    with latent heads (`model.attn_latent_heads`), else replicated."""
+    layer = jax.eval_shape(lambda: CACHES[kind].empty(cfg, 1, 1))
+    on_device = lambda a, axes: math.prod(plan.sharding(axes).shard_shape(a.shape)) * a.dtype.itemsize
+    per_layer = sum(on_device(getattr(layer, name), (None, *axes[1:])) for name, axes in CACHES[kind].AXES.items())
+    return cfg.n_layers * per_layer
+
+
+def choose_cache(cfg, plan: Plan) -> tuple[str, dict[str, int]]:
+    """(the cache kind with the fewest bytes per device for `cfg` under `plan`, each kind's bytes per
+    cached token per device). A tie goes to the kind that computes less per step: full, then latent_v,
+    then latent (docs/design.md section 11)."""
+    kinds = [k for k in CACHES if k == "full" or ARCHS[cfg.arch].low_rank]
+    sizes = {k: cache_bytes_per_token(k, cfg, plan) for k in kinds}
+    return min(kinds, key=lambda k: (sizes[k], kinds.index(k))), sizes
+
+
 class Decoder:
     """A model's generation under one plan: its parameters laid out once, its programs compiled per
     shape bucket and kept (`programs` counts them). `compiler_options`: XLA's options for the
     prefill and decode programs (None: the plan's platform's `COMPILER_OPTIONS`; {}: XLA's defaults).
     An abstract model (its parameters jax.ShapeDtypeStruct: weights.abstract_model) gives a decoder
-    whose programs compile (`compiled`: what `bench memory --inference` reads) but never run."""
+    whose programs compile (`compiled`: what `bench memory --inference` reads) but never run.
+    `cache="auto"` takes `choose_cache`'s kind (`cache_name` says which)."""
 
     def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None,
                  compiler_options: dict | None = None):
-        if cache not in CACHES:
-            raise ConfigError(f"cache {cache!r}: choose one of {list(CACHES)}")
+        if cache not in (*CACHES, AUTO):
+            raise ConfigError(f"cache {cache!r}: choose one of {[*CACHES, AUTO]}")
         if plan.pipeline is not None or plan.size("seq") > 1:
             raise ConfigError(DECODING_LAYOUT)
-        self.cfg, self.plan, self.cache_name, self.eos_id = model.cfg, plan, cache, eos_id
+        self.cfg, self.plan, self.eos_id = model.cfg, plan, eos_id
+        self.cache_name = choose_cache(self.cfg, plan)[0] if cache == AUTO else cache
         try:
-            CACHES[cache].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
+            CACHES[self.cache_name].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
         except ValueError as e:
             raise ConfigError(f"--cache {cache}: {e}") from None
         self.graphdef, state = nnx.split(model, nnx.Param)

@@ -79,6 +79,7 @@ def btp_down(
     grouping: bool = True,
     kernels: str = "xla",
     eps: float = 1e-6,
+    split: Sequence[str | None] | None = None,
 ) -> list[jax.Array]:
     """Row-parallel down-projections of one BTP input: x [B, S, k] split on its last dim over tp,
     each weight [k, r_i] split on its rows -> the replicated pre-activation latents [B, S, r_i].
@@ -88,11 +89,20 @@ def btp_down(
     all-reduce as the latents (one buffer, one collective); `sync` all-reduces them first.
     `grouping` concatenates the weights into one GEMM and one all-reduce; without it each weight
     gets its own. Every collective here is an explicit psum, so the program issues exactly these.
+
+    `split` names, per weight, the logical axis over tp its latent is split on (latent heads: each
+    rank keeps only its own groups' columns, [B, S, r_i / tp]) or None (replicated): those latents
+    are reduce-scattered instead, one reduce-scatter per GEMM, and the online statistic rides in the
+    first of them (docs/design.md, latent heads).
     """
     dtype = x.dtype
     tp = plan.axis(x_axis)
     if tp is None:
         raise ValueError(f"btp_down: activation axis {x_axis!r} is not split under scheme {plan.scheme.name}")
+    split = list(split or [None] * len(weights))
+    if any(name is not None and plan.axis(name) != tp for name in split):
+        raise ValueError(f"btp_down: latents split on {split} must be split over {tp!r}, as x is")
+    scattered = [name is not None for name in split]
 
     def local(x, gamma, *ws):
         # Every all-reduce output is a latent for low-rank checkpointing: saving exactly these
@@ -103,25 +113,32 @@ def btp_down(
         b, s, k = x.shape
         x2 = x.reshape(b * s, k)
         d_total = k * jax.lax.axis_size(tp)
-        groups = [list(ws)] if grouping else [[w] for w in ws]
-        outs, scale = [], None
+        groups = [list(range(len(ws)))] if grouping else [[i] for i in range(len(ws))]
+        online = gamma is not None and norm == "online"
+        # The statistics travel once: in the first reduce-scatter where one is, else the first all-reduce.
+        carrier = next((n for n, group in enumerate(groups) if any(scattered[i] for i in group)), 0)
         if gamma is not None and norm == "sync":
             ssq = reduce_stat(jnp.sum(jnp.square(x2.astype(jnp.float32)), axis=-1, keepdims=True))
             x2 = (x2 * jax.lax.rsqrt(ssq / d_total + eps) * gamma).astype(dtype)
-        for i, group in enumerate(groups):
-            a = jnp.concatenate([w.astype(dtype) for w in group], axis=1)
-            if gamma is not None and norm == "online":
+        outs, stat = [None] * len(ws), None
+        for n, group in enumerate(groups):
+            a = jnp.concatenate([ws[i].astype(dtype) for i in group], axis=1)
+            if online:
                 h, ssq = norm_down(x2, gamma.astype(dtype), a, eps=eps, d_total=d_total, impl=kernels,
                                    interpret=plan.interpret_kernels)
-                if i == 0:  # the statistics travel once, as one more column of the first latents
-                    buf = reduce(jnp.concatenate([h.astype(dtype), ssq[:, None].astype(dtype)], axis=-1))
-                    h, scale = buf[:, :-1], jax.lax.rsqrt(buf[:, -1:].astype(jnp.float32) / d_total + eps)
-                else:
-                    h = reduce(h.astype(dtype))
-                h = (h.astype(jnp.float32) * scale).astype(dtype)
+                ssq = ssq[:, None].astype(dtype) if n == carrier else None
             else:
-                h = reduce(jnp.dot(x2, a, preferred_element_type=jnp.float32).astype(dtype))
-            outs += jnp.split(h, np.cumsum([w.shape[1] for w in group])[:-1], axis=-1)
+                h, ssq = jnp.dot(x2, a, preferred_element_type=jnp.float32), None
+            pieces = jnp.split(h.astype(dtype), np.cumsum([ws[i].shape[1] for i in group])[:-1], axis=-1)
+            summed, summed_stat = _sum_over_tp(pieces, [scattered[i] for i in group], ssq, reduce, tp)
+            for i, v in zip(group, summed):
+                outs[i] = v
+            stat = summed_stat if summed_stat is not None else stat
+        if online:  # each GEMM's latents scaled as one buffer
+            scale = jax.lax.rsqrt(stat.astype(jnp.float32) / d_total + eps)
+            for group in groups:
+                h = (jnp.concatenate([outs[i] for i in group], axis=-1).astype(jnp.float32) * scale).astype(dtype)
+                outs[group[0]:group[-1] + 1] = jnp.split(h, np.cumsum([outs[i].shape[1] for i in group])[:-1], axis=-1)
         return [o.reshape(b, s, o.shape[-1]) for o in outs]
 
     with_norm = gamma is not None
@@ -130,10 +147,39 @@ def btp_down(
         mesh=plan.mesh,
         in_specs=(plan.spec(("batch", "seq", x_axis)), *[plan.spec((w_axis,))] * with_norm,
                   *[plan.spec((w_axis, None))] * len(weights)),
-        out_specs=[plan.spec(("batch", "seq", None))] * len(weights),
+        out_specs=[plan.spec(("batch", "seq", name)) for name in split],
         check_vma=False,  # Pallas kernels inside carry no varying-axis types
     )
     return fn(x, *([gamma] * with_norm), *weights)
+
+
+def _sum_over_tp(pieces: list[jax.Array], scattered: list[bool], stat: jax.Array | None, reduce,
+                 tp: str) -> tuple[list[jax.Array], jax.Array | None]:
+    """Inside btp_down: one GEMM's partial latents [T, r_i] summed over tp, the replicated ones in one
+    all-reduce (`reduce`) and the split ones in one reduce-scatter, each rank keeping its r_i / tp
+    columns of each (its own latent heads); `stat` [T, 1] rides in the reduce-scatter where there is
+    one, a copy in each rank's share, so that its gradient, a partial sum over every rank's latents,
+    is summed by the reduce-scatter's backward all-gather (the all-reduce's is only scaled), else in
+    the all-reduce -> (the summed latents in order; the summed statistic, or None)."""
+    whole = [p for p, s in zip(pieces, scattered) if not s]
+    parts = [p for p, s in zip(pieces, scattered) if s]
+    stat_in_whole = stat is not None and not parts
+    out_whole, out_parts, summed_stat = [], [], None
+    if whole or stat_in_whole:
+        buf = reduce(jnp.concatenate(whole + [stat] * stat_in_whole, axis=-1))
+        if stat_in_whole:
+            buf, summed_stat = buf[:, :-1], buf[:, -1:]
+        out_whole = jnp.split(buf, np.cumsum([p.shape[1] for p in whole])[:-1], axis=-1)
+    if parts:
+        t, ways = parts[0].shape[0], jax.lax.axis_size(tp)
+        copies = [jnp.broadcast_to(stat[:, None], (t, ways, 1))] if stat is not None else []
+        tiles = jnp.concatenate([p.reshape(t, ways, -1) for p in parts] + copies, axis=-1)  # [T, tp, sum r_i / tp]
+        mine = checkpoint_name(jax.lax.psum_scatter(tiles, tp, scatter_dimension=1), LATENT)
+        if stat is not None:
+            mine, summed_stat = mine[:, :-1], mine[:, -1:]
+        out_parts = jnp.split(mine, np.cumsum([p.shape[1] // ways for p in parts])[:-1], axis=-1)
+    whole_it, parts_it = iter(out_whole), iter(out_parts)
+    return [next(parts_it) if s else next(whole_it) for s in scattered], summed_stat
 
 
 def grouped_up(plan: Layout, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,

@@ -177,7 +177,7 @@ def layer_forward_bytes(plan: Layout, m, rows: int, seq_len: int) -> int:
     of k and v that reach it round the ring (ring), or the gathered latents of k and v (latent)."""
     cp, itemsize = plan.size("seq"), jnp.dtype(m.dtype).itemsize
     kv = m.n_kv_heads * m.head_dim // plan.size("act_kv_heads")
-    per_token = {"gather": 2 * kv, "ring": 2 * kv * (cp - 1) / cp, "latent": 2 * m.attn_rank // plan.size("act_latent")}
+    per_token = {"gather": 2 * kv, "ring": 2 * kv * (cp - 1) / cp, "latent": 2 * m.attn_rank // plan.size("act_kv_latent")}
     return int(rows * seq_len * per_token[plan.cp_attention] * itemsize)
 
 

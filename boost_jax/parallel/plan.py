@@ -192,7 +192,7 @@ def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Pla
     if rows % shards:
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {shape})")
-    rules = scheme.rules_for(cfg.model.n_kv_heads, shape[TP], shape[PP])
+    rules = scheme.rules_for(cfg.model.n_kv_heads, shape[TP], shape[PP], cfg.model.attn_latent_heads)
     attention = resolve_attention(cfg.model.attention, platform, rules, cfg.model.n_kv_heads, shape[TP])
     return Plan(mesh, scheme, rules, _schedule(cfg, shape[PP]), attention, cfg.parallel.cp_attention)
 
@@ -219,7 +219,7 @@ def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
     device = jax.devices()[0]
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=[device])
-    rules = chosen.rules_for(model.n_kv_heads, 1, 1)
+    rules = chosen.rules_for(model.n_kv_heads, 1, 1, model.attn_latent_heads)
     attention = resolve_attention(model.attention, device.platform, rules, model.n_kv_heads, 1)
     return Plan(mesh, chosen, rules, None, attention)
 
@@ -230,5 +230,8 @@ def _flat(mesh_axes) -> tuple[str, ...]:
 
 
 def _config_value(cfg: Config, key: str) -> int:
+    """A Requirement's value: `section.a*b`, a product, or `section.a*b/c`, a product over a divisor."""
     section, fields = key.split(".")
-    return math.prod(getattr(getattr(cfg, section), f) for f in fields.split("*"))
+    product, _, divisor = fields.partition("/")
+    value = lambda names: math.prod(getattr(getattr(cfg, section), f) for f in names.split("*"))
+    return value(product) // (value(divisor) if divisor else 1)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
 
 LATENT_AXES = ("batch", "seq", "act_latent")
+KV_LATENT_AXES = ("batch", "seq", "act_kv_latent")  # k's and v's with latent heads: split by groups under btp
 
 
 class LinearLike(Protocol):
@@ -60,6 +61,7 @@ class LinearLike(Protocol):
     `b`), its output width and its math."""
 
     d_out: int
+    groups: int  # latent heads: B block-diagonal in this many groups (1: one latent)
 
     def down(self, x: jax.Array, *, flat: bool) -> jax.Array: ...  # x @ A (low-rank; `flat`: lowrank.matmul's)
 
@@ -67,11 +69,19 @@ class LinearLike(Protocol):
 
     def up(self, h: jax.Array, *, flat: bool) -> jax.Array: ...  # h @ B (low-rank)
 
+    def up_with(self, h: jax.Array, b: jax.Array, *, flat: bool) -> jax.Array: ...  # h @ b, b its B or whole groups of it
+
     def __call__(self, x: jax.Array, *, flat: bool) -> jax.Array: ...  # x @ W (dense)
 
 
 Linears = dict[str, LinearLike]
 OutAxes = dict[str, tuple[str, str]]  # projection name -> (weight axis, activation axis) of its output
+
+
+def latent_axes(linear: LinearLike) -> tuple[str, str, str]:
+    """The logical axes of a projection's latent [B, S, r]: k's and v's with latent heads their own
+    (split by groups under btp), every other latent's LATENT_AXES."""
+    return KV_LATENT_AXES if linear.groups > 1 else LATENT_AXES
 
 
 class Projections:
@@ -132,24 +142,28 @@ class Projections:
         hs = self.latents(x, norm, linears)
         q = self.up({"q": hs["q"]}, linears, {"q": ("heads", "act_heads")})["q"]
         q = plan.constrain(attn.rotate(q.reshape(b, s, attn.n_heads, attn.head_dim), where.of(b, s)), QUERIES)
-        rank_axis = plan.axis(LATENT_AXES[-1])
+        k_lin = linears["k"]
+        h_axes = latent_axes(k_lin)
+        rank_axis = plan.axis(h_axes[-1])
 
         def up(h, w):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', d_h]
-            y = gather(h) @ w.astype(h.dtype)
-            y = y if rank_axis is None else jax.lax.psum(y, rank_axis)
+            y = k_lin.up_with(gather(h), w, flat=False)
+            # A split rank sums over its devices; latent heads are whole groups, their heads the device's own.
+            y = y if rank_axis is None or k_lin.groups > 1 else jax.lax.psum(y, rank_axis)
             return y.reshape(*y.shape[:2], -1, attn.head_dim)
 
         def rebuild(k_positions, h_k, h_v, b_k, b_v):
             return attn.rotate(up(h_k, b_k), k_positions), up(h_v, b_v)
 
-        weights = (LATENT_AXES[-1], "kv_heads")  # B's rows as the latents are split, its columns as the heads
+        # B's rows as the latents are split, its columns as the heads (latent heads: whole blocks)
+        weights = ("latent_rows", None) if k_lin.groups > 1 else (LATENT_AXES[-1], "kv_heads")
         keys = (hs["k"], hs["v"], self.up_weight(linears["k"]), self.up_weight(linears["v"]))
-        return attend_gathered(plan, attn, q, where, keys, (LATENT_AXES, LATENT_AXES, weights, weights), rebuild)
+        return attend_gathered(plan, attn, q, where, keys, (h_axes, h_axes, weights, weights), rebuild)
 
     def _activate(self, linear: LinearLike, h: jax.Array, tag: bool) -> jax.Array:
         """The latent from x @ A: its layout, the LATENT checkpoint name (low-rank checkpointing;
         the fused btp path tags its all-reduce outputs itself), the arch's function."""
-        h = self.plan.constrain(h, LATENT_AXES)
+        h = self.plan.constrain(h, latent_axes(linear))
         if tag:
             h = checkpoint_name(h, LATENT)
         return linear.activation(h)
@@ -216,15 +230,22 @@ class BTPProjections(Projections):
 
     def latents(self, x, norm, linears):
         c = self.cfg
+        # With latent heads each rank keeps only its own groups of k's and v's latents (a reduce-scatter).
+        split = [latent_axes(lin)[-1] if lin.groups > 1 else None for lin in linears.values()]
         pre = btp_down(self.plan, x, [lin.a[...] for lin in linears.values()], x_axis="act_embed", w_axis="embed",
-                       gamma=norm.scale[...], norm=c.norm, grouping=c.grouping, kernels=c.kernels, eps=c.norm_eps)
+                       gamma=norm.scale[...], norm=c.norm, grouping=c.grouping, kernels=c.kernels, eps=c.norm_eps,
+                       split=split)
         return {name: self._cross(name, self._activate(lin, h, tag=False)) for (name, lin), h in zip(linears.items(), pre)}
 
     def up(self, hs, linears, out_axes):
         if not self.cfg.grouping:
             return {name: linears[name].up(h, flat=self.flat) for name, h in hs.items()}
         out = {}
-        for names in _by_width({n: linears[n] for n in hs}).values():  # GQA: q apart from k and v
+        # Equal widths batched (GQA: q apart from k and v), latent heads apart from one latent.
+        for names in _grouped({n: linears[n] for n in hs}, lambda lin: (lin.d_out, lin.groups)).values():
+            if linears[names[0]].groups > 1:  # latent heads: each rank's own blocks, nothing to sum
+                out.update({n: linears[n].up(hs[n], flat=self.flat) for n in names})
+                continue
             if len(names) == 1:
                 out[names[0]] = linears[names[0]].up(hs[names[0]], flat=self.flat)
                 continue
@@ -267,8 +288,8 @@ def _by_width(linears: Linears) -> dict[int, list[str]]:
     return _grouped(linears, lambda lin: lin.d_out)
 
 
-def _grouped(linears: Linears, key) -> dict[int, list[str]]:
-    groups: dict[int, list[str]] = {}
+def _grouped(linears: Linears, key) -> dict:
+    groups: dict = {}
     for name, lin in linears.items():
         groups.setdefault(key(lin), []).append(name)
     return groups
