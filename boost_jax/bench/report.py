@@ -580,6 +580,14 @@ def gpu_section(pr: dict, pl: dict | None, programs) -> list[str]:
         L += [f"The planner's choices (section 3) compiled by XLA:GPU for {pl['settings']['gpu_compile']}: the train "
               f"step as `train` builds it, optimizer included (`{pl['settings']['command']}`):", "",
               *planner.gpu_lines(pl), ""]
+        off = [f"{r['model']} {name.replace('_', ' ')} ({g['memory_model_bytes'] / g['peak_bytes']:.2f}x)"
+               for r in pl["rows"] for name, g in r.get("gpu_compile", {}).items()
+               if abs(g["memory_model_bytes"] / g["peak_bytes"] - 1) > 0.10]
+        if off:
+            L += ["More than 10% from XLA:GPU's peak: " + ", ".join(off) + ". The FSDP layouts: the memory model "
+                  "counts the stacked weights gathered for the whole step, as XLA:CPU's program holds them "
+                  "(`fsdp_gathered`, section 10 of docs/design.md), where XLA:GPU's gathers them layer by layer "
+                  "inside the loop; the model is pessimistic there, and the planner with it.", ""]
     for r in programs:
         L += [f"`{r['command']}`:", "", "| program | compile s | peak MiB | temp MiB | memory model MiB | collectives per "
               "step (MiB) | per layer over tp: compiled / formula MiB | library calls and kernels |",
