@@ -83,6 +83,45 @@ def test_power_iteration_finds_the_largest_singular_value():
     np.testing.assert_allclose(sigma, [np.linalg.norm(np.asarray(x), 2) for x in m], rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", [["parallel.fsdp=2", "parallel.dp=2"], ["parallel.tp=2"]], ids=["fsdp2-dp2", "tp2"])
+def test_no_collective_of_spectrons_update_runs_inside_a_loop(layout):
+    """A while loop of collectives runs asynchronously on XLA's CPU runtime, which then starts the
+    collectives after it beside its later iterations, in an order that differs by device: fsdp=2 x
+    dp=2 deadlocked (issue 62). The power iterations are unrolled, so every collective is the step's own."""
+    from boost_jax.analysis.hlo import collectives
+    from boost_jax.analysis.program import build, optimizer_state
+    from boost_jax.training.muon_layout import placements
+
+    cfg = tiny("model.arch=cola", "train.optimizer=spectron", "train.muon.comm=gather", "train.batch_size=4",
+               "train.seq_len=32", *layout)
+    prog = build(cfg)
+    tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan), split=True)
+    compiled = jax.jit(tx.update).lower(prog.params, optimizer_state(prog, tx), prog.params).compile()
+    found = collectives(compiled.as_text())
+    assert found and not [c.name for c in found if c.loop_depth > 0]
+
+
+def spectron_losses(tiny_overrides, run_dir, devices, *extra):
+    """The losses of 4 spectron steps of llama-mini (where the deadlock showed; llama-tiny's did not) on `devices`."""
+    from boost_jax.train import train
+
+    cfg = load_config(None, [*tiny_overrides, f"run_dir={run_dir}", "train.steps=4", "checkpoint.every=0",
+                             "train.eval_every=0", "model.arch=cola", "train.optimizer=spectron",
+                             "train.muon.comm=gather", "model.preset=llama-mini", *extra])
+    return train(cfg, devices)["losses"]
+
+
+@pytest.mark.slow
+def test_spectron_on_fsdp2_x_dp2_trains_as_one_device_does(tiny_overrides, tmp_path):
+    """The layout that deadlocked in 5 of 6 runs at llama-mini (XLA aborts the process): run three
+    times, each ends with one device's losses."""
+    one = spectron_losses(tiny_overrides, tmp_path / "one", jax.devices()[:1], "parallel.dp=1")
+    for i in range(3):
+        split = spectron_losses(tiny_overrides, tmp_path / f"split{i}", jax.devices()[:4], "parallel.fsdp=2",
+                                "parallel.dp=2")
+        np.testing.assert_allclose(split, one, rtol=1e-5)
+
+
 def test_spectron_bounds_the_products_update_where_muon_does_not():
     """dA B + A dB has at most the spectral norm Muon gives a dense d_in x d_out update (lr x c x the
     orthogonalised factors' norm), whatever the factors' scale; Muon's per-factor update grows with it."""

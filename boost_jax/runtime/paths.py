@@ -70,13 +70,27 @@ def lock_dir(path: str | Path, key: str) -> IO[str]:
 
 def is_disk_full(error: BaseException | None) -> bool:
     """Whether `error`, or an error it was raised from, is ENOSPC (Orbax and TensorStore wrap it)."""
+    return _raised_from(error, (errno.ENOSPC,)) is not None
+
+
+def refused_write(error: BaseException | None) -> str | None:
+    """The system's reason ("Permission denied", "Read-only file system") if `error`, or an error it
+    was raised from, is a refused write; else None."""
+    code = _raised_from(error, (errno.EACCES, errno.EPERM, errno.EROFS))
+    return os.strerror(code) if code else None
+
+
+def _raised_from(error: BaseException | None, codes: tuple[int, ...]) -> int | None:
+    """The first of the errno `codes` that `error` or one in its chain of causes has, as a number or
+    as the system's text (TensorStore's errors carry only the text); else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
-            return True
+        for code in codes:
+            if getattr(error, "errno", None) == code or os.strerror(code) in str(error):
+                return code
         error = error.__cause__ or error.__context__
-    return False
+    return None
 
 
 def disk_full(path: str | Path, what: str, needed_bytes: int, kept: str) -> DiskFullError:

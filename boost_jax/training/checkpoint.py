@@ -8,13 +8,16 @@ keys) and restoring checks it, so no edited or missing config.yaml can pair it w
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src import asyncio_utils
 
 from boost_jax.runtime.errors import CheckpointError
 
@@ -81,12 +84,12 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
 class Checkpointer:
     def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False, async_save: bool = True):
         self.directory = Path(directory).absolute()
-        self.manager = ocp.CheckpointManager(
+        self.manager = listed(lambda: ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
                                                  enable_async_checkpointing=async_save),
             handler_registry=_handlers(),
-        )
+        ))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -103,17 +106,35 @@ class Checkpointer:
             try:
                 return read(step), step
             except CheckpointError:
-                self.manager.reload()
-                left = sorted(self.manager.all_steps())
-                if step in left:
+                if not self._deleted(step):
                     raise
-                gone = (f"checkpoint step {step} in {self.directory} was deleted by its run's retention "
-                        f"(checkpoint.keep, a run still training there) while it was read")
-                if asked or not left:
-                    raise CheckpointError(f"{gone}; the folder now holds steps {left}: ask for one of them "
-                                          "(nothing was changed)") from None
-                print(f"note: {gone}; reading step {left[-1]}, the newest now", file=sys.stderr, flush=True)
-                step = left[-1]
+            left = self._steps()
+            gone = (f"checkpoint step {step} in {self.directory} was deleted by its run's retention "
+                    f"(checkpoint.keep, a run still training there) while it was read")
+            if asked or not left:
+                raise CheckpointError(f"{gone}; the folder now holds steps {left}: ask for one of them "
+                                      "(nothing was changed)")
+            print(f"note: {gone}; reading step {left[-1]}, the newest now", file=sys.stderr, flush=True)
+            step = left[-1]
+
+    def _deleted(self, step: int) -> bool:
+        """Whether `step` was deleted by a live run's retention: gone from the folder, or, where a newer
+        step exists (retention deletes a step only after a newer one is committed), gone within
+        DELETING_S. Orbax deletes a step file by file, and the folder stays listed until its last file
+        is gone: a read in between finds files missing, which is no damage."""
+        deadline = time.monotonic() + DELETING_S
+        while True:
+            steps = self._steps()
+            if step not in steps:
+                return True
+            if steps[-1] == step or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def _steps(self) -> list[int]:
+        """The committed steps on disk now (not the manager's list from when it was made)."""
+        listed(self.manager.reload)
+        return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         self.manager.save(
@@ -179,6 +200,45 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+# How long a step that failed to read, with a newer one beside it, is given to vanish (being deleted
+# by retention) before it is called damaged. Deleting a step's files takes milliseconds locally.
+DELETING_S = 2.0
+
+
+def listed(fn: Callable[[], T]) -> T:
+    """`fn()`, Orbax listing the step folders (making or reloading a manager), again where a step
+    vanished while it was listed: a live run's retention deleted it."""
+    for attempt in range(20):
+        try:
+            return fn()
+        except (FileNotFoundError, NotADirectoryError):
+            if attempt == 19:
+                raise
+            time.sleep(0.05)
+
+
+def _run_sync_draining(coro):
+    """Orbax's `_run_sync_via_new_loop` (one event loop per save or restore), draining the loop when
+    the coroutine fails: Orbax closes it at once, while the reads of the other arrays are in flight;
+    when they end, each reports into the closed loop ("Event loop is closed", "Task exception was
+    never retrieved", a traceback per array) after the one clean message of a damaged checkpoint."""
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    except BaseException:
+        if pending := asyncio.all_tasks(loop):
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        raise
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+if hasattr(asyncio_utils, "_run_sync_via_new_loop"):  # orbax 0.12's; a later one may manage without
+    asyncio_utils._run_sync_via_new_loop = _run_sync_draining
 
 
 def _first_line(e: Exception) -> str:

@@ -47,15 +47,17 @@ def lr_schedule(t: TrainConfig) -> optax.Schedule:
 Placements = dict[tuple[str, ...], tuple[NamedSharding, NamedSharding]]
 
 
-def make_optimizer(t: TrainConfig, params: dict, placements: Placements | None = None) -> optax.GradientTransformation:
+def make_optimizer(t: TrainConfig, params: dict, placements: Placements | None = None,
+                   split: bool = False) -> optax.GradientTransformation:
     """`t.optimizer` after the global-norm clip (`params`: the model's pure dict, for its structure;
-    `placements`: where the split decoder matrices are orthogonalised, none on one device)."""
+    `placements`: where the split decoder matrices are orthogonalised, none on one device; `split`:
+    whether the parameters are laid out over more than one device)."""
     clip = optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity()
     if t.optimizer == "adamw":
         return optax.chain(clip, adamw(t))
     if t.optimizer not in ("muon", "spectron"):
         raise ValueError(f"train.optimizer: unknown optimizer {t.optimizer!r}; choose one of {OPTIMIZERS}")
-    matrix = orthogonalised(t, placements or {})
+    matrix = orthogonalised(t, placements or {}, split)
     return optax.chain(clip, optax.partition({"matrix": matrix, "adamw": adamw(t)}, labels(params)))
 
 
@@ -76,14 +78,14 @@ def labels(params: dict) -> dict:
         lambda path, x: "matrix" if is_layer_matrix(path, x) else "adamw", params)
 
 
-def orthogonalised(t: TrainConfig, placements: Placements) -> optax.GradientTransformation:
+def orthogonalised(t: TrainConfig, placements: Placements, split: bool = False) -> optax.GradientTransformation:
     """The decoder matrices' side: optax's Muon momentum, its Newton-Schulz per layer where
     `placements` put each matrix, then Muon's shape scale (muon) or the factor pairs'
     renormalisation (spectron), decoupled weight decay, the learning rate."""
     m = t.muon
     dims = lambda tree: jax.tree.map(lambda _: LAYER_MATRIX, tree)
     scale = (scale_by_shape(dims, m.consistent_rms) if t.optimizer == "muon"
-             else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps))
+             else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps, unroll=split))
     return optax.chain(
         # optax's Muon with no Newton-Schulz iteration is its momentum and Nesterov step alone ("aol"
         # pre-scales inside the first iteration, so none happens): the iterations follow, placed.
@@ -144,23 +146,26 @@ def shape_scale(fan_in: int, fan_out: int, consistent_rms: float | None) -> floa
     return consistent_rms * max(fan_in, fan_out) ** 0.5
 
 
-def top_singular(m: jax.Array, v: jax.Array, steps: int) -> tuple[jax.Array, jax.Array]:
+def top_singular(m: jax.Array, v: jax.Array, steps: int, unroll: bool = False) -> tuple[jax.Array, jax.Array]:
     """(sigma [L], v [L, r]): the largest singular value of each [p, r] matrix of `m` [L, p, r] and its
-    right singular vector, by `steps` power iterations on m^T m from `v`. Only matrix-vector
-    products: sigma is a lower bound that tightens as v is carried from step to step."""
+    right singular vector, by `steps` power iterations on m^T m from `v` (`unroll`: see
+    `power_iterate`). Only matrix-vector products: sigma is a lower bound that tightens as v is
+    carried from step to step."""
     f32 = m.astype(jnp.float32)
-    v = power_iterate(lambda v: jnp.einsum("lpr,lp->lr", f32, jnp.einsum("lpr,lr->lp", f32, v)), v, steps)
+    v = power_iterate(lambda v: jnp.einsum("lpr,lp->lr", f32, jnp.einsum("lpr,lr->lp", f32, v)), v, steps, unroll)
     return jnp.linalg.norm(jnp.einsum("lpr,lr->lp", f32, v), axis=-1), v
 
 
-def power_iterate(apply: Callable[[jax.Array], jax.Array], v: jax.Array, steps: int) -> jax.Array:
+def power_iterate(apply: Callable[[jax.Array], jax.Array], v: jax.Array, steps: int,
+                  unroll: bool = False) -> jax.Array:
     """`steps` power iterations of the linear map `apply` from the vectors `v` [L, n], each
-    renormalised to unit length: the dominant eigenvector of each of the L maps."""
+    renormalised to unit length: the dominant eigenvector of each of the L maps. `unroll`: as
+    straight-line code, no while loop (`scale_by_factor_pairs` says why)."""
     def iterate(_, v):
         w = apply(v)
         return w / (jnp.linalg.norm(w, axis=-1, keepdims=True) + 1e-30)
 
-    return jax.lax.fori_loop(0, steps, iterate, v)
+    return jax.lax.fori_loop(0, steps, iterate, v, unroll=unroll)
 
 
 def factor_pairs(tree: Any, prefix: tuple = ()) -> dict[tuple, dict]:
@@ -190,11 +195,19 @@ def _nested(flat: dict[tuple, Any]) -> dict:
     return out
 
 
-def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int) -> optax.GradientTransformation:
+def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int,
+                          unroll: bool = False) -> optax.GradientTransformation:
     """Spectron's renormalisation of orthogonalised factor updates (O_A, O_B) of each pair W = A B:
     both times s = c(d_in, d_out) / (sigma(A) + sigma(B)), so that
         ||dA B + A dB||_2 <= s (||O_A|| sigma(B) + sigma(A) ||O_B||) <= c max(||O_A||, ||O_B||),
-    the spectral norm Muon gives a dense d_in x d_out update (c: `shape_scale` of the product)."""
+    the spectral norm Muon gives a dense d_in x d_out update (c: `shape_scale` of the product).
+
+    `unroll`: the power iterations as straight-line code, for factors split over devices. Each
+    iteration all-reduces there, and a while loop of collectives runs asynchronously on XLA's CPU
+    runtime, which then starts the step's later collectives beside the loop's later iterations in an
+    order that differs by device: fsdp=2 x dp=2 deadlocked (issue 62). Unrolled, the iterations'
+    collectives are the step's own, in program order; on one device the loop stays (power_steps=300
+    unrolled compiles for minutes)."""
 
     def init(params):
         def start(pair):  # the same unit vector of length r for every layer, A's and B^T's
@@ -211,8 +224,8 @@ def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int) -> opt
         for path, pair in factor_pairs(params).items():
             v = _at(state.vectors, path)
             a, b = pair["a"], pair["b"]
-            sigma_a, va = top_singular(a, v["a"], power_steps)
-            sigma_b, vb = top_singular(jnp.swapaxes(b, 1, 2), v["b"], power_steps)
+            sigma_a, va = top_singular(a, v["a"], power_steps, unroll)
+            sigma_b, vb = top_singular(jnp.swapaxes(b, 1, 2), v["b"], power_steps, unroll)
             s = shape_scale(a.shape[1], b.shape[2], consistent_rms) / (sigma_a + sigma_b + 1e-12)
             node = _at(scaled, path)
             for k in ("a", "b"):

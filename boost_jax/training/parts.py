@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from boost_jax.analysis.flops import remeasured_cpu_peak
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import DivergenceError
-from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir
+from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir, refused_write
 from boost_jax.training.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
 
 
@@ -179,8 +180,9 @@ class Checkpoints:
         meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
                 "loss": loss, "identity": self.identity, "optimizer": self.cfg.train.optimizer, **(record or {})}
         self.state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
-        with self._space():  # a full disk surfaces here, or at the next save or the close (async)
+        with self._space():  # a full disk or a refused write surfaces here, or at the next save or the close (async)
             self._check_room()
+            self._check_writable()
             self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
 
@@ -194,18 +196,42 @@ class Checkpoints:
         if shutil.disk_usage(self.directory).free < self.state_bytes:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.directory))
 
+    def _check_writable(self) -> None:
+        """Refuse a save into a folder that can no longer be written (made read-only mid-run) before it
+        starts, as `_check_room` does a full disk: a probe file, written and removed (a permission
+        check alone passes for root on a read-only mount)."""
+        try:
+            with tempfile.TemporaryFile(dir=self.directory):
+                pass
+        except OSError as e:
+            raise self._unwritable(e.strerror or str(e)) from None
+
+    def _unwritable(self, why: str) -> CheckpointError:
+        committed = self._committed()
+        resume = f"resume from step {committed[-1]}" if committed else "start it again"
+        return CheckpointError(f"cannot write a checkpoint in {self.directory}: {why}; the committed checkpoints "
+                               f"(steps {committed}) are untouched. Make the folder writable and rerun the same "
+                               f"command to {resume}")
+
+    def _committed(self) -> list[int]:
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+
     @contextlib.contextmanager
     def _space(self):
-        """A save that found the disk full: one message with the space a checkpoint needs. Orbax
-        commits a step by renaming its finished folder, so the committed ones are untouched."""
+        """A save that found the disk full or its folder unwritable: one message, with the space a
+        checkpoint needs or the folder. Orbax commits a step by renaming its finished folder, so the
+        committed ones are untouched."""
         try:
             yield
+        except CheckpointError:  # the probe's own
+            raise
         except Exception as e:
+            if why := refused_write(e):
+                raise self._unwritable(why) from None
             if not is_disk_full(e):
                 raise
-            committed = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
             raise disk_full(self.directory, "a checkpoint", self.state_bytes,
-                            f"the committed checkpoints (steps {committed}) are untouched") from None
+                            f"the committed checkpoints (steps {self._committed()}) are untouched") from None
 
     @property
     def enabled(self) -> bool:

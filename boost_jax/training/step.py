@@ -123,7 +123,7 @@ def build(cfg: Config, plan: Plan) -> Setup:
     made): what `train` runs, and what `python -m boost_jax.compile` compiles for GPUs it does not have."""
     graphdef, abstract = abstract_model(cfg)
     pspecs = plan.param_specs(abstract)
-    tx = make_optimizer(cfg.train, nnx.to_pure_dict(abstract), placements(cfg, plan))
+    tx = make_optimizer(cfg.train, nnx.to_pure_dict(abstract), placements(cfg, plan), split=plan.mesh.size > 1)
     replicated = NamedSharding(plan.mesh, P())
     state = abstract_state(cfg, plan, tx)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
