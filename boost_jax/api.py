@@ -26,6 +26,14 @@ from boost_jax.config.presets import PRESETS
 from boost_jax.model import Model
 from boost_jax.model.decode import DECODING_LAYOUT
 from boost_jax.parallel import Plan, single_device_plan
+from boost_jax.runtime.errors import (  # noqa: F401 -- the errors a caller catches, importable from here
+    BoostJaxError,
+    CheckpointError,
+    DataError,
+    DiskFullError,
+    DivergenceError,
+    PackageError,
+)
 
 
 def config(base: str | Path | None = None, *overrides: str) -> Config:

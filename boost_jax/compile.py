@@ -26,7 +26,7 @@ from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, refuse_retired_flags,
 from boost_jax.runtime.errors import ConfigError
 
 MIB = 2**20
-CACHES = ("full", "latent_v", "latent")  # layers/kv_cache.py's, named here to check the flag before JAX starts
+CACHES = ("auto", "full", "latent_v", "latent")  # layers/kv_cache.py's (and auto), named here before JAX starts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,7 +41,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hardware-file", default=None, help="default: boost_jax/configs/hardware.yaml")
     p.add_argument("--nodes", type=int, default=1, help="nodes of the machine's gpus_per_node GPUs (default 1)")
     p.add_argument("--gpus", type=int, default=0, help="fewer GPUs of one node (default 0: whole nodes)")
-    p.add_argument("--cache", default="full", choices=CACHES, help="the KV cache of the decoding programs")
+    p.add_argument("--cache", default="auto", choices=CACHES,
+                   help="the KV cache of the decoding programs (auto: as generate, the fewest bytes per device)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", type=Path, default=None, help="write the serialised executables here")
     refuse_retired_flags(argv)
@@ -81,7 +82,7 @@ def _main(argv: list[str]) -> None:
         save(a.save, result, compiled)
 
 
-def compile_run(cfg, hw, nodes: int, cache: str = "full", gpus: int = 0) -> dict:
+def compile_run(cfg, hw, nodes: int, cache: str = "auto", gpus: int = 0) -> dict:
     """Every program of `cfg`'s run compiled for `nodes` nodes of `hw`, or `gpus` GPUs of one (JAX on the
     CPU, the CUDA plugin installed): one report each (analysis/compiled.py), the memory model's figure beside the train
     step's, and the executables themselves under "_compiled" (for --save)."""

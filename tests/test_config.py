@@ -104,3 +104,12 @@ def test_gate_silu_defaults_by_arch():
     assert ModelConfig(preset="llama-60m", arch="cola").resolved().mlp_gate_silu  # CoLA keeps it at 60M
     assert not ModelConfig(preset="llama-60m", arch="cola", mlp_gate_silu=False).resolved().mlp_gate_silu
     assert Config().model.mlp_gate_silu is None  # unresolved until loaded
+
+
+def test_the_errors_a_caller_catches_come_from_the_api():
+    from boost_jax import api
+    from boost_jax.runtime import errors
+
+    for name in ("BoostJaxError", "ConfigError", "CheckpointError", "DataError", "DiskFullError", "DivergenceError",
+                 "PackageError"):
+        assert getattr(api, name) is getattr(errors, name)

@@ -201,3 +201,18 @@ def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout
     assert r["memory_model_step_bytes"] == pytest.approx(r["peak_bytes"], rel=0.5)
     check = gpu_check(cfg, load_hardware()[H100], 2)
     assert check["fits"] and check["attention"] and check["peak_bytes"] > r["peak_bytes"]  # the optimizer's state too
+
+
+@pytest.mark.slow
+def test_a_program_over_the_gpus_memory_is_named_and_exits_1(tmp_path, capsys):
+    from boost_jax.compile import main
+    from boost_jax.config.hardware import HARDWARE_FILE
+
+    small = tmp_path / "hw.yaml"  # an H100 of 1 MB
+    small.write_text(HARDWARE_FILE.read_text().replace("  hbm_bytes: 80.0e+9\n  gpus_per_node: 8",
+                                                       "  hbm_bytes: 1.0e+6\n  gpus_per_node: 8", 1))
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, "parallel.dp=-1", "train.batch_size=8", "--hardware", H100, "--hardware-file", str(small),
+              "--save", str(tmp_path / "exe")])
+    assert str(e.value).startswith("does not fit: train_step (") and "of a h100-80gb" in str(e.value)
+    assert not (tmp_path / "exe").exists()  # nothing saved

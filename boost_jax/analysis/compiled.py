@@ -39,7 +39,7 @@ _FUSION_KIND = re.compile(r'"fusion_backend_config":\{"kind":"(__[^"]+)"')
 _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 
 
-def run_programs(cfg: Config, plan: Plan, cache: str = "full") -> dict[str, Callable[[], jax.stages.Compiled]]:
+def run_programs(cfg: Config, plan: Plan, cache: str = "auto") -> dict[str, Callable[[], jax.stages.Compiled]]:
     """Each program of the run, compiled on demand: the train step (exactly as `train` builds it), the
     eval step where `train.eval_every` runs one, and on a layout that decodes (no pipeline, no cp)
     the prefill of a batch of `train.seq_len`-token prompts and one call of the decode loop on its
@@ -64,7 +64,7 @@ def run_programs(cfg: Config, plan: Plan, cache: str = "full") -> dict[str, Call
     return programs
 
 
-def compile_all(cfg: Config, devices: list[jax.Device], cache: str = "full",
+def compile_all(cfg: Config, devices: list[jax.Device], cache: str = "auto",
                 only: tuple[str, ...] = ()) -> tuple[Plan, list[dict], dict[str, jax.stages.Compiled]]:
     """Every program of `cfg`'s run (or those named in `only`) compiled for `devices` (a GPU topology's:
     launch/gpu_target.py): the plan, one report each (`read`; the train step's with the memory

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_jax.runtime.errors import ConfigError
-
 
 @dataclass(frozen=True)
 class Arch:
@@ -53,10 +51,3 @@ ARCHS: dict[str, Arch] = {
     "lax": Arch("lax", low_rank=True, latent_activation="silu", carries_latents=True, default_gate_silu=False,
                 hf_llama_export=False),
 }
-
-
-def get_arch(name: str) -> Arch:
-    """The arch of a name; an unknown one raises ConfigError listing the table."""
-    if name not in ARCHS:
-        raise ConfigError(f"model.arch: unknown arch {name!r}; choose one of {sorted(ARCHS)}")
-    return ARCHS[name]

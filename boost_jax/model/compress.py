@@ -28,7 +28,6 @@ from boost_jax.layers.attention import Positions
 from boost_jax.model import Model, residual, unstack_layers
 from boost_jax.parallel import single_device_plan
 
-METHODS = ("svd", "whiten")
 ATTENTION, MLP = ("q", "k", "v", "o"), ("gate", "up", "down")
 # Which calibration input each projection reads: the normed residual (q, k, v; gate, up), the heads'
 # output (o), the MLP's hidden activation (down).
