@@ -131,7 +131,11 @@ def test_every_scheme_and_kernel_compiles_for_gpus(arch, scheme, kernels):
                               f"model.kernels={kernels}")
     assert calls(step).get("__cudnn$fmhaSoftmaxBackward") == 1
     assert (calls(step).get("__gpu$xla.gpu.triton", 0) > 0) == (kernels == "pallas")
-    assert step["layer_collective_bytes"] == pytest.approx(step["analytic_collective_bytes"], rel=0.02)
+    got, formula = step["layer_collective_bytes"], step["analytic_collective_bytes"]
+    if scheme == "megatron":  # XLA:GPU sums q's and k|v's input gradients (one input) before one all-reduce
+        assert got == formula - 128 * 64 * 2  # one [T, d] partial sum fewer than the formula's 5 (T = 128, d = 64)
+    else:
+        assert got == pytest.approx(formula, rel=0.02)
 
 
 @pytest.mark.slow

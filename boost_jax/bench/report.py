@@ -311,7 +311,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "| constant | " + " | ".join(hw_names) + " |",
         "|---|" + "---|" * len(hw_names),
         *(f"| {k} | " + " | ".join(_fmt(pr["hardware"][h][k]) for h in hw_names) + " |"
-          for k in pr["hardware"][hw_names[0]] if k not in ("name", "description")),
+          for k in pr["hardware"][hw_names[0]] if k not in ("name", "description", "compile_target")),
         "",
     ]
     protocols = pr["settings"]["protocols"]
