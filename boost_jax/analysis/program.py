@@ -15,15 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
 from boost_jax.config import Config, load_config
-from boost_jax.model.weights import abstract_model
+from boost_jax.model.weights import abstract_model, abstract_params
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.training.step import batch_keys, optimizer_state_specs, sharded_loss
+from boost_jax.training.step import abstract_batch, optimizer_state_specs, sharded_loss
 
 
 def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch_size: int, seq: int, dtype: str,
@@ -60,14 +59,9 @@ def build(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Program:
     """The program of `cfg` on `devices` (default: the simulated CPU devices its mesh needs; a GPU
     topology's, launch/gpu_target.py, compiles it with XLA:GPU)."""
     plan = make_plan(cfg, mesh_devices(cfg.parallel) if devices is None else devices)
-    graphdef, abstract = abstract_model(cfg)
-    shardings = plan.named(plan.param_specs(abstract))
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          nnx.to_pure_dict(abstract), shardings)
-    tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
-                                  sharding=plan.sharding(("batch", None)))
-    batch = dict.fromkeys(batch_keys(cfg), tokens)
-    return Program(cfg, plan, graphdef, params, batch, sharded_loss(graphdef, plan, cfg.train))
+    graphdef, _ = abstract_model(cfg)
+    return Program(cfg, plan, graphdef, abstract_params(cfg, plan), abstract_batch(cfg, plan),
+                   sharded_loss(graphdef, plan, cfg.train))
 
 
 def optimizer_state(prog: Program, tx) -> dict:

@@ -89,6 +89,12 @@ def param_shardings(cfg: Config, plan: Plan) -> dict:
     return plan.named(plan.param_specs(abstract_model(cfg)[1]))
 
 
+def abstract_params(cfg: Config, plan: Plan) -> dict:
+    """The parameters as jax.ShapeDtypeStructs laid out for `plan` (a pure dict): nothing allocated."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        nnx.to_pure_dict(abstract_model(cfg)[1]), param_shardings(cfg, plan))
+
+
 def relayout_layers(tree, src_order, dst_order):
     """Every leaf under a "layers" key (parameters, optimizer moments) moved along its stacked layer
     axis from one storage order (model layer at each position) to another."""
@@ -105,8 +111,7 @@ def restore_params(run_dir: str | Path, cfg: Config, plan: Plan, step: int | Non
     laid out for `plan`; the step). Only the parameters are read, each device reading its own
     shards; the checkpoint must be of this model (its identity less checkpoint.COMPUTE_ONLY)."""
     shardings = param_shardings(cfg, plan)
-    like = {"params": jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                   nnx.to_pure_dict(abstract_model(cfg)[1]), shardings)}
+    like = {"params": abstract_params(cfg, plan)}
     if not (Path(run_dir) / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
     ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.keep, read_only=True)

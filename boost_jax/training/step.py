@@ -21,7 +21,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from boost_jax.config import Config, TrainConfig
 from boost_jax.model import loss_fn
-from boost_jax.model.weights import abstract_model, adopt_layers, in_plan_order, param_shardings, place_params
+from boost_jax.model.weights import (
+    abstract_model,
+    abstract_params,
+    adopt_layers,
+    in_plan_order,
+    param_shardings,
+    place_params,
+)
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
@@ -94,8 +101,7 @@ def init_state(cfg: Config, plan: Plan, run: Setup, params: dict | None = None) 
 def abstract_state(cfg: Config, plan: Plan, tx: optax.GradientTransformation) -> TrainState:
     """The train state's shapes, dtypes and shardings (jax.ShapeDtypeStructs: nothing allocated), as
     `init_state` lays it out: each optimizer moment sharded like its parameter, the rest replicated."""
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          nnx.to_pure_dict(abstract_model(cfg)[1]), param_shardings(cfg, plan))
+    params = abstract_params(cfg, plan)
     opt_shapes = jax.eval_shape(tx.init, params)
     opt_specs = optimizer_state_specs(opt_shapes, params, jax.tree.map(lambda p: p.sharding.spec, params))
     replicated = NamedSharding(plan.mesh, P())
