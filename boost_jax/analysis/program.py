@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from boost_jax.config import Config, load_config
 from boost_jax.model.weights import abstract_model, abstract_params
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.training.step import abstract_batch, optimizer_state_specs, sharded_loss
+from boost_jax.training.step import abstract_batch, abstract_optimizer_state, sharded_loss
 
 
 def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch_size: int, seq: int, dtype: str,
@@ -67,10 +66,7 @@ def build(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Program:
 def optimizer_state(prog: Program, tx) -> dict:
     """The abstract state of optimizer `tx` on the program's parameters, laid out as the train step
     lays it out (each moment sharded like its parameter, the rest replicated)."""
-    shapes = jax.eval_shape(tx.init, prog.params)
-    specs = optimizer_state_specs(shapes, prog.params, jax.tree.map(lambda p: p.sharding.spec, prog.params))
-    return jax.tree.map(lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(prog.plan.mesh, spec)),
-                        shapes, specs)
+    return abstract_optimizer_state(tx, prog.params, prog.plan)
 
 
 def peak_bytes(compiled) -> int:

@@ -102,19 +102,25 @@ def abstract_state(cfg: Config, plan: Plan, tx: optax.GradientTransformation) ->
     """The train state's shapes, dtypes and shardings (jax.ShapeDtypeStructs: nothing allocated), as
     `init_state` lays it out: each optimizer moment sharded like its parameter, the rest replicated."""
     params = abstract_params(cfg, plan)
-    opt_shapes = jax.eval_shape(tx.init, params)
-    opt_specs = optimizer_state_specs(opt_shapes, params, jax.tree.map(lambda p: p.sharding.spec, params))
     replicated = NamedSharding(plan.mesh, P())
     on = lambda shape, dtype, sharding=replicated: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
     state = {
         "params": params,
-        "opt_state": jax.tree.map(lambda a, s: on(a.shape, a.dtype, s), opt_shapes, plan.named(opt_specs)),
+        "opt_state": abstract_optimizer_state(tx, params, plan),
         "step": on((), jnp.int32),
         "rng": on(*(lambda k: (k.shape, k.dtype))(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))),
     }
     if cfg.train.spike_skip:
         state["spike"] = {"losses": on((cfg.train.spike_window,), jnp.float32), "seen": on((), jnp.int32)}
     return state
+
+
+def abstract_optimizer_state(tx: optax.GradientTransformation, params: dict, plan: Plan) -> dict:
+    """`tx`'s state on `params` (jax.ShapeDtypeStructs with their shardings) as jax.ShapeDtypeStructs,
+    laid out as the train step lays it out: each moment sharded like its parameter, the rest replicated."""
+    shapes = jax.eval_shape(tx.init, params)
+    specs = plan.named(optimizer_state_specs(shapes, params, jax.tree.map(lambda p: p.sharding.spec, params)))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, specs)
 
 
 def abstract_batch(cfg: Config, plan: Plan) -> dict:
