@@ -15,6 +15,7 @@ COMMANDS = {
     "convert": "start a run dir from a Hugging Face LLaMA, an export or a run (--to svd factors it)",
     "plan": "the layout planner: the fastest layout of a model that fits a number of GPUs",
     "compile": "every program of a run compiled by XLA:GPU for A100 / H100 / H200 nodes, without a GPU",
+    "study": "a fair comparison: archs x optimizers x sizes x budgets, tuned rates, seeds, fitted compute multipliers",
     "bench": "benchmarks: comm, step, profile, memory, kernels, decode, quality, paper, report, ...",
 }
 

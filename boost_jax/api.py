@@ -21,10 +21,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from boost_jax.config import Config, ConfigError, from_dict, load_config, load_yaml
+from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.config.presets import PRESETS
 from boost_jax.model import Model
-from boost_jax.model.decode import DECODING_LAYOUT
+from boost_jax.model.run_dir import open_run, read_config
 from boost_jax.parallel import Plan, single_device_plan
 from boost_jax.runtime.errors import (  # noqa: F401 -- the errors a caller catches, importable from here
     BoostJaxError,
@@ -78,58 +78,21 @@ def restore(run_dir: str | Path, step: int | None = None, overrides: Sequence[st
     for `plan` (None: one device). Only the parameters are read (`weights.restore_params`).
     `overrides` (`section.key=value`) may change anything but what the parameters mean (a
     `model.*` key outside checkpoint.COMPUTE_ONLY): e.g. model.dtype=bfloat16, parallel.tp=2."""
-    from boost_jax.model.weights import abstract_model, restore_params
-
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ConfigError(f"api.restore: step must be a checkpoint's step (an int >= 0) or None, got {step!r}")
     if isinstance(overrides, str):
         raise ConfigError("api.restore: overrides is a list of 'section.key=value' strings, not one string")
     if plan is not None and not isinstance(plan, Plan):
         raise ConfigError(f"api.restore: plan must be a Plan (parallel.make_plan) or None, got {type(plan).__name__}")
-    cfg = run_config(run_dir, overrides)
-    params, step = restore_params(run_dir, cfg, plan or single_device_plan(cfg.model, cfg.parallel.scheme), step)
-    return cfg, nnx.merge(abstract_model(cfg)[0], params), step
+    run = open_run(run_dir, overrides)
+    model, step = run.model(step, plan or single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
+    return run.cfg, model, step
 
 
 def run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """A run dir's config (its config.yaml, then `overrides`), after checking it is a run dir."""
-    if not isinstance(run_dir, (str, Path)):
-        raise ConfigError(f"run_dir must be a path (str or Path), got {type(run_dir).__name__}")
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ConfigError(f"run dir not found: {run_dir}")
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} is not a run dir: no config.yaml")
-    return _run_config(run_dir / "config.yaml", overrides)
-
-
-def decoding_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """`run_config` for a command that decodes (generate, lm_eval): a layout with pipeline stages or
-    context parallelism is refused here, by what decoding lacks, before make_plan would first ask the
-    stages for micro-batches decoding never uses."""
-    cfg = run_config(run_dir, overrides)
-    if cfg.parallel.pp > 1 or cfg.parallel.cp > 1:
-        raise ConfigError(f"parallel.pp={cfg.parallel.pp} parallel.cp={cfg.parallel.cp}: {DECODING_LAYOUT}")
-    return cfg
-
-
-def _run_config(path: Path, overrides: Sequence[str] = ()) -> Config:
-    """A run dir's config.yaml (with `overrides`), any problem named by its file; an override that
-    changes what the run's parameters mean (a `model.*` key outside checkpoint.COMPUTE_ONLY) is refused
-    here, before any work (restoring checks each checkpoint's own record too)."""
-    from boost_jax.training.checkpoint import COMPUTE_ONLY, changed_keys, model_identity
-
-    raw = load_yaml(path)
-    try:
-        saved = from_dict(raw)
-    except ConfigError as e:
-        raise ConfigError(f"{path} is damaged or edited: {e}") from None
-    cfg = load_config(path, overrides)
-    if changed := changed_keys(model_identity(saved.to_dict()), model_identity(cfg.to_dict())):
-        raise ConfigError(f"{path.parent} holds a model with a different {', '.join(changed)}: the overrides may "
-                          f"change how it computes ({', '.join(COMPUTE_ONLY)}) and its layout (parallel.*), "
-                          "not what its parameters mean")
-    return cfg
+    """A run dir's config (its config.yaml, then `overrides`), after checking it is a run dir; an
+    override that changes what the parameters mean is refused (model/run_dir.py's `read_config`)."""
+    return read_config(run_dir, overrides)
 
 
 # The positions a row of api.generate may reach when no max_len is given: a bound on its KV cache.

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, refuse_retired_flags, run_main
 from boost_jax.runtime.errors import ConfigError
+from boost_jax.runtime.units import GIB, MIB
 
-MIB = 2**20
 CACHES = ("auto", "full", "latent_v", "latent")  # layers/kv_cache.py's (and auto), named here before JAX starts
 
 
@@ -76,8 +76,8 @@ def _main(argv: list[str]) -> None:
         print_result(result)
     too_big = [p for p in result["programs"] if p["memory"]["peak"] > hw.hbm_bytes]
     if too_big:
-        names = ", ".join(f"{p['name']} ({p['memory']['peak'] / 2**30:.2f} GiB)" for p in too_big)
-        sys.exit(f"does not fit: {names} per device, over the {hw.hbm_bytes / 2**30:.2f} GiB of a {hw.name}")
+        names = ", ".join(f"{p['name']} ({p['memory']['peak'] / GIB:.2f} GiB)" for p in too_big)
+        sys.exit(f"does not fit: {names} per device, over the {hw.hbm_bytes / GIB:.2f} GiB of a {hw.name}")
     if a.save is not None:
         save(a.save, result, compiled)
 

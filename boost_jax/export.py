@@ -1,154 +1,35 @@
 """`python -m boost_jax.export RUN_DIR OUT_DIR [--step N] [--force]`: a checkpoint as safetensors.
 
-A model that is exactly a LLaMA (arch dense with the SwiGLU gate SiLU) is written in the Hugging
-Face LLaMA layout (`config.json` + `model.safetensors`, loads with `LlamaForCausalLM`); every other
-model (svd / cola / lax, and dense without the gate SiLU, which HF cannot express) in the boost
-layout (`boost_config.json` + `model.safetensors`). Tensors are float32; docs/export.md lists the
-names. `load_exported` reads either layout back into boost_jax's parameter dict.
+A dense SwiGLU model (a LLaMA) in the Hugging Face LLaMA layout, every other model in the boost
+layout; model/hf.py writes and reads them, docs/export.md lists the names.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jax
-import numpy as np
-from flax import nnx
-from safetensors import safe_open
-from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
-from boost_jax import api
-from boost_jax.config import Config, ModelConfig, from_dict
-from boost_jax.config.archs import ARCHS
-from boost_jax.launch.prepare import prepare_jax
-from boost_jax.model import Model
+from boost_jax.config import Config
+from boost_jax.model.hf import HF_CONFIG, TOKENIZER, ExportError, check_out_dir, export_model
+from boost_jax.parallel import single_device_plan
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
-from boost_jax.runtime.errors import BoostJaxError
-from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
 
-FORMAT, FORMAT_VERSION = "boost_jax", 1
-WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
-HF_CONFIG, BOOST_CONFIG = "config.json", "boost_config.json"
-
-# boost_jax parameter path -> HF LLaMA tensor name ({i}: layer index). Matrices ending in ".w" are
-# stored [in, out] here (x @ W) and [out, in] in HF (torch's Linear), so they are transposed.
-HF_NAMES = {
-    "embed": "model.embed_tokens.weight",
-    "final_norm.scale": "model.norm.weight",
-    "lm_head.w": "lm_head.weight",
-    "layers.attn_norm.scale": "model.layers.{i}.input_layernorm.weight",
-    "layers.mlp_norm.scale": "model.layers.{i}.post_attention_layernorm.weight",
-    **{f"layers.attn.{p}.w": f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo"},
-    **{f"layers.mlp.{p}.w": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
-}
+if TYPE_CHECKING:
+    from boost_jax.model.run_dir import Run
 
 
-class ExportError(BoostJaxError, ValueError):
-    """The run, the checkpoint or the output folder cannot be used; the message says why."""
-
-    kind = "export error"
-
-
-def is_hf_llama(cfg: ModelConfig) -> bool:
-    """HF LLaMA always applies SiLU to the gate, so only an HF-exportable arch (dense) with it is a LLaMA."""
-    return ARCHS[cfg.arch].hf_llama_export and cfg.mlp_gate_silu
-
-
-# ----------------------------------------------------------------------------- export
-
-
-def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None, force: bool = False) -> int:
-    """Export checkpoint `step` (default: the newest) of a run dir; returns the step exported."""
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if not run_dir.is_dir():
-        raise ExportError(f"run dir not found: {run_dir}")
-    if out_dir.resolve() == run_dir.resolve():
+def export(run: Run, out_dir: str | Path, step: int | None = None, force: bool = False) -> int:
+    """Export checkpoint `step` (default: the newest) of an opened run dir; returns the step exported."""
+    out_dir = Path(out_dir)
+    if out_dir.resolve() == run.run_dir.resolve():
         raise ExportError("OUT_DIR must not be the run dir")
-    _check_out_dir(out_dir, force)  # before the slow restore
-    cfg, model, step = api.restore(run_dir, step)
-    export_model(cfg, model, out_dir, _run_tokenizer(run_dir, cfg), force=force)
+    check_out_dir(out_dir, force)  # before the slow restore
+    model, step = run.model(step, single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
+    export_model(run.cfg, model, out_dir, _run_tokenizer(run.run_dir, run.cfg), force=force)
     return step
-
-
-def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-                 force: bool = False) -> None:
-    """Write `model` (built from `cfg`) to out_dir, in the HF layout if it is a LLaMA, else the boost one."""
-    out_dir, m = Path(out_dir), model.cfg
-    _check_out_dir(out_dir, force)
-    for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no stale file of another layout
-        (out_dir / name).unlink(missing_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf = is_hf_llama(m)
-    tensors = _to_tensors(nnx.to_pure_dict(nnx.state(model, nnx.Param)), hf)
-    meta = _hf_config(m, cfg.train.seq_len) if hf else {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
-    }
-    try:
-        # transformers refuses safetensors files without a "format" entry in their metadata.
-        save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
-        (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
-        if tokenizer_path is not None:
-            shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
-    except Exception as e:  # safetensors raises its own error type around the OSError
-        if not is_disk_full(e):
-            raise
-        for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no half-written export is left
-            (out_dir / name).unlink(missing_ok=True)
-        raise disk_full(out_dir, "the export", sum(t.nbytes for t in tensors.values()),
-                        "no part of it is left there") from None
-
-
-def _to_tensors(params: dict, hf: bool) -> dict[str, np.ndarray]:
-    """One float32 tensor per parameter, split per layer for the stacked ones; HF matrices [out, in]."""
-    tensors = {}
-    for path, x in _flat(params).items():
-        x = np.asarray(jax.device_get(x), np.float32)
-        if hf and path.endswith(".w"):
-            x = np.swapaxes(x, -1, -2)
-        name = _tensor_name(path, hf)
-        if path.startswith("layers."):
-            tensors.update({name.format(i=i): np.ascontiguousarray(xi) for i, xi in enumerate(x)})
-        else:
-            tensors[name] = np.ascontiguousarray(x)
-    return tensors
-
-
-def _hf_config(m: ModelConfig, seq_len: int) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": m.d_model,
-        "intermediate_size": m.d_ff,
-        "num_hidden_layers": m.n_layers,
-        "num_attention_heads": m.n_heads,
-        "num_key_value_heads": m.n_kv_heads,
-        "head_dim": m.head_dim,
-        "vocab_size": m.vocab_size,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_theta,
-        "tie_word_embeddings": m.tie_embeddings,
-        "max_position_embeddings": seq_len,  # the trained length; RoPE itself has no limit
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "float32",
-        "bos_token_id": 1,  # <bos>, <eos> of the tokenizers boost_jax trains
-        "eos_token_id": 2,
-    }
-
-
-def _check_out_dir(out_dir: Path, force: bool) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"output path {out_dir} exists and is not a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise ExportError(f"output folder {out_dir} is not empty; pass --force to overwrite the export in it")
-    check_writable_dir(out_dir, "out_dir")
 
 
 def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:
@@ -171,167 +52,6 @@ def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:
     return path
 
 
-# ----------------------------------------------------------------------------- import
-
-
-def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
-    """(resolved model config, parameter pure dict in the config's param_dtype) from either layout:
-    a boost export, or a Hugging Face LLaMA folder (`model.safetensors`, or shards listed in
-    `model.safetensors.index.json`; float32, float16 or bfloat16). Read tensor by tensor: the model
-    is in host memory once, plus the tensor being read."""
-    src = Path(src)
-    cfg, hf = _read_config(src)
-    files = _weight_files(src)
-    where = {}  # tensor name -> its file
-    for path in files:
-        with _open_weights(path) as f:
-            where.update(dict.fromkeys(f.keys(), path))
-    handles = {}
-    used = set()
-
-    def tensor(name: str) -> np.ndarray:
-        if name not in where:
-            raise ExportError(f"{src} lacks the tensor {name}")
-        used.add(name)
-        if where[name] not in handles:
-            handles[where[name]] = _open_weights(where[name])
-        try:
-            x = handles[where[name]].get_tensor(name)
-        except Exception as e:  # safetensors raises its own errors for a damaged body
-            raise ExportError(f"{where[name]}: cannot read the tensor {name} ({e})") from None
-        if x.dtype.kind in "biuc":  # integer (e.g. quantized), bool or complex: casting would not mean weights
-            raise ExportError(f"{where[name]}: the tensor {name} is {x.dtype}, not a float type (float32, float16 "
-                              "or bfloat16); quantized or integer weights cannot be imported")
-        return x
-
-    def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
-        path = _path_str(key_path)
-        name = _tensor_name(path, hf)
-        out = np.empty(like.shape, like.dtype)
-        for i, dst in enumerate(out if path.startswith("layers.") else [out]):
-            x = tensor(name.format(i=i))
-            x = np.swapaxes(x, -1, -2) if hf and path.endswith(".w") else x
-            if x.shape != dst.shape:
-                raise ExportError(f"{src}: {name.format(i=i)} has shape {x.shape}, the config needs {dst.shape}")
-            dst[...] = x  # cast to param_dtype
-        return out
-
-    params = jax.tree_util.tree_map_with_path(read, _abstract_params(cfg))
-    extra = sorted(set(where) - used)
-    if hf and cfg.tie_embeddings and "lm_head.weight" in extra:  # some tied checkpoints store the copy
-        if np.array_equal(tensor("lm_head.weight"), params["embed"]):
-            extra.remove("lm_head.weight")
-    if extra:
-        raise ExportError(f"{src} has tensors the config does not use: {extra[:8]}")
-    return cfg, params
-
-
-def _open_weights(path: Path):
-    """A safetensors file opened for reading; a damaged or foreign one named."""
-    try:
-        return safe_open(str(path), framework="numpy")
-    except Exception as e:  # SafetensorError (a bad header), OSError
-        raise ExportError(f"{path} is not a readable safetensors file ({e})") from None
-
-
-def _weight_files(src: Path) -> list[Path]:
-    """The safetensors files of a folder: model.safetensors, or every shard its index names."""
-    index = src / (WEIGHTS + ".index.json")
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError) as e:
-            raise ExportError(f"{index} is not a safetensors index (no weight_map: {e})") from None
-        if missing := [s for s in shards if not (src / s).is_file()]:
-            raise ExportError(f"{index} names shards that are not in {src}: {missing}")
-        return [src / s for s in shards]
-    if not (src / WEIGHTS).is_file():
-        raise ExportError(f"{src} has no {WEIGHTS} (nor {index.name})")
-    return [src / WEIGHTS]
-
-
-def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
-    """(model config, whether the folder is in the HF layout)."""
-    if (out_dir / BOOST_CONFIG).is_file():
-        meta = _read_json(out_dir / BOOST_CONFIG)
-        if (meta.get("format"), meta.get("format_version")) != (FORMAT, FORMAT_VERSION):
-            raise ExportError(f"{out_dir / BOOST_CONFIG}: unsupported format {meta.get('format')!r} "
-                              f"version {meta.get('format_version')!r}")
-        return from_dict({"model": meta["model"]}).model, False
-    if (out_dir / HF_CONFIG).is_file():
-        return _from_hf_config(_read_json(out_dir / HF_CONFIG)), True
-    raise ExportError(f"{out_dir} holds no export: no {BOOST_CONFIG} or {HF_CONFIG}")
-
-
-def _read_json(path: Path) -> dict:
-    """A JSON object from `path`, or one ExportError naming the file."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ExportError(f"{path} is not a JSON file ({e})") from None
-    if not isinstance(data, dict):
-        raise ExportError(f"{path}: expected a JSON object, got a {type(data).__name__}")
-    return data
-
-
-# config.json's numeric fields that become the model's
-HF_NUMBERS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "vocab_size", "rms_norm_eps", "rope_theta")
-
-
-def _from_hf_config(c: dict) -> ModelConfig:
-    if c.get("model_type", "llama") != "llama":
-        raise ExportError(f"config.json: model_type {c.get('model_type')!r} is not a LLaMA")
-    unsupported = {k: c[k] for k in ("attention_bias", "mlp_bias", "rope_scaling") if c.get(k)}
-    if c.get("hidden_act", "silu") != "silu":
-        unsupported["hidden_act"] = c["hidden_act"]
-    if unsupported:
-        raise ExportError(f"config.json: fields boost_jax cannot express: {unsupported}")
-    if missing := [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                               "vocab_size", "rms_norm_eps") if k not in c]:
-        raise ExportError(f"config.json lacks {missing}: not a LLaMA config")
-    # transformers >= 5 saves rope_theta inside rope_parameters.
-    theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0)
-    for key in HF_NUMBERS:
-        value = c.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ExportError(f"config.json: {key} must be a number, got {value!r}")
-    return from_dict({"model": {
-        "arch": "dense", "d_model": c["hidden_size"], "d_ff": c["intermediate_size"],
-        "n_layers": c["num_hidden_layers"], "n_heads": c["num_attention_heads"],
-        "n_kv_heads": c.get("num_key_value_heads"), "head_dim": c.get("head_dim"),
-        "vocab_size": c["vocab_size"], "mlp_gate_silu": True,
-        "tie_embeddings": c.get("tie_word_embeddings", False),
-        "norm_eps": c["rms_norm_eps"], "rope_theta": theta,
-    }}).model
-
-
-def _abstract_params(cfg: ModelConfig) -> dict:
-    model = nnx.eval_shape(lambda: Model(cfg, rngs=nnx.Rngs(0)))
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-# ----------------------------------------------------------------------------- names
-
-
-def _tensor_name(path: str, hf: bool) -> str:
-    """Tensor name of a parameter path; per-layer names hold "{i}" (the stacked layer axis is split)."""
-    if hf:
-        return HF_NAMES[path]
-    return "layers.{i}." + path.removeprefix("layers.") if path.startswith("layers.") else path
-
-
-def _path_str(key_path) -> str:
-    return ".".join(str(k.key) for k in key_path)
-
-
-def _flat(tree: dict) -> dict[str, jax.Array]:
-    return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
 def main(argv: list[str] | None = None) -> None:
     run_main(_main, argv)
 
@@ -349,8 +69,10 @@ def _main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.step is not None and args.step < 0:
         raise ExportError(f"--step must be a checkpoint's step (>= 0), got {args.step}")
-    prepare_jax(api.run_config(args.run_dir), reuse_memory=False)  # no training-sized steps
-    step = export(args.run_dir, args.out_dir, args.step, args.force)
+    from boost_jax.model.run_dir import open_run  # Orbax kept out of --help
+
+    run = open_run(args.run_dir, prepare=True, reuse_memory=False)  # no training-sized steps
+    step = export(run, args.out_dir, args.step, args.force)
     out = Path(args.out_dir)
     layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"
     print(f"exported step {step} of {args.run_dir} to {out} ({layout} layout): "

@@ -80,29 +80,24 @@ def _main(argv: list[str]) -> None:
     startup = Startup()
     a = parse(argv)
     prompts = read_prompts(a)
-    from boost_jax import api
-    from boost_jax.data.tokenizer import eos_id, load_tokenizer
-    from boost_jax.launch.prepare import prepare_jax
     from boost_jax.model.decode import Decoder, choose_cache
-    from boost_jax.parallel import make_plan
-    from boost_jax.parallel.mesh import mesh_devices
+    from boost_jax.model.run_dir import open_run
 
     startup.lap("import")
-    tokenizer_path = a.run_dir / "tokenizer.json"
-    # The run dir and its config.yaml first: what a damaged one names.
-    cfg = api.decoding_config(a.run_dir, a.config)
-    prepare_jax(cfg, reuse_memory=False)  # decoding keeps glibc's defaults (launch/host_memory.py)
-    if not tokenizer_path.is_file():
+    # The run dir and its config.yaml first: what a damaged one names. Decoding keeps glibc's
+    # defaults (launch/host_memory.py).
+    run = open_run(a.run_dir, a.config, decoding=True, prepare=True, reuse_memory=False)
+    cfg = run.cfg
+    if not (a.run_dir / "tokenizer.json").is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
-    plan = make_plan(cfg, mesh_devices(cfg.parallel))
-    tok = load_tokenizer(tokenizer_path)
+    plan, tok = run.plan, run.tokenizer
     ids = [tok.encode(p).ids for p in prompts]
     if empty := [i for i, x in enumerate(ids) if not x]:
         raise ConfigError(f"prompt {empty[0]} encodes to no tokens")
     startup.lap("data")
     # The parameters read straight onto the plan; the decoder keeps them (no other copy is held).
-    _, model, step = api.restore(a.run_dir, a.step, a.config, plan)
-    decoder = Decoder(model, plan, cache=a.cache, eos_id=eos_id(tok))
+    model, step = run.model(a.step)
+    decoder = Decoder(model, plan, cache=a.cache, eos_id=run.eos)
     del model
     cache = {"cache": decoder.cache_name, "cache_auto": a.cache == AUTO}
     if a.cache == AUTO:  # one line saying what auto chose and why

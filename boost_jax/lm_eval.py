@@ -18,7 +18,8 @@ The three requests the harness makes, each answered from the model's own forward
   consecutive windows of the model's context, the first token predicted from the end-of-document
   token (the harness's perplexity and bits per byte).
 - `generate_until(context, {until, max_gen_toks, temperature, do_sample})`: the decoder's continuation
-  (`boost_jax/model/decode.py`), cut at the first stop string.
+  (`boost_jax/model/decode.py`), cut at the first stop string; requests asking alike decode in batches.
+Scores are summed on the devices, at the positions asked: two numbers per row come to the host.
 
 The class works without lm-eval installed (tests drive it with plain request objects); with it, it
 is an `lm_eval.api.model.LM` registered as "boost_jax".
@@ -65,28 +66,22 @@ class BoostLM(_Harness):
                               "batch_size, overrides)")
         batch_size = positive_batch_size(batch_size)
         super().__init__()
-        from boost_jax import api
-        from boost_jax.data.tokenizer import eos_id, load_tokenizer
-        from boost_jax.launch.prepare import prepare_jax
         from boost_jax.model.decode import Decoder
-        from boost_jax.parallel import make_plan
-        from boost_jax.parallel.mesh import mesh_devices
+        from boost_jax.model.run_dir import open_run
 
         overrides = overrides.split() if isinstance(overrides, str) else list(overrides)
-        cfg = api.decoding_config(run_dir, overrides)
-        prepare_jax(cfg, reuse_memory=False)  # decoding's scoring: glibc's defaults
-        plan = make_plan(cfg, mesh_devices(cfg.parallel))
-        self.cfg, self.model, self.step = api.restore(run_dir, None if step in (None, "") else int(step), overrides,
-                                                      plan=plan)
-        self.tokenizer = load_tokenizer(Path(run_dir) / "tokenizer.json")
-        self.eos = eos_id(self.tokenizer)
+        # decoding's scoring: glibc's defaults
+        run = open_run(run_dir, overrides, decoding=True, prepare=True, reuse_memory=False)
+        plan, self.cfg = run.plan, run.cfg
+        self.model, self.step = run.model(None if step in (None, "") else int(step))
+        self.tokenizer, self.eos = run.tokenizer, run.eos
         # The cache with the fewest bytes per device here; refuses pipeline stages and cp by name.
         self.decoder = Decoder(self.model, plan, cache="auto", eos_id=self.eos)
         self.context = self.cfg.train.seq_len
         split = plan.size("batch")  # rows are padded to a multiple of the data-parallel split
         self.rows = -(-batch_size // split) * split
         graphdef, params = nnx.split(self.model)
-        self._log_probs = jax.jit(lambda p, t: jax.nn.log_softmax(nnx.merge(graphdef, p)(t, plan=plan), axis=-1))
+        self._scores = jax.jit(lambda p, *rows: scores(nnx.merge(graphdef, p), plan, *rows))
         self._params = params
 
     @classmethod
@@ -100,22 +95,24 @@ class BoostLM(_Harness):
 
     def score(self, sequences: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """(sum of log-probs, all greedy) of the last `n` tokens of each token sequence, each predicted
-        from the tokens before it (sequences cut to the model's context + 1, padded to a bucket)."""
+        from the tokens before it (sequences cut to the model's context + 1, padded to a bucket).
+        Scored on the devices (`scores`): two numbers per row come back."""
         from boost_jax.model.decode import bucket
 
         out = []
         for lo in range(0, len(sequences), self.rows):
             part = [(ids[-(self.context + 1):], n) for ids, n in sequences[lo:lo + self.rows]]
             width = bucket(max(len(ids) - 1 for ids, _ in part))
-            tokens = np.zeros((self.rows, width), np.int32)  # one row count: one program per width
-            for i, (ids, _) in enumerate(part):
-                tokens[i, :len(ids) - 1] = ids[:-1]
-            log_probs = np.asarray(self._log_probs(self._params, jnp.asarray(tokens)))
+            asked = bucket(max(n for _, n in part))
+            # One row count: one program per (width, asked) bucket pair. Padding rows ask for nothing.
+            tokens, at, targets = (np.zeros((self.rows, k), np.int32) for k in (width, asked, asked))
+            count = np.zeros(self.rows, np.int32)
             for i, (ids, n) in enumerate(part):
-                at = np.arange(len(ids) - 1 - n, len(ids) - 1)  # the positions predicting the last n tokens
-                wanted = np.asarray(ids[-n:])
-                rows = log_probs[i, at]
-                out.append((float(rows[np.arange(n), wanted].sum()), bool((rows.argmax(-1) == wanted).all())))
+                tokens[i, :len(ids) - 1] = ids[:-1]
+                at[i, :n] = np.arange(len(ids) - 1 - n, len(ids) - 1)  # the positions predicting the last n tokens
+                targets[i, :n], count[i] = ids[-n:], n
+            total, greedy = jax.device_get(self._scores(self._params, tokens, at, targets, count))
+            out += [(float(total[i]), bool(greedy[i])) for i in range(len(part))]
         return out
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
@@ -140,27 +137,48 @@ class BoostLM(_Harness):
         return out
 
     def generate_until(self, requests) -> list[str]:
-        """The continuation of each request's context (`args`: context, gen_kwargs), cut at `until`."""
+        """The continuation of each request's context (`args`: context, gen_kwargs), cut at `until`.
+        Requests asking alike (stop strings, max_gen_toks, temperature) decode together, `rows` at a
+        time, longest first; a row's tokens never depend on the others in its batch, so each answer is
+        the one it gets alone. A sampled request decodes alone: its draw would depend on its slot."""
         from boost_jax.model.decode import Sampling
 
-        out = []
-        for request in requests:
+        out, asks = [""] * len(requests), {}
+        for i, request in enumerate(requests):
             context, kwargs = request.args
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            new = int(kwargs.get("max_gen_toks", 256))
+            until = (until,) if isinstance(until, str) else tuple(until)
             temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample", False) else 0.0
             ids = (self.encode(context) or [self.eos])[-(self.context - 1):]
-            new = max(1, min(new, self.context - len(ids)))
-            tokens = self.decoder.generate([ids], new, Sampling(temperature=temperature)).tokens[0]
-            text = self.tokenizer.decode(tokens)
-            cut = min((text.find(s) for s in until if s and s in text), default=len(text))
-            out.append(text[:cut])
+            asks.setdefault((until, int(kwargs.get("max_gen_toks", 256)), temperature), []).append((i, ids))
+        for (until, new, temperature), members in asks.items():
+            members.sort(key=lambda m: -len(m[1]))  # like lengths share a prompt bucket
+            size = self.rows if temperature == 0 else 1
+            for lo in range(0, len(members), size):
+                part = members[lo:lo + size]
+                limits = [max(1, min(new, self.context - len(ids))) for _, ids in part]  # within the context
+                prompts = [ids for _, ids in part] + [part[0][1]] * (size - len(part))  # one row count: one program
+                rows = self.decoder.generate(prompts, max(limits), Sampling(temperature=temperature)).tokens
+                for (i, _), tokens, limit in zip(part, rows, limits):
+                    text = self.tokenizer.decode(tokens[:limit])
+                    out[i] = text[:min((text.find(s) for s in until if s and s in text), default=len(text))]
         return out
 
 
 if register_model is not None:
     register_model("boost_jax")(BoostLM)
+
+
+def scores(model, plan, tokens, at, targets, count) -> tuple[jax.Array, jax.Array]:
+    """Per row of `tokens` [B, S]: the summed log-probability of `targets` [B, K] as predicted at
+    positions `at` [B, K] (a row's first `count` [B] of them), and whether each is the greedy choice.
+    The head runs at those K positions alone, and only the [B] sums and flags leave the devices: the
+    whole [B, S, V] fp32 log-softmax read back on the host was ~2 GB per call at llama-7b."""
+    h = model.hidden(tokens, plan=plan)
+    logits = model.logits(jnp.take_along_axis(h, at[:, :, None], axis=1), plan)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), targets[:, :, None], axis=-1)[:, :, 0]
+    asked = jnp.arange(at.shape[1]) < count[:, None]
+    return jnp.where(asked, picked, 0.0).sum(-1), jnp.all((jnp.argmax(logits, axis=-1) == targets) | ~asked, axis=-1)
 
 
 def positive_batch_size(value) -> int:
@@ -240,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str]) -> None:
     import argparse
 
-    from boost_jax import api
+    from boost_jax.model.run_dir import read_config
     from boost_jax.runtime.cli import DEBUG_HELP
     from boost_jax.runtime.errors import PackageError
 
@@ -257,7 +275,7 @@ def _main(argv: list[str]) -> None:
     if a.step is not None and a.step < 0:
         raise ConfigError(f"--step must be a checkpoint's step (>= 0), got {a.step}")
     check_harness_args(harness_args)
-    api.decoding_config(a.run_dir, overrides)  # a run dir and its overrides, named before the harness starts
+    read_config(a.run_dir, overrides, decoding=True)  # a run dir and its overrides, named before the harness starts
     if register_model is None:
         raise PackageError("python -m boost_jax.lm_eval needs lm-eval: pip install -e \".[eval]\" (or pip install lm-eval)")
     model_args = {"run_dir": str(a.run_dir), "overrides": overrides, **({} if a.step is None else {"step": a.step})}

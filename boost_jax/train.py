@@ -82,6 +82,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
     from boost_jax.parallel import make_plan
     from boost_jax.runtime.cache import cache_root
     from boost_jax.training.log import RunLog
+    from boost_jax.training.microbatch_fit import fit_resume
     from boost_jax.training.muon_layout import placements
     from boost_jax.training.parts import (
         Checkpoints,
@@ -94,6 +95,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
         any_process,
         finite,
     )
+    from boost_jax.training.recovery import Recovery
     from boost_jax.training.step import device_batch, setup
 
     lap("import")
@@ -105,6 +107,11 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
     with contextlib.ExitStack() as closing:  # on any exit: release the run dir, close the log, wait for saves
         run_dir = RunDir(cfg, primary=jax.process_index() == 0)
         closing.callback(run_dir.release)
+        fit_note = None
+        if run_dir.saved is not None:  # a resume, maybe on fewer devices, each holding more of the batch
+            cfg, fit_note = fit_resume(cfg, plan)
+            if fit_note:
+                t, plan = cfg.train, make_plan(cfg, devices)
         check_writable_dir(cache_root(cfg.data.cache_dir), "data.cache_dir")
         data = build_data(cfg.data, vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)
         lap("data")
@@ -116,6 +123,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
         mixture_note = data.train.resume(ckpt.meta.get("mixture"), start) if data.parts else None
         record = lambda: {"mixture": data.train.record()} if data.parts else {}  # what a checkpoint adds
         process = (jax.process_index(), jax.process_count())
+        recovery = Recovery(run_dir.path / "metrics.jsonl", start, primary=process[0] == 0)  # read before RunLog rewrites it
         log = RunLog(run_dir.path, cfg.log, total_steps=t.steps, start_step=start, primary=process[0] == 0,
                      run_config=cfg.to_dict())
         closing.callback(log.close)
@@ -134,13 +142,16 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
             log.line(f"run_dir already holds step {start} >= train.steps={t.steps}; nothing to do")
             return {"start_step": start, "losses": []}
         if ckpt.restored:
-            log.line(f"resumed from step {start} ({ckpt.directory}"
-                     + (f", loss {resumed_loss:.4f})" if resumed_loss is not None else ")"))
+            log.line(f"resumed from step {start} ({ckpt.source}"
+                     + (f", loss {resumed_loss:.4f})" if resumed_loss is not None else ")")
+                     + (f"; {fit_note}" if fit_note else ""))
             if fresh := ckpt.meta.get("fresh_state"):
                 log.line(f"the checkpoint holds no {', '.join(fresh)} state: it starts fresh")
             if before := ckpt.meta.get("optimizer_reset"):
                 log.line(f"train.optimizer {before} -> {t.optimizer} (train.reset_optimizer=true): the parameters "
                          f"resume, the {t.optimizer} state starts fresh")
+        elif fit_note:  # a run dir with a config but no checkpoint starts at step 0
+            log.line(fit_note)
         if mixture_note:
             log.line(mixture_note)
 
@@ -177,13 +188,14 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
                 e = evals[done]
                 log.line(f"eval step {done} | loss {e['eval_loss']:.4f} | ppl {e['eval_ppl']:.2f} | bpb {e['eval_bpb']:.4f}")
             save, log_due = ckpt.due(done), done % cfg.log.every == 0 or done == t.steps
+            local = ckpt.local_due(done)
             # A signal or the clock asks for a save: decided by all processes alike, at a log line
             # (every step with one process).
             if process[1] == 1 or save or log_due:
                 signalled = any_process(preempt.received is not None)
                 stopped = (preempt.received or "a signal to another process") if signalled else None
                 save = save or any_process(ckpt.overdue()) or (stopped is not None and ckpt.enabled)
-            if not (save or log_due or stopped):  # one host sync per log interval and before every checkpoint
+            if not (save or local or log_due or stopped):  # one host sync per log interval and before every checkpoint
                 continue
             fetched = jax.device_get(pending)  # waits for the steps in flight: the meter reads after it
             speed = meter.read(done)
@@ -192,7 +204,10 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
                 health = r.pop("health", {})
                 logs = at % cfg.log.every == 0 or at == t.steps
                 rows.append({"step": at, **{k: float(v) for k, v in r.items()}, **speed, **evals.pop(at, {}),
-                             **({k: float(v) for k, v in health.items()} if logs else {})})
+                             **({k: float(v) for k, v in health.items()} if logs else {}), "time": time.time()})
+                if at == start + 1 and (lost := recovery.fields(rows[-1])):
+                    rows[-1].update(lost)
+                    log.line(recovery.line(lost))
                 log.record(rows[-1])
                 if guard.first_bad(rows[-1]):
                     bad = rows[-1]
@@ -205,9 +220,10 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
             if bad:
                 raise guard.stop(bad, ckpt.saved_step)
             log.advance(len(rows), loss=f"{summary['loss']:.3f}")
-            if save:
+            if save or local:
                 paused = meter.pause(state)
-                ckpt.save(done, state, summary["loss"] if finite(summary) else None, record())
+                (ckpt.save if save else ckpt.save_local)(done, state, summary["loss"] if finite(summary) else None,
+                                                         record())
                 meter.resume(paused)
             if stopped:
                 saved = f"saved step {done} in {ckpt.directory}" if ckpt.enabled else "checkpointing is off: not saved"

@@ -170,6 +170,15 @@ def test_latent_heads_reduce_scatter_the_kv_latents_as_the_formula_says(norm, gr
         assert r["analytic_layer_forward_by_kind"]["reduce-scatter"] == B * S * 2 * m.attn_rank * 2
         assert r["layer_forward_bytes"] == btp["layer_forward_bytes"] + (TP - 1) * 2 * B * S
         assert r["layer_forward_collectives"] == btp["layer_forward_collectives"] + 1
+        # On a ring the k|v latents send (TP-1)/TP of their bytes, not an all-reduce's twice that.
+        ring = lambda kind, n: (2 if kind == "all-reduce" else 1) * (TP - 1) / TP * n
+        kv = r["analytic_layer_forward_by_kind"]["reduce-scatter"]
+        assert r["analytic_layer_forward_ring_bytes"] == pytest.approx(
+            sum(ring(k, n) for k, n in r["analytic_layer_forward_by_kind"].items()))
+        assert btp["analytic_layer_forward_ring_bytes"] - r["analytic_layer_forward_ring_bytes"] == pytest.approx(
+            (TP - 1) / TP * kv)
+        assert r["layer_forward_ring_bytes"] == pytest.approx(
+            sum(ring(k, v["bytes"]) for k, v in r["by_kind"]["forward"].items()))
 
 
 @pytest.mark.slow  # two abstract compiles of llama-7b

@@ -1,9 +1,11 @@
 """`python -m boost_jax.convert import`: an export comes back bit for bit, a Hugging Face LLaMA
 (sharded, fp16) computes what it computed, a dense model factors into the svd arch exactly at full
-rank and best at any rank (plain or whitened), the result is a run dir training continues, and bad
-input is refused by name with nothing written."""
+rank and best at any rank (plain or whitened), a low-rank model refactors into latent heads with the
+error it reports, the result is a run dir training continues, and bad input is refused by name with
+nothing written."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -17,8 +19,9 @@ from safetensors.numpy import load_file, save_file
 from boost_jax import api
 from boost_jax.config import ConfigError, load_config
 from boost_jax.convert import main
-from boost_jax.export import export_model
-from boost_jax.model import compress
+from boost_jax.model import compress, latent_heads
+from boost_jax.model.hf import export_model
+from boost_jax.model.importer import jax_to_numpy
 from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.train import train
 
@@ -158,7 +161,8 @@ def test_bad_input_is_refused_by_name_and_nothing_is_written(dense_run, tmp_path
 
 
 def main_raising(argv):
-    from boost_jax.convert import convert, parse
+    from boost_jax.convert import parse
+    from boost_jax.model.importer import convert
 
     return convert(parse(argv))
 
@@ -216,3 +220,70 @@ def test_integer_weights_are_refused_by_dtype_and_tensor_name(tmp_path, dense_ru
     with pytest.raises(BoostJaxError, match=r"model.safetensors: the tensor model.norm.weight is int32, not a float"):
         main_raising(["import", str(tmp_path / "src"), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def latent_factors(params, name):
+    return (np.asarray(params["layers"]["attn"][name][k], np.float64) for k in ("a", "b"))
+
+
+def export_of(tmp_path, tokenizer, *overrides):
+    cfg = api.config("llama-tiny", "model.init_std=0.2", "model.n_kv_heads=4", *overrides)
+    model = api.build_model(cfg)
+    export_model(cfg, model, tmp_path / "src", tokenizer)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["svd", "cola", "lax"])
+def test_latent_heads_from_a_plain_model_report_the_error_they_make(tmp_path, dense_run, arch, capsys):
+    """g = 4 from plain k/v factors: the reported error per layer is the one measured on the weights the
+    run holds (svd: of A B; cola/lax: of B, whose latents stay A's columns, permuted; LaX alike in every
+    layer), and the assignment keeps more of B than the source's own order of the latents would."""
+    plain = params_of(export_of(tmp_path, dense_run / "tokenizer.json", f"model.arch={arch}"))
+    main(["import", str(tmp_path / "src"), str(tmp_path / "run"), "model.attn_latent_heads=4", "--json"])
+    report = json.loads(capsys.readouterr().out)["latent_heads"]
+    cfg, model, _ = api.restore(tmp_path / "run")
+    assert cfg.model.attn_latent_heads == report["groups"] == 4 and report["method"] == latent_heads.method(arch)
+    for name in ("k", "v"):
+        (a, b), (a2, b2) = latent_factors(plain, name), latent_factors(params_of(model), name)
+        b2 = latent_heads.dense_b(b2, 4)
+        if arch == "svd":
+            measured = np.linalg.norm(a @ b - a2 @ b2, axis=(1, 2)) / np.linalg.norm(a @ b, axis=(1, 2))
+        else:
+            perms = [[int(np.flatnonzero((ai == c[:, None]).all(0))[0]) for c in ai2.T] for ai, ai2 in zip(a, a2)]
+            assert all(sorted(p) == list(range(a.shape[-1])) for p in perms)  # the same latents, reordered
+            if arch == "lax":
+                assert perms[0] == perms[1]
+            measured = np.array([np.linalg.norm(bi[p] - bi2) / np.linalg.norm(bi) for bi, p, bi2 in zip(b, perms, b2)])
+            in_order = np.linalg.norm(b - latent_heads.dense_b(latent_heads.stacked_b(b, 4)[0], 4), axis=(1, 2))
+            assert np.all(measured < in_order / np.linalg.norm(b, axis=(1, 2)))
+        reported = np.array([layer[name]["weight"] for layer in report["layers"]])
+        assert np.all(reported > 0.05)
+        np.testing.assert_allclose(reported, measured, rtol=1e-5)
+
+
+def test_latent_heads_at_g_1_are_exact(tmp_path, dense_run, capsys):
+    """A plain model at g = 1 is unchanged bit for bit; a latent-heads model imported at g = 1 is the
+    plain model with B dense, and computes its logits."""
+    cfg = api.config("llama-tiny", "model.arch=cola", "model.init_std=0.2")
+    plain = params_of(api.build_model(cfg))
+    _, same, report = latent_heads.convert(cfg.model, jax_to_numpy(plain), 1)
+    jax.tree.map(np.testing.assert_array_equal, same, plain)
+    assert all(e["weight"] == 0 for layer in report for e in layer.values())
+    heads = export_of(tmp_path, dense_run / "tokenizer.json", "model.arch=cola", "model.attn_latent_heads=2")
+    main(["import", str(tmp_path / "src"), str(tmp_path / "run"), "model.attn_latent_heads=1"])
+    assert "k and v in 1 latent heads" in capsys.readouterr().out
+    _, back, _ = api.restore(tmp_path / "run")
+    assert back.cfg.attn_latent_heads == 1
+    np.testing.assert_allclose(logits(back), logits(heads), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch, overrides, needle", [
+    ("cola", ["model.attn_latent_heads=3"], "model.attn_latent_heads: 3 must divide model.attn_rank=16"),
+    ("dense", ["model.attn_latent_heads=2"], "arch dense has none"),
+    ("cola", ["model.d_model=32"], "model.d_model: the model is the source's"),
+])
+def test_latent_heads_bad_input_is_refused_and_nothing_is_written(tmp_path, dense_run, arch, overrides, needle):
+    export_of(tmp_path, dense_run / "tokenizer.json", f"model.arch={arch}")
+    with pytest.raises(BoostJaxError, match=re.escape(needle)):
+        main_raising(["import", str(tmp_path / "src"), str(tmp_path / "out"), *overrides])
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.import.*"))

@@ -18,6 +18,7 @@ from boost_jax import api, eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.launch.startup import PHASES
 from boost_jax.lm_eval import BoostLM
+from boost_jax.model.evaluate import evaluate
 from boost_jax.runtime.errors import ConfigError, DataError
 
 
@@ -29,12 +30,31 @@ def run_dir(tiny_run_dir):
 
 def test_eval_is_the_training_loops_eval_at_that_step(run_dir):
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
-    got = boost_eval.evaluate(run_dir)
+    got = evaluate(run_dir)
     assert got["step"] == 4 and got["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
     assert got["bits_per_byte"] == pytest.approx(logged["eval_bpb"], rel=1e-6)
     # Bits per byte: the summed loss in bits over the bytes of the evaluated targets' text.
     assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / (got["bytes"] * math.log(2)))
     assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
+
+
+def test_generate_until_batches_requests_asking_alike_with_each_answer_its_own(run_dir, monkeypatch):
+    """Requests of two kinds (stop strings, max_gen_toks), interleaved, with prompts of different lengths,
+    one so long that its continuation is cut to the model's context: decoded in batches of `rows` per
+    kind, each answer equals the one the request gets alone."""
+    lm = BoostLM(run_dir, batch_size=4)
+    long = "import os\n" * 40  # more tokens than the context (64): kept to its last 63, 1 new token
+    kinds = [{"until": ["\n\n"], "max_gen_toks": 12}, {"until": [")"], "max_gen_toks": 6, "do_sample": False}]
+    contexts = ["def main(", "x = ", long, "class A:\n    def f(self", "import", "", "for i in range(3):\n"]
+    asks = [request(c, kinds[i % 2]) for i, c in enumerate(contexts)]
+    alone = [lm.generate_until([a])[0] for a in asks]
+    calls = []
+    generate = lm.decoder.generate
+    monkeypatch.setattr(lm.decoder, "generate", lambda prompts, *a, **k: calls.append(len(prompts)) or
+                        generate(prompts, *a, **k))
+    assert lm.generate_until(asks) == alone
+    assert calls == [4, 4]  # 4 and 3 requests of the two kinds, each one batch padded to the row count
+    assert any(alone) and len(set(alone)) > 2
 
 
 @pytest.mark.parametrize("layout", [
@@ -44,8 +64,8 @@ def test_eval_is_the_training_loops_eval_at_that_step(run_dir):
 ])
 def test_eval_under_any_layout_equals_one_device(run_dir, layout):
     """The checkpoint, trained on one device, evaluated under tp, fsdp and dp: the same loss."""
-    one = boost_eval.evaluate(run_dir, max_tokens=3000)
-    other = boost_eval.evaluate(run_dir, layout, max_tokens=3000)
+    one = evaluate(run_dir, max_tokens=3000)
+    other = evaluate(run_dir, layout, max_tokens=3000)
     assert other["tokens"] == one["tokens"] == 6 * 8 * 64 and other["loss"] == pytest.approx(one["loss"], rel=1e-5)
 
 
@@ -63,7 +83,7 @@ def test_a_run_on_simulated_devices_is_evaluated_and_decoded_on_its_layout(tmp_p
     cli = lambda *args: subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=300)
     evaluated = cli("boost_jax.eval", str(run), "--json")
     assert evaluated.returncode == 0, evaluated.stderr
-    assert json.loads(evaluated.stdout)["loss"] == pytest.approx(boost_eval.evaluate(run)["loss"], rel=1e-5)
+    assert json.loads(evaluated.stdout)["loss"] == pytest.approx(evaluate(run)["loss"], rel=1e-5)
     decoded = cli("boost_jax.generate", str(run), "--prompt", "def main(", "--max-new-tokens", "4", "--json")
     assert decoded.returncode == 0, decoded.stderr
     assert len(json.loads(decoded.stdout)["tokens"][0]) <= 4
@@ -73,8 +93,9 @@ def test_a_run_on_simulated_devices_is_evaluated_and_decoded_on_its_layout(tmp_p
 
 def test_eval_refuses_a_dataset_of_another_tokenizer(run_dir, tmp_path):
     write_synthetic(tmp_path / "other", [20000], 512)
-    with pytest.raises(DataError, match=r"tokenizer does not match the run's \(.*run/tokenizer\.json\)"):
-        boost_eval.evaluate(run_dir, ["data.source=prepared", f"data.path={tmp_path / 'other'}"], split="train")
+    with pytest.raises(DataError, match=r"tokenizer does not match the run's \(.*run/tokenizer\.json\): .* use the "
+                                        rf"run's dataset \(not {re.escape(str(tmp_path / 'other'))}\)"):
+        evaluate(run_dir, ["data.source=prepared", f"data.path={tmp_path / 'other'}"], split="train")
 
 
 def test_eval_cli_prints_json(run_dir, capsys):
@@ -123,6 +144,15 @@ def test_loglikelihood_is_the_forwards_sum_of_log_probs(harness):
     greedy_next = harness.tokenizer.decode([int(np.argmax(forward_log_probs(harness, ids)[-1]))])
     (_, is_greedy), = harness.loglikelihood([request("def main(", greedy_next)])
     assert is_greedy or harness.encode("def main(" + greedy_next)[:len(ids)] != ids  # unless the seam re-merges
+
+
+def test_loglikelihood_reads_back_two_numbers_per_row(harness, monkeypatch):
+    """Scored on the devices: each batch of `rows` sequences returns its sums and greedy flags, not the
+    [rows, width, vocab] log-softmax (262 MB per batch of 8 at llama-60m, measured: docs/design.md section 11)."""
+    scores, returned = harness._scores, []
+    monkeypatch.setattr(harness, "_scores", lambda *a: returned.append(scores(*a)) or returned[-1])
+    harness.loglikelihood([request("def main(", " return 1"), request("", "import os"), request("x = ", "[1]")])
+    assert [[(x.shape, x.dtype) for x in out] for out in returned] == [[((2,), np.float32), ((2,), np.bool_)]] * 2
 
 
 def test_rolling_loglikelihood_scores_every_token_once_in_windows(harness):
@@ -295,6 +325,31 @@ def test_bench_quality_refuses_a_bad_optimizer_axis_by_name():
             quality.vary_optimizers(vary, lrs, config)
     assert quality.vary_optimizers("train.optimizer=adamw,muon", "1e-3,3e-3,1e-2", []) == (["adamw", "muon"],
                                                                                           [1e-3, 3e-3, 1e-2])
+
+
+def test_bench_quality_refuses_a_bad_latent_heads_axis_by_name():
+    from boost_jax.bench import quality
+
+    assert quality.vary_latent_heads("model.attn_latent_heads=1,2,4", ["train.lr=1e-3"]) == [1, 2, 4]
+    for vary, config, needle in [("model.attn_latent_heads=1,two", [], "expected whole numbers of latent heads"),
+                                 ("model.attn_latent_heads=1,2", ["train.seed=3"], "train.seed=3: with --vary")]:
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            quality.vary_latent_heads(vary, config)
+
+
+@pytest.mark.slow  # four tiny training runs and their evals
+def test_bench_quality_compares_latent_heads_over_two_seeds(tmp_path, cache_dir):
+    from boost_jax.bench import quality
+
+    args = ["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
+            f"data.cache_dir={cache_dir}"]
+    o = quality.compare_latent_heads(args, [1, 2], 5000, tmp_path / "work", 1000, log=lambda s: None)
+    assert [r["attn_latent_heads"] for r in o["rows"]] == [1, 2]
+    assert o["rows"][1]["params"] < o["rows"][0]["params"]  # a block-diagonal B is g times smaller
+    for r in o["rows"]:
+        assert r["seed_losses"][1] != r["seed_losses"][0] and r["spread"] == abs(r["seed_losses"][0] - r["seed_losses"][1])
+    lines = quality.latent_heads_table(o)
+    assert lines[0].startswith("| latent heads g |") and [line.split(" | ")[0] for line in lines[2:]] == ["| 1", "| 2"]
 
 
 @pytest.mark.slow  # eight tiny training runs and their evals

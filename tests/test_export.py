@@ -21,8 +21,9 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, models
 
 from boost_jax import api
-from boost_jax.export import ExportError, export_model, load_exported, main
+from boost_jax.export import main
 from boost_jax.model import Model
+from boost_jax.model.hf import ExportError, export_model, load_exported
 
 # Non-default eps, theta, head_dim and a big init_std, so that a dropped field or a misplaced tensor
 # moves the logits far beyond the tolerance.
@@ -35,6 +36,7 @@ CASES = {
     "cola": ("model.arch=cola",),
     "lax": ("model.arch=lax", "model.tie_embeddings=true"),
     "cola_bf16": ("model.arch=cola", "model.param_dtype=bfloat16", "model.dtype=bfloat16"),  # stored as fp32
+    "cola_heads": ("model.arch=cola", "model.attn_latent_heads=2"),  # k/v's B stored dense (block-diagonal)
 }
 HF_CASES = ("dense", "dense_tied")
 
@@ -102,6 +104,34 @@ def test_layout_follows_the_model(exported):
         if m.arch != "dense":  # x @ A @ B orientation: A [d_in, r], B [r, d_out]
             assert tensors["layers.1.mlp.down.a"].shape == (m.d_ff, m.mlp_rank)
             assert tensors["layers.1.mlp.down.b"].shape == (m.mlp_rank, m.d_model)
+
+
+@pytest.mark.parametrize("exported", ["cola_heads"], indirect=True)
+def test_latent_heads_export_the_dense_block_diagonal_b_a_cola_loader_reads(exported):
+    """k's and v's B as the [r, D] block-diagonal matrix: read as a plain CoLA model (g = 1, what a
+    CoLA loader sees) it computes the latent-heads model's logits; an entry off the blocks is refused."""
+    _, cfg, model, out = exported
+    m = model.cfg
+    r, cols, g = m.attn_rank, m.n_kv_heads * m.head_dim, m.attn_latent_heads
+    tensors = load_file(str(out / "model.safetensors"))
+    for name in ("layers.0.attn.k.b", "layers.1.attn.v.b"):
+        b = tensors[name]
+        assert b.shape == (r, cols)
+        assert not b[:r // g, cols // g:].any() and not b[r // g:, :cols // g].any()
+        assert b[:r // g, :cols // g].all() and b[r // g:, cols // g:].all()
+    meta = json.loads((out / "boost_config.json").read_text())
+    (out / "boost_config.json").write_text(json.dumps({**meta, "model": {**meta["model"], "attn_latent_heads": 1}}))
+    plain_cfg, params = load_exported(out)
+    plain = Model(plain_cfg, rngs=nnx.Rngs(0))
+    nnx.update(plain, params)
+    tokens = tokens_for(cfg)
+    np.testing.assert_allclose(api.forward(plain, tokens), api.forward(model, tokens), rtol=1e-5, atol=1e-5)
+    (out / "boost_config.json").write_text(json.dumps(meta))
+    tensors["layers.1.attn.v.b"][0, -1] = 0.5
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ExportError, match=re.escape("layers.1.attn.v.b is not block-diagonal in 2 latent heads "
+                                                    "(an entry off the blocks is 0.5)")):
+        load_exported(out)
 
 
 @pytest.mark.parametrize("exported", ["dense", "lax"], indirect=True)

@@ -1,4 +1,4 @@
-"""Every command fails safe (scripts/fault_battery.py runs the whole battery): one writer per run dir,
+"""Every command fails safe (tests/test_fault_battery.py runs the whole battery): one writer per run dir,
 bad values refused by name before any work, files that are not what they should be named, multi-
 process settings checked, and the Python API's arguments checked."""
 

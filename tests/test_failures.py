@@ -18,7 +18,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from boost_jax import api
 from boost_jax.analysis import flops
 from boost_jax.config import ConfigError, LogConfig, load_config
-from boost_jax.export import ExportError, export
+from boost_jax.export import export
+from boost_jax.model.hf import ExportError
+from boost_jax.model.run_dir import open_run
 from boost_jax.runtime.errors import CheckpointError, DivergenceError
 from boost_jax.train import train
 from boost_jax.training.checkpoint import Checkpointer
@@ -218,7 +220,7 @@ def test_malformed_cpu_peak_cache_is_measured_again(tmp_path, monkeypatch):
 def test_export_checks_the_tokenizer(run_copy, tmp_path):
     (run_copy / "tokenizer.json").write_text('{"not": "a tokenizer"}')
     with pytest.raises(ExportError, match="tokenizer.json is not a tokenizer"):
-        export(run_copy, tmp_path / "out")
+        export(open_run(run_copy), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -327,7 +329,7 @@ def test_an_unknown_section_in_a_runs_config_yaml_is_refused_on_resume(run_copy,
 
 
 def test_eval_max_tokens_is_clamped_to_the_split_and_says_so(run_copy, capsys):
-    from boost_jax.eval import evaluate
+    from boost_jax.model.evaluate import evaluate
 
     whole = evaluate(run_copy, ["parallel.dp=1"], max_tokens=10**12)  # would be 2e9 batches unclamped
     err = capsys.readouterr().err

@@ -81,6 +81,7 @@ def test_a_metrics_row_or_event_on_a_full_disk(where, what, extra, tmp_path, tin
 def test_prepare_and_export_on_a_full_disk(tmp_path, tiny_overrides):
     from boost_jax.data.__main__ import main as data_main
     from boost_jax.export import export
+    from boost_jax.model.run_dir import open_run
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n" for i in range(20000)))
@@ -95,8 +96,40 @@ def test_prepare_and_export_on_a_full_disk(tmp_path, tiny_overrides):
     run = train_tiny(tmp_path / "run", tiny_overrides)
     with small_disk(tmp_path / "export", "256k") as grow:
         with pytest.raises(DiskFullError, match=r"no space left writing the export to .*export: .* MB needed; no part"):
-            export(run, tmp_path / "export")
+            export(open_run(run), tmp_path / "export")
         assert not any((tmp_path / "export").iterdir())
         grow("32m")
-        assert export(run, tmp_path / "export") == 4
+        assert export(open_run(run), tmp_path / "export") == 4
     assert api.restore(run)[2] == 4  # the run dir was only read
+
+
+@pytest.mark.slow  # a training process and a rerun: ~40 s
+def test_a_checkpoint_folder_made_read_only_mid_run(tmp_path, tiny_overrides):
+    """Remounted read-only while saves are in flight (4 devices: many writer tasks, each failing): one
+    message naming the folder and the committed steps, exit 1 within seconds, no traceback; made
+    writable again, the same command resumes from the newest committed step. The step folder is made
+    in `save` (training/checkpoint.py): made by Orbax's background thread, a refused one left its
+    writer threads waiting 300 s for it, and the process with them, in 2 of 6 runs."""
+    from test_long_runs import run_cli, wait_for_step
+
+    run_dir = tmp_path / "run"
+    args = ["parallel.cpu_devices=4", "parallel.dp=4", "train.steps=40", "checkpoint.every=1", "checkpoint.keep=2"]
+    with small_disk(run_dir / "checkpoints", "64m"):
+        proc = run_cli(run_dir, tiny_overrides, *args)
+        wait_for_step(run_dir, 3, proc)
+        subprocess.run(["mount", "-o", "remount,ro", str(run_dir / "checkpoints")], check=True)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"still running 60 s after its folder was made read-only: {proc.communicate()[1]}")
+        assert proc.returncode == 1, err
+        committed = steps_in(run_dir)
+        assert committed and err.strip().splitlines()[-2] == (
+            f"checkpoint error: cannot write a checkpoint in {run_dir / 'checkpoints'}: Read-only file system; the "
+            f"committed checkpoints (steps {committed}) are untouched. Make the folder writable and rerun the same "
+            f"command to resume from step {committed[-1]}"), err
+        assert "Traceback" not in err and "ERROR" not in err, err
+        subprocess.run(["mount", "-o", "remount,rw", str(run_dir / "checkpoints")], check=True)
+        resumed = train(config(run_dir, tiny_overrides, "train.steps=8", "checkpoint.every=4"), jax.devices()[:1])
+        assert resumed["start_step"] == committed[-1]

@@ -400,6 +400,23 @@ def test_bench_decode_reports_speed_beside_the_floor(capsys):
     assert all(x["step_s"] > 0 and x["floor_s"] > 0 and x["decode_tokens_per_s"] > 0 for x in r["rows"])
 
 
+@pytest.mark.slow  # four decoders compiled and timed: about 15 s of CPU
+def test_bench_decode_varies_the_layout_side_by_side_with_each_devices_cache(capsys):
+    """--vary: one run per value; a latent-heads model's latent cache is split over tp, as the full one."""
+    from boost_jax.bench import decode
+
+    decode.main(["model.preset=llama-tiny", "model.arch=cola", "model.attn_latent_heads=2", "--vary", "parallel.tp=1,2",
+                 "--caches", "full,latent", "--batches", "2", "--prompt-len", "4", "--new-tokens", "2", "--reps", "1",
+                 "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert [(run["variant"], run["tp"]) for run in r["runs"]] == [("parallel.tp=1", 1), ("parallel.tp=2", 2)]
+    # llama-tiny: 2 layers; full: k and v, 2 kv heads x 8 dims; latent: h_k and h_v, 16 wide; fp32
+    per_device = {(run["tp"], x["cache"]): x["cache_bytes_per_token_per_device"] for run in r["runs"] for x in run["rows"]}
+    assert per_device == {(1, "full"): 256, (1, "latent"): 256, (2, "full"): 128, (2, "latent"): 128}
+    assert all(x["cache_bytes_per_device"] == 2 * 6 * x["cache_bytes_per_token_per_device"] and x["decode_tokens_per_s"] > 0
+               for run in r["runs"] for x in run["rows"])
+
+
 def test_bench_decode_times_xla_defaults_side_by_side(capsys):
     from boost_jax.bench import decode
 

@@ -220,3 +220,45 @@ def test_a_program_over_the_gpus_memory_is_named_and_exits_1(tmp_path, capsys):
               "--save", str(tmp_path / "exe")])
     assert str(e.value).startswith("does not fit: train_step (") and "of a h100-80gb" in str(e.value)
     assert not (tmp_path / "exe").exists()  # nothing saved
+
+
+@pytest.mark.slow  # ~90 s each on 2 busy cores
+@pytest.mark.parametrize("layout", [("parallel.fsdp=4", "parallel.dp=1"), ("parallel.fsdp=1", "train.remat=full")])
+def test_the_memory_model_is_within_10_percent_of_xla_gpus_peak(layout):
+    """FSDP (a whole-stack gather would add 3x the weights) and full remat (the update's working set
+    sets the peak) on an A100: the model for XLA:GPU within 10% of its compiled train step."""
+    from boost_jax.analysis.compiled import compile_all
+    from boost_jax.launch.gpu_target import gpu_devices
+
+    cfg = load_config(None, ["model.preset=llama-60m", "model.arch=cola", "model.dtype=bfloat16", "train.batch_size=8",
+                             "train.seq_len=512", "train.eval_every=0", "parallel.dp=-1", *layout])
+    _, (step,), _ = compile_all(cfg, gpu_devices(load_hardware()["a100-80gb"], 1, 4), only=("train_step",))
+    assert step["model_memory"] == pytest.approx(step["memory"]["peak"], rel=0.10)
+
+
+def test_a_gpu_compile_after_a_cpu_one_leaves_the_persistent_cache_alone(tmp_path):
+    """JAX decides at a process's first compile whether the persistent cache is used: a deviceless GPU
+    compile after a CPU one (bench paper --gpu-compile compiles both) must still neither read nor
+    write it (such an entry cannot be loaded back), and the CPU's compiles keep using it after."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from boost_jax.config import DataConfig
+    from boost_jax.launch import compile_cache
+    from boost_jax.launch.gpu_target import gpu_devices, no_persistent_cache
+
+    folder = compile_cache.enable(DataConfig(compile_cache_dir=str(tmp_path / "xla")))
+    entries = lambda: sorted(p.name for p in folder.glob("*-cache"))
+    try:
+        jax.jit(lambda x: x * 3 - 1)(jnp.arange(7.0))  # a CPU compile: the cache is in use from here on
+        kept = entries()
+        assert kept
+        gpu = gpu_devices(load_hardware()[H100], 1, 1)[0]
+        arg = jax.ShapeDtypeStruct((7,), jnp.float32, sharding=NamedSharding(jax.sharding.Mesh([gpu], ("x",)), P()))
+        with no_persistent_cache():
+            jax.jit(lambda x: x * 5 + 2).lower(arg).compile()
+        assert entries() == kept  # nothing written for the GPU program
+        jax.jit(lambda x: x * 7 + 3)(jnp.arange(7.0))
+        assert len(entries()) == len(kept) + 1  # the CPU's next program is kept again
+    finally:
+        compile_cache.enable(DataConfig(compile_cache=False))

@@ -8,6 +8,7 @@ import pytest
 from boost_jax.analysis.memory_model import layer_bytes, one_layer_config
 from boost_jax.analysis.program import config_for
 from boost_jax.bench import memory
+from boost_jax.config import load_config
 
 
 def test_layer_residuals_split_by_what_they_depend_on():
@@ -61,7 +62,6 @@ def test_bench_memory_inference_compiles_generation_beside_its_weights_and_cache
     place: the cache is its donated, aliased argument), each counted per device as the layout splits
     it; the prefill holds at least the weights and the cache it fills."""
     from boost_jax.analysis.memory_model import param_elems
-    from boost_jax.config import load_config
     from boost_jax.parallel import abstract_plan
 
     args = ["model.preset=llama-tiny", "model.arch=cola", "parallel.tp=2", "parallel.dp=1", "train.batch_size=4",
@@ -78,3 +78,22 @@ def test_bench_memory_inference_compiles_generation_beside_its_weights_and_cache
     state = decode["argument_bytes"] - r["weights_bytes"] - r["cache_bytes"]
     assert 0 < state <= 4 * (4 * 4 + 16 * 4) + 16  # the rows' counters, their output slots, the key
     assert prefill["peak_bytes"] >= r["weights_bytes"] + r["cache_bytes"]
+
+
+def test_the_memory_model_lays_the_step_out_as_the_named_compiler():
+    """XLA:GPU gathers one layer's FSDP shards inside the layer scan (XLA:CPU the whole stack), writes
+    the loss's cotangent over its logits, and allocates the layers' gradients after the loss:
+    `breakdown(..., compiler)` says so term by term; an unknown compiler is refused."""
+    from boost_jax.analysis.memory_model import breakdown
+
+    cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=4", "train.seq_len=128",
+                             "model.dtype=bfloat16", "parallel.fsdp=4", "parallel.dp=1"])
+    cpu, gpu = breakdown(cfg), breakdown(cfg, compiler="gpu")
+    assert cpu["fsdp_gathered"] == 3 * cpu["params"] and gpu["fsdp_gathered"] == cpu["fsdp_gathered"] // 2
+    assert gpu["loss"] * 2 == cpu["loss"] > 0
+    assert gpu["step"] == max(sum(gpu[k] for k in ("params", "grads", "fsdp_gathered", "tokens", "activations",
+                                                    "transient")), gpu["params"] + gpu["tokens"] + gpu["activations"] + gpu["loss"])
+    assert gpu["total"] >= gpu["step"] + gpu["optimizer"] and cpu["total"] == cpu["step"] + cpu["optimizer"]
+    with pytest.raises(ValueError, match="unknown compiler 'tpu'"):
+        breakdown(cfg, compiler="tpu")
+

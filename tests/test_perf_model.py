@@ -83,14 +83,14 @@ def test_a_model_dimension_equal_to_the_sequence_is_not_taken_for_attention_scor
     import jax
 
     from boost_jax.analysis import work
-    from boost_jax.analysis.hlo import parse_module
+    from boost_jax.analysis.hlo import op_name, parse_module
     from boost_jax.analysis.program import build, config_for
 
     prog = build(config_for("llama-tiny", "cola", "btp", tp=1, batch_size=2, seq=64, dtype="float32"))
     comps, _, _ = parse_module(jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile().as_text())
     square = [i for c in comps.values() for i in c.instrs.values() if re.search(r"\b64,64\]", i.shape)]
-    scores = [i for i in square if work._ATTENTION_SCOPE.search(i.attrs)]
-    others = [i for i in square if not work._ATTENTION_SCOPE.search(i.attrs)]
+    scores = [i for i in square if work.ATTENTION_SCOPE.search(op_name(i.attrs))]
+    others = [i for i in square if not work.ATTENTION_SCOPE.search(op_name(i.attrs))]
     assert scores and others
     blocks = work.attention_blocks(64, query_block=512)
     assert all(work._scaled_bytes(i, 4, blocks) is None for i in scores)

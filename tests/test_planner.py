@@ -148,7 +148,7 @@ def test_sizing_skips_each_layout_a_fitting_one_beats(monkeypatch):
     from boost_jax.planner.workers import Workers
 
     need = {"none": 3, "lowrank": 2, "full": 1}  # GiB; unsharded weights (fsdp = 1) need one more
-    monkeypatch.setattr(search, "breakdown", lambda cfg, _: {"total": (need[cfg.train.remat] + (cfg.parallel.fsdp == 1))
+    monkeypatch.setattr(search, "breakdown", lambda cfg, _, compiler: {"total": (need[cfg.train.remat] + (cfg.parallel.fsdp == 1))
                                                                       * 2**30})
 
     class EveryLayerAtHand:

@@ -77,7 +77,7 @@ def test_the_chosen_layout_is_priced_and_sized_as_its_default_compile(monkeypatc
     space = Space(schemes=("btp",), tp=(1, 2), pp=(1,), remat=("none",))
     best = plan(TINY, gpus=4, hw=hw, space=space, headroom=0.1, cache=DiskCache(None))[0]
     _at(monkeypatch, DEFAULT)
-    memory = breakdown(best.cfg, layer_bytes)
+    memory = breakdown(best.cfg, layer_bytes, compiler="gpu")
     assert memory == best.memory
     step = step_seconds(best.cfg, hw, memory["param_elems"], DiskCache(None))
     assert best.step["seconds"] == pytest.approx(step["seconds"], rel=STEP_TOLERANCE)

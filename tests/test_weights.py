@@ -14,6 +14,7 @@ import yaml
 from flax import nnx
 
 from boost_jax import api, eval as boost_eval, generate
+from boost_jax.model.evaluate import evaluate
 from boost_jax.model.weights import param_shardings, restore_params
 from boost_jax.parallel import make_plan
 from boost_jax.runtime.errors import CheckpointError
@@ -123,7 +124,7 @@ def test_a_pipelined_run_is_served_on_another_layout(tmp_path, tiny_overrides, c
                              "model.n_layers=4", "train.microbatches=2"]), jax.devices()[:2])
     logged = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["eval_loss"]
     for layout in (["parallel.pp=1", "parallel.pp_repeats=1", "parallel.tp=2"], ["parallel.pp=1", "parallel.pp_repeats=1"]):
-        assert boost_eval.evaluate(run, layout)["loss"] == pytest.approx(logged, rel=1e-5)
+        assert evaluate(run, layout)["loss"] == pytest.approx(logged, rel=1e-5)
     outs = []
     for layout in (["parallel.pp=1", "parallel.pp_repeats=1", "parallel.tp=2"], ["parallel.pp=1", "parallel.pp_repeats=1"]):
         generate.main([str(run), "--prompt", "def main(", "--max-new-tokens", "8", "--json", *layout])

@@ -22,10 +22,11 @@ from boost_jax.analysis.perf_model import collective_seconds
 from boost_jax.analysis.program import Program, optimizer_state
 from boost_jax.config import ModelConfig
 from boost_jax.config.archs import ARCHS
-from boost_jax.config.hardware import Hardware
+from boost_jax.config.hardware import Hardware, ring_bytes
 from boost_jax.config.schemes import CP
 from boost_jax.parallel import Plan
 from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
+from boost_jax.runtime.units import MIB
 from boost_jax.training.muon_layout import chosen_ways, placements, way_seconds
 from boost_jax.training.optimizers import make_optimizer
 
@@ -79,6 +80,9 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
     parts = lambda cols, kind: sorted(nbytes(dt, dims) * (c.group_size if kind == "reduce-scatter" else 1)
                                       for c in layers(cols) if c.kind == kind for dt, dims in c.parts)
     upcast = lambda cols: sum(c.bytes_as_compiled - c.bytes for c in layers(cols) if c.upcast_from)
+    # What a ring sends per device, per layer: an all-reduce twice a reduce-scatter's or all-gather's.
+    ring = lambda cols: sum(ring_bytes(c.kind, c.group_size, c.bytes) for c in layers(cols) if c.loop_depth > 0)
+    tp = prog.plan.mesh.shape["tp"]
     fwd_ops = [_describe(c) for c in layers(fwd)]
     layer_issued = {k: v for k, v in program_issues["layer"].items() if k != P2P}
     return {
@@ -103,6 +107,9 @@ def measure(prog: Program, hw: Hardware | None = None) -> dict:
         "layer_forward_reduce_scatter_parts": parts(fwd, "reduce-scatter"),
         "layer_backward_all_gather_parts": parts(bwd, "all-gather"),
         "by_kind": {"forward": layer_fwd["by_kind"], "backward": layer_bwd["by_kind"]},
+        "layer_forward_ring_bytes": ring(fwd), "layer_backward_ring_bytes": ring(bwd),
+        # the scheme's forward collectives over tp, priced the same way
+        "analytic_layer_forward_ring_bytes": sum(ring_bytes(k, tp, b) for k, b in kinds["forward"].items()),
         "edges": {"forward": summarize(fwd, in_loop=False), "train_step": summarize(both, in_loop=False)},
         "backend_upcast_extra_bytes": {"forward": upcast(fwd), "forward_and_backward": upcast(both)},
         "layer_forward_ops": fwd_ops,
@@ -189,7 +196,7 @@ def pipeline_comm(prog: Program, fwd: list[Collective], tokens: int, itemsize: i
 
 def _describe(c: Collective) -> str:
     parts = " + ".join(f"{d}{list(s)}" for d, s in c.parts)
-    return f"{c.kind} {parts} over {c.group_size} ({c.bytes / 2**20:.2f} MiB)"
+    return f"{c.kind} {parts} over {c.group_size} ({c.bytes / MIB:.2f} MiB)"
 
 
 

@@ -80,7 +80,8 @@ def compile_all(cfg: Config, devices: list[jax.Device], cache: str = "auto",
             compiled[name], seconds = compile_timed(compile_)
             reports.append(read(name, compiled[name], seconds, sized, plan))
             if name == "train_step":
-                reports[-1]["model_memory"] = breakdown(sized, layer_bytes_on(devices))["total"]
+                compiler = "gpu" if plan.platform == "gpu" else "cpu"  # the program's own compiler
+                reports[-1]["model_memory"] = breakdown(sized, layer_bytes_on(devices), compiler)["total"]
     return plan, reports, compiled
 
 

@@ -148,6 +148,15 @@ def attr(attrs: str, key: str) -> str | None:
     return m.group(1) if m else None
 
 
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+
+
+def op_name(attrs: str) -> str:
+    """An instruction's JAX name (its metadata op_name): "" when XLA made the instruction up."""
+    m = _OP_NAME.search(attrs)
+    return m.group(1) if m else ""
+
+
 # One pass over an instruction's attributes finds all its callee keys (a search per key was most of
 # the time `loop_contexts` took on a llama-7b module).
 _CALLEE_RE = re.compile(rf"\b({'|'.join(_CALLEE_ATTRS)}|to_apply){_ATTR_VALUE}")

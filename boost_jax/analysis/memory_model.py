@@ -8,8 +8,8 @@ checks a layout against the GPU's HBM with.
 Parts (docs/design.md, "Memory model"):
   params, grads     each weight's shard under the plan (dp/fsdp/tp/pp splits), at model.param_dtype;
                     with gradient accumulation, a second fp32 copy that sums the micro-batches
-  fsdp_gathered     under FSDP, the rest of each weight's tp shard: XLA gathers the stacked
-                    weights for the whole step (measured on the compiled program)
+  fsdp_gathered     under FSDP, the rest of each weight's tp shard: XLA:CPU gathers the stacked
+                    weights for the whole step, XLA:GPU one layer's inside the layer scan (`COMPILERS`)
   optimizer         train.optimizer's state as its init makes it (training/optimizers.py): AdamW two fp32
                     moments per parameter it updates, Muon one per matrix (and spectron an [L, r]
                     vector per factor, replicated), each moment sharded like its parameter
@@ -24,14 +24,20 @@ Parts (docs/design.md, "Memory model"):
                     weights (picked by a traced index) and what is computed from them.
   pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop (input, inbox and
                     outbox, merged output, cotangents) as 3.5 x M full-width [rows, seq / cp, d] values:
-                    the one fitted constant of the model
-  loss              the fp32 logits [rows, seq (or train.loss_chunk) / cp, V / (tp pp)] and their cotangent (rows:
+                    a fitted constant (the update's working set on XLA:GPU is the other)
+  loss              the fp32 logits [rows, seq (or train.loss_chunk) / cp, V / (tp pp)] and their cotangent
+                    (XLA:GPU writes one over the other: `COMPILERS`; rows:
                     one micro-batch's, or under a pipeline all M, which the head sees merged)
   transient         the largest working set on top: one layer's backward (its recomputed forward
                     and cotangents), or the loss's
 
 The layer's saved residuals are measured at the compute dtype, so a bf16 config gets bf16
 activations at 2 bytes (what a GPU keeps; the CPU backend's own bf16 figures hold f32 copies).
+
+XLA's CPU and GPU compilers lay the same step out differently (`COMPILERS`, measured on both
+compiles: docs/design.md, "Compiled for GPUs"): the caller names the compiler whose program it
+predicts, "cpu" for the programs the tests compile, "gpu" for what `python -m boost_jax.compile` and
+the benchmarks' `--gpu-compile` check.
 """
 
 from __future__ import annotations
@@ -65,6 +71,25 @@ FP32 = 4
 # few percent fewer bytes (tests/test_planner_compile.py measures both).
 ANALYSIS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 ATTENTION = ("q", "k", "v", "o")  # projections at model.attn_rank; the MLP's at mlp_rank
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerMemory:
+    """Where XLA's compilers differ in laying out one train step (each measured on both compiles)."""
+
+    gathers_stack: bool  # FSDP: the whole stacked weights gathered for the step, or one layer's in the scan
+    loss_beside_grads: bool  # the loss's logits live beside the layers' gradients, or before they exist
+    loss_buffers: int  # fp32 logits-sized buffers of the loss: logits and cotangent, or one written over
+    # The optimizer update's working set on top of the gradients, in parameter bytes: one fitted
+    # constant (docs/design.md section 15 says where); it sets the peak of a step whose activations
+    # are small (full remat).
+    update_temporaries: float
+
+
+COMPILERS = {
+    "cpu": CompilerMemory(gathers_stack=True, loss_beside_grads=True, loss_buffers=2, update_temporaries=0.0),
+    "gpu": CompilerMemory(gathers_stack=False, loss_beside_grads=False, loss_buffers=1, update_temporaries=1.5),
+}
 
 
 def _shard_bytes(a: jax.ShapeDtypeStruct) -> int:
@@ -179,10 +204,15 @@ def optimizer_bytes(cfg: Config, plan: Plan) -> int:
                for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))))
 
 
-def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) -> dict[str, int]:
+def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes,
+              compiler: str = "cpu") -> dict[str, int]:
     """Per-device bytes of cfg's train step by part (module docstring), with `step` (what the
-    compiled gradient program holds: all but the optimizer's state) and `total`. `layer` measures one
-    layer (`layer_bytes`; the planner passes a cached one). Needs devices only for cfg's tp."""
+    compiled gradient program holds: all but the optimizer's state) and `total`, as `compiler`
+    ("cpu" or "gpu": `COMPILERS`) lays the step out. `layer` measures one layer (`layer_bytes`; the
+    planner passes a cached one). Needs devices only for cfg's tp."""
+    if compiler not in COMPILERS:
+        raise ValueError(f"unknown compiler {compiler!r}: one of {', '.join(COMPILERS)}")
+    xla = COMPILERS[compiler]
     cfg = abstract_config(cfg)  # the default parallel.dp=-1 is one replica
     plan = abstract_plan(cfg)
     m, t, mesh = cfg.model, cfg.train, plan.mesh.shape
@@ -218,17 +248,21 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes) 
     logits = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab") * FP32
     parts = {
         "params": pbytes, "grads": pbytes + accum, "optimizer": optimizer_bytes(cfg, plan),
-        # Under FSDP, XLA gathers the stacked weights for the step: the rest of each tp shard (measured).
-        "fsdp_gathered": pbytes * (mesh["fsdp"] - 1),
+        # Under FSDP, the rest of each tp shard, of the whole stack or of one layer (see COMPILERS).
+        "fsdp_gathered": pbytes * (mesh["fsdp"] - 1) // (1 if xla.gathers_stack else m.n_layers),
         "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32 (whole rows under cp)
         "activations": activations, "pipeline_buffers": buffers,
-        "loss": 2 * logits,  # the logits and their cotangent (the softmax fuses into the loss)
+        "loss": xla.loss_buffers * logits,  # the softmax fuses into the loss
         "transient": one.transient,
         "param_elems": elems,  # a count, not bytes: the optimizer's work per device
     }
-    # The loss's working set is freed before the first layer's backward starts.
-    parts["step"] = sum(parts[k] for k in ("params", "grads", "fsdp_gathered", "tokens", "activations",
-                                                      "pipeline_buffers")) \
-        + max(parts["loss"], parts["transient"])
-    parts["total"] = parts["step"] + parts["optimizer"]
+    held = sum(parts[k] for k in ("params", "tokens", "activations", "pipeline_buffers"))
+    backward = held + parts["grads"] + parts["fsdp_gathered"] + parts["transient"]
+    if xla.loss_beside_grads:  # the loss's working set is freed before the first layer's backward starts
+        parts["step"] = backward - parts["transient"] + max(parts["loss"], parts["transient"])
+    else:  # the layers' gradients are allocated after the loss's working set is freed
+        parts["step"] = max(backward, held + parts["loss"])
+    # After the backward: the update's working set beside the gradients (activations freed).
+    update = parts["params"] + parts["grads"] + int(xla.update_temporaries * pbytes)
+    parts["total"] = max(parts["step"], update) + parts["optimizer"]
     return parts

@@ -36,8 +36,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, parse_module
-from boost_jax.analysis.work import SLICES, Gemm, operand_bytes
+from boost_jax.analysis.hlo import KINDS, arrays, attr, loop_contexts, nbytes, op_name, parse_module
+from boost_jax.analysis.work import ATTENTION_SCOPE, SLICES, Gemm, operand_bytes
 
 CATEGORIES = ("gemm", "attention", "elementwise", "loss", "optimizer", "collectives", "copies", "other")
 _COLLECTIVES = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
@@ -49,7 +49,6 @@ _MOVES = {"copy", "copy-start", "copy-done", "transpose", "bitcast", "reshape", 
           "get-tuple-element"}
 _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas", re.I)
 _ATTENTION_TARGET = re.compile(r"fmha|flash|attention", re.I)  # cuDNN's fused attention on GPU
-_ATTENTION_SCOPE = re.compile(r"\battention\b")
 _SCALAR = re.compile(r"^[a-z]\w*\[\]")
 LAYOUTS = ("forward", "input_grad", "weight_grad")
 # Bookkeeping that moves no data, loops (their body's ops are counted) and the second halves of
@@ -91,8 +90,7 @@ def classify(hlo_text: str) -> dict[str, Op]:
     out = {}
     for comp in comps.values():
         for ins in comp.instrs.values():
-            m = re.search(r'op_name="((?:[^"\\]|\\.)*)"', ins.attrs)
-            name = m.group(1) if m else ""
+            name = op_name(ins.attrs)
             target = m.group(1) if (m := re.search(r'custom_call_target="([^"]*)"', ins.attrs)) else ""
             kinds = body_ops(callee) if ins.op == "fusion" and (callee := attr(ins.attrs, "calls")) else {ins.op}
             out[ins.name] = Op(ins.op, _category(ins.op, kinds, name, target), name)
@@ -155,7 +153,7 @@ def _category(op: str, kinds: set[str], name: str, target: str) -> str:
         return "other"
     if name and "jvp(" not in name and "transpose(" not in name:
         return "optimizer"
-    if _ATTENTION_SCOPE.search(name) or (op == "custom-call" and _ATTENTION_TARGET.search(target)):
+    if ATTENTION_SCOPE.search(name) or (op == "custom-call" and _ATTENTION_TARGET.search(target)):
         return "attention"
     if name and "while" not in name:
         return "loss"

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, parse_module, users
+from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, op_name, parse_module, users
 from boost_jax.layers.attention import causal_blocks, query_rows
 
 # Instructions that move no data of their own (or whose cost is accounted elsewhere).
@@ -41,9 +41,10 @@ _FREE = {"copy", "parameter", "constant", "get-tuple-element", "tuple", "bitcast
 _DTYPE_AND_FILL = {"convert", "bitcast", "broadcast", "constant", "reshape"}
 SLICES = ("dynamic-slice", "slice", "gather")  # ops that read only the part of an operand they return
 _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
-_ATTENTION_SCOPE = re.compile(r'op_name="[^"]*/attention/')  # layers/attention.py's name scope
+# In an op_name: attention's name scope (`jax.named_scope("attention")` in layers/attention.py and
+# parallel/context.py), under autodiff's jvp(...) and in names XLA merged (`a;b`); timeline.py reads it too.
+ATTENTION_SCOPE = re.compile(r"(?:^|[/(;])attention[/)]")
 _ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # its loop over query blocks
-_IN_ATTENTION = re.compile(r'op_name="[^"]*[/(]attention[/)]')  # under it, autodiff's jvp(...) included
 # cuDNN's fused attention on GPUs (model.attention=cudnn): one custom call per pass, whose matmuls are
 # no dots in the HLO; the forward runs QK^T and PV, the backward recomputes QK^T and runs dV, dP, dQ, dK.
 _CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha\w*?(Backward)?"')
@@ -91,7 +92,7 @@ def _gemm(lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str, blocks: dict[t
     # m, n, k hold one of `attention_blocks`.
     share = next((share for block, share in blocks.items() if Counter((m, n, k)) >= Counter(block)), None)
     named = "op_name=" in attrs  # XLA drops the name of a dot it rewrites
-    if batch > 1 and share is not None and (not named or _IN_ATTENTION.search(attrs)):
+    if batch > 1 and share is not None and (not named or ATTENTION_SCOPE.search(op_name(attrs))):
         return Gemm(batch, m, n, k, trips, depth > 0, True, op, causal_share=share)
     return Gemm(batch, m, n, k, trips, depth > 0, False, op)
 
@@ -123,7 +124,7 @@ def _scaled_bytes(ins, itemsize: int, blocks: dict[tuple[int, int], float]) -> i
     """Bytes of an instruction's value with floats at `itemsize`; None for attention's scores: a
     [.., rows, keys] value made under the `attention` name scope (a model dimension can equal the
     sequence length or the block, so the shape alone does not tell)."""
-    scores = _ATTENTION_SCOPE.search(ins.attrs) is not None
+    scores = ATTENTION_SCOPE.search(op_name(ins.attrs)) is not None
     total = 0
     for dt, dims in arrays(ins.shape):
         if scores and len(dims) >= 2 and any(sorted(dims[-2:]) == sorted(block) for block in blocks):

@@ -13,8 +13,7 @@ from boost_jax.analysis.comm import measure, optimizer_comm
 from boost_jax.analysis.program import build
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.config.hardware import one_machine
-
-GIB = 2**30
+from boost_jax.runtime.units import GIB, MIB
 
 
 def print_table(r: dict) -> None:
@@ -26,6 +25,8 @@ def print_table(r: dict) -> None:
         print(f"    {phase:8s} {r[f'layer_{phase}_collectives']:3d} collectives {r[f'layer_{phase}_bytes'] / GIB:8.4f} GiB  ({kinds})")
     print(f"    analytic forward          {r['analytic_layer_forward_bytes'] / GIB:8.4f} GiB  "
           f"(measured / analytic = {r['forward_over_analytic']:.4f})")
+    print(f"    sent per device by a ring: forward {r['layer_forward_ring_bytes'] / GIB:.4f} GiB (analytic "
+          f"{r['analytic_layer_forward_ring_bytes'] / GIB:.4f}), backward {r['layer_backward_ring_bytes'] / GIB:.4f} GiB")
     if (bwd := r["analytic_layer_backward_bytes"]) is not None:
         print(f"    analytic backward         {bwd / GIB:8.4f} GiB  ({len(r['analytic_layer_backward_all_reduces'])} "
               f"all-reduces; measured parts equal: {r['layer_backward_all_reduce_parts'] == r['analytic_layer_backward_all_reduces']})")
@@ -42,22 +43,22 @@ def print_table(r: dict) -> None:
     if pipe := r.get("pipeline"):
         print(f"  pipeline: {pipe['stages']} stages x {pipe['repeats']} repeats, {pipe['microbatches']} micro-batches, "
               f"{pipe['iterations']} iterations, bubble {100 * pipe['bubble_fraction']:.1f}%")
-        print(f"    stage-to-stage per iteration, per device: {pipe['p2p_bytes_per_iteration'] / 2**20:.4f} MiB measured, "
-              f"{pipe['analytic_p2p_bytes_per_iteration'] / 2**20:.4f} MiB analytic")
+        print(f"    stage-to-stage per iteration, per device: {pipe['p2p_bytes_per_iteration'] / MIB:.4f} MiB measured, "
+              f"{pipe['analytic_p2p_bytes_per_iteration'] / MIB:.4f} MiB analytic")
         for op in pipe["p2p_ops_per_iteration"]:
             print(f"      {op}")
     if ctx := r.get("context"):
         print(f"  context parallel: cp={ctx['cp']}, attention by {ctx['attention']}; per layer over cp, per device:")
         for phase in ("forward", "backward"):
-            print(f"    {phase:8s} {ctx[phase]['count']:3d} collectives {ctx[phase]['bytes'] / 2**20:10.4f} MiB")
-        print(f"    analytic forward          {ctx['analytic_forward_bytes'] / 2**20:10.4f} MiB")
+            print(f"    {phase:8s} {ctx[phase]['count']:3d} collectives {ctx[phase]['bytes'] / MIB:10.4f} MiB")
+        print(f"    analytic forward          {ctx['analytic_forward_bytes'] / MIB:10.4f} MiB")
         for phase, short in (("forward", "fwd"), ("backward", "bwd")):
             for op in ctx[f"{phase}_ops"]:
                 print(f"      {short}: {op}")
     if opt := r.get("optimizer"):
         print(f"  optimizer update ({r['optimizer_name']}), per step, per device: Newton-Schulz ways {opt['ways']}")
-        print(f"    measured {opt['bytes'] / 2**20:10.4f} MiB  {opt['measured']}")
-        print(f"    formula  {opt['formula_bytes'] / 2**20:10.4f} MiB  {opt['formula']}"
+        print(f"    measured {opt['bytes'] / MIB:10.4f} MiB  {opt['measured']}")
+        print(f"    formula  {opt['formula_bytes'] / MIB:10.4f} MiB  {opt['formula']}"
               f"  (equal: {opt['measured'] == opt['formula']})")
         print(f"    + {opt['norms_and_clip']} small all-reduces (the clip's norm, Frobenius norms of matrices left in place)")
         ways = ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in opt["seconds_by_way"].items())

@@ -56,15 +56,16 @@ def add_vary(p: argparse.ArgumentParser) -> None:
                    help="one variant per value of a config key, side by side (repeat: every combination)")
 
 
-def variants(args: Sequence[str], vary: Sequence[str]) -> list[tuple[str, Config]]:
-    """(label, config) of every combination of the `--vary` values (one, unlabelled, without any)."""
+def variants(args: Sequence[str], vary: Sequence[str], decoding: bool = False) -> list[tuple[str, Config]]:
+    """(label, config) of every combination of the `--vary` values (one, unlabelled, without any);
+    `decoding`: `config_of`'s."""
     axes = []
     for v in vary:
         key, sep, values = v.partition("=")
         if not sep or "." not in key or not values:
             raise ConfigError(f"--vary {v!r}: expected section.key=V1,V2,...")
         axes.append([f"{key}={x}" for x in values.split(",")])
-    return [(" ".join(combo), config_of(args, *combo)) for combo in itertools.product(*axes)]
+    return [(" ".join(combo), config_of(args, *combo, decoding=decoding)) for combo in itertools.product(*axes)]
 
 
 def config_of(args: Sequence[str], *more: str, decoding: bool = False) -> Config:

@@ -30,6 +30,7 @@ from boost_jax.data.corpus import files_corpus
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.runtime.paths import check_writable_dir
+from boost_jax.runtime.units import MIB
 
 _SHARD = 1 << 27  # tokens per synthetic shard (256 MB of uint16)
 
@@ -95,8 +96,8 @@ def _prepare(a: argparse.Namespace, tmp: Path) -> dict:
                    PrepareConfig(vocab_size=4096, workers=a.workers, chunk_bytes=4 << 20, sample_bytes=4 << 20))
     seconds = time.perf_counter() - t0
     shutil.rmtree(tmp / "prepared")
-    return {"text_mb": done.encoded_bytes / 2**20, "seconds": seconds, "workers": a.workers,
-            "mb_per_s": done.encoded_bytes / 2**20 / seconds, "tokens_per_s": done.encoded_tokens / seconds}
+    return {"text_mb": done.encoded_bytes / MIB, "seconds": seconds, "workers": a.workers,
+            "mb_per_s": done.encoded_bytes / MIB / seconds, "tokens_per_s": done.encoded_tokens / seconds}
 
 
 def _loader(a: argparse.Namespace, tmp: Path) -> dict:

@@ -18,6 +18,11 @@ share of the difference.
 `--xla-defaults` also times each step under XLA's default options, beside `decode.COMPILER_OPTIONS`.
 `--api` also times `api.generate` called in a loop, as a user calls it (after its first call, which
 compiles), beside the same call on the kept Decoder, both end to end.
+`--vary section.key=V1,V2,...` measures one variant per value side by side in one run (repeat: every
+combination), e.g. `--vary parallel.tp=1,2,4 --vary model.attn_latent_heads=1,4`: each row also
+gives the bytes a cached token takes per device (a full cache split over the kv heads, a latent one
+over tp only with latent heads, `decode.cache_bytes_per_token`). On simulated CPU devices the
+tokens/s compare variants with one another, not with a real mesh.
 """
 
 from __future__ import annotations
@@ -34,15 +39,16 @@ from flax import nnx
 from boost_jax import api
 from boost_jax.analysis.flops import measure_read_bandwidth
 from boost_jax.bench import hf
-from boost_jax.bench.common import config_of, parse, parser, seconds
+from boost_jax.bench.common import add_vary, config_of, parse, parser, seconds, variants
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.archs import ARCHS
 from boost_jax.layers.kv_cache import CACHES, KVCache
 from boost_jax.model import Model
-from boost_jax.model.decode import COMPILER_OPTIONS, Decoder
+from boost_jax.model.decode import COMPILER_OPTIONS, Decoder, cache_bytes_per_token
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.cli import int_list
+from boost_jax.runtime.units import MIB
 
 
 def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int, new_tokens: int, reps: int,
@@ -64,6 +70,7 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
         decoder = Decoder(model, plan, cache=cache)
         baseline = Decoder(model, plan, cache=cache, compiler_options={}) if xla_defaults else None
         per_token = CACHES[cache].bytes_per_token(m, itemsize)
+        per_device = cache_bytes_per_token(cache, m, plan)
         for b in batches:
             prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()
             runs, base, calls, api_calls = [], [], [], []
@@ -91,11 +98,14 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
                          "decode_tokens_per_s": b * steps / decode, "step_s": decode / steps, "floor_s": floor,
                          "end_to_end_tokens_per_s": b * new_tokens / (prefill + decode),
                          "step_over_floor": decode / steps / floor, "cache_bytes_per_token": per_token,
+                         "cache_bytes_per_token_per_device": per_device,
+                         "cache_bytes_per_device": b * (prompt_len + new_tokens) * per_device,
                          "programs": decoder.programs,
                          **({"xla_defaults_step_s": statistics.median(base) / steps} if base else {}),
                          **({"call_s": statistics.median(calls), "api_call_s": statistics.median(api_calls),
                              "api_tokens_per_s": b * new_tokens / statistics.median(api_calls)} if api_calls else {})})
-    return {"model": m.preset, "arch": m.arch, "dtype": m.dtype, "prompt_len": prompt_len, "new_tokens": new_tokens,
+    return {"model": m.preset, "arch": m.arch, "dtype": m.dtype, "tp": cfg.parallel.tp,
+            "attn_latent_heads": m.attn_latent_heads, "prompt_len": prompt_len, "new_tokens": new_tokens,
             "weight_bytes": weight_bytes, "dense_cache_bytes_per_token": KVCache.bytes_per_token(m, itemsize),
             "rows": rows}
 
@@ -168,10 +178,14 @@ def main(argv: list[str]) -> None:
                    help="also time api.generate called in a loop, beside the kept Decoder's call")
     p.add_argument("--xla-defaults", action="store_true",
                    help="also time each decode step under XLA's default options, side by side (decode.COMPILER_OPTIONS)")
+    add_vary(p)
     a = parse(p, argv)
     if a.prompt_len < 1 or a.new_tokens < 2 or a.reps < 1 or not a.batches or min(a.batches) < 1:
         raise ConfigError("--prompt-len, --reps and --batches must be at least 1 and --new-tokens at least 2")
-    cfg = config_of(a.config, decoding=True)
+    if a.vary and a.hf:
+        raise ConfigError("--hf times one dense LLaMA: leave out --vary")
+    configs = variants(a.config, a.vary, decoding=True) if a.vary else [("", config_of(a.config, decoding=True))]
+    cfg = configs[0][1]
     if a.hf:
         hf.check_llama(cfg)
     low_rank = ARCHS[cfg.model.arch].low_rank
@@ -180,6 +194,12 @@ def main(argv: list[str]) -> None:
         raise ConfigError(f"--caches: unknown {bad}; choose from {list(CACHES)}")
     if not low_rank and (bad := [c for c in caches if c.startswith("latent")]):
         raise ConfigError(f"--caches {','.join(bad)}: model.arch={cfg.model.arch} has no latents (full only)")
+    if a.vary:
+        result = {"device": jax.devices()[0].device_kind, **measure_with_bandwidth(lambda bandwidth: {"runs": [
+            {"variant": label, **measure(c, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth,
+                                         a.xla_defaults, a.api)} for label, c in configs]})}
+        print(json.dumps(result, indent=1)) if a.json else print_variants(result)
+        return
     result = {"device": jax.devices()[0].device_kind, **measure_with_bandwidth(
         lambda bandwidth: measure(cfg, caches, a.batches, a.prompt_len, a.new_tokens, a.reps, bandwidth,
                                   a.xla_defaults, a.api))}
@@ -191,14 +211,29 @@ def main(argv: list[str]) -> None:
     print_table(result)
 
 
+def print_variants(r: dict) -> None:
+    """The --vary table: one row per variant, cache kind and batch size."""
+    first = r["runs"][0]
+    print(f"{first['model']} {first['arch']} {first['dtype']} on {r['device']}: prompts of {first['prompt_len']}, "
+          f"{first['new_tokens']} new tokens, greedy; tokens/s compare the rows (simulated devices share this host's cores)")
+    print(f"{'variant':40s} {'cache':8s} {'batch':>5s} {'B/token/dev':>11s} {'cache MiB/dev':>13s} {'decode tok/s':>12s} "
+          f"{'step ms':>8s}")
+    for run in r["runs"]:
+        for row in run["rows"]:
+            print(f"{run['variant']:40s} {row['cache']:8s} {row['batch']:5d} {row['cache_bytes_per_token_per_device']:11,d} "
+                  f"{row['cache_bytes_per_device'] / MIB:13.2f} {row['decode_tokens_per_s']:12,.1f} "
+                  f"{1e3 * row['step_s']:8.2f}")
+
+
 def print_table(r: dict) -> None:
     print(f"{r['model']} {r['arch']} {r['dtype']} on {r['device']}: prompts of {r['prompt_len']}, {r['new_tokens']} new "
-          f"tokens, greedy; weights {r['weight_bytes'] / 2**20:.1f} MiB; read bandwidth "
+          f"tokens, greedy; weights {r['weight_bytes'] / MIB:.1f} MiB; read bandwidth "
           f"{r['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
-    print(f"{'cache':7s} {'batch':>5s} {'B/token':>8s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'step ms':>8s} "
-          f"{'floor ms':>8s} {'x floor':>7s}")
+    print(f"{'cache':7s} {'batch':>5s} {'B/token':>8s} {'per dev':>8s} {'prefill tok/s':>13s} {'decode tok/s':>12s} "
+          f"{'step ms':>8s} {'floor ms':>8s} {'x floor':>7s}")
     for row in r["rows"]:
-        print(f"{row['cache']:7s} {row['batch']:5d} {row['cache_bytes_per_token']:8d} {row['prefill_tokens_per_s']:13,.0f} "
+        print(f"{row['cache']:7s} {row['batch']:5d} {row['cache_bytes_per_token']:8d} "
+              f"{row['cache_bytes_per_token_per_device']:8d} {row['prefill_tokens_per_s']:13,.0f} "
               f"{row['decode_tokens_per_s']:12,.1f} {1e3 * row['step_s']:8.2f} {1e3 * row['floor_s']:8.2f} "
               f"{row['step_over_floor']:7.2f}")
     print(f"(a dense model of this shape caches {r['dense_cache_bytes_per_token']} bytes per token)")

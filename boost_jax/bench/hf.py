@@ -1,5 +1,5 @@
-"""Hugging Face transformers + PyTorch on the same dense LLaMA as boost_jax (its weights exported by
-`boost_jax/export.py`), for the benchmarks' `--hf` figures: what a user would otherwise run on
+"""Hugging Face transformers + PyTorch on the same dense LLaMA as boost_jax (its weights written by
+`boost_jax/model/hf.py`, as `export` writes them), for the benchmarks' `--hf` figures: what a user would otherwise run on
 this machine, side by side. Needs torch and transformers (neither is a dependency)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from flax import nnx
 from boost_jax.analysis.flops import count
 from boost_jax.bench.common import seconds
 from boost_jax.config import Config, ConfigError
-from boost_jax.export import export_model, is_hf_llama
 from boost_jax.model import Model
+from boost_jax.model.hf import export_model, is_hf_llama
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.errors import PackageError
 from boost_jax.training.step import lr_schedule

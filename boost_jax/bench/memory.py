@@ -42,11 +42,11 @@ from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
 from boost_jax.layers.kv_cache import CACHES
+from boost_jax.runtime.units import GIB, MIB
 from boost_jax.training.optimizers import make_optimizer
 from boost_jax.training.step import accumulated_grad
 
 MODES = ("none", "full", "lowrank")
-MIB = 2**20
 TOLERANCE = 0.10  # the memory model against the compiled peak, relative
 
 
@@ -193,7 +193,7 @@ def sweep_variants(args: Sequence[str], vary: Sequence[str], budget_gib: float, 
         total = peak["fwd_bwd_peak_bytes"] + peak["optimizer_state_bytes"]
         rows.append({"variant": label, "config": cfg, **peak, "total_bytes": total,
                      "memory_model_total_bytes": breakdown(cfg)["total"],
-                     "fits": not budget_gib or total <= budget_gib * 2**30})
+                     "fits": not budget_gib or total <= budget_gib * GIB})
     if timed:
         fitting = [r for r in rows if r["fits"]]
         for r, result in zip(fitting, measure_steps([r["config"] for r in fitting], reps, steps)):

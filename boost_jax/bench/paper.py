@@ -47,8 +47,8 @@ from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.config.hardware import HARDWARE_FILE, Hardware, one_machine, select_hardware
 from boost_jax.launch.gpu_target import gpu_devices, no_persistent_cache, target_config
 from boost_jax.parallel.context import query_group
+from boost_jax.runtime.units import GIB, MIB
 
-GIB = 2**30
 # The paper's table: GPUs as (TP, PP), seconds per iteration of full-rank Megatron TP / vanilla
 # low-rank TP / BOOST, all CoLA (docs/design.md section 7).
 PAPER = {
@@ -188,7 +188,7 @@ def gpu_reading(cfg: Config, hw: Hardware) -> dict:
     with no_persistent_cache():
         prog = build(cfg, devices)
         step = jax.jit(jax.value_and_grad(prog.loss)).lower(prog.params, prog.batch).compile()
-        model_step = breakdown(cfg, layer_bytes_on(devices))["step"]
+        model_step = breakdown(cfg, layer_bytes_on(devices), "gpu")["step"]
     text = step.as_text()
     itemsize = jnp.dtype(m.dtype).itemsize
     gemms, traffic = analyze(text, seq=cfg.train.seq_len, itemsize=itemsize, query_block=m.attention_query_block,
@@ -356,7 +356,7 @@ def pipeline_table(result: dict, hw: str) -> list[str]:
         paper_s = f"{r['paper_seconds']:.2f}" if r["paper_seconds"] else "-"
         lines.append(f"| {r['model']} | {r['variant']} | {r['protocol']}: {_layout(r)} x {r['batch']} | {pipe['iterations']} "
                      f"| {100 * pipe['bubble_fraction']:.0f}% "
-                     f"| {pipe['p2p_bytes_per_iteration'] / 2**20:.1f} / {pipe['analytic_p2p_bytes_per_iteration'] / 2**20:.1f} "
+                     f"| {pipe['p2p_bytes_per_iteration'] / MIB:.1f} / {pipe['analytic_p2p_bytes_per_iteration'] / MIB:.1f} "
                      f"| {pred['parts']['pipeline_p2p']:.3f} | {pred['seconds']:.2f} | {pred['seconds'] / m:.2f} "
                      f"| {pred['loop_s'] / pipe['iterations'] + pred['edge_s'] / m:.2f} | {paper_s} |")
     return lines

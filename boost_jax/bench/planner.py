@@ -25,11 +25,11 @@ from boost_jax.bench.paper import PAPER, row_config
 from boost_jax.config.hardware import HARDWARE_FILE, Hardware, one_machine
 from boost_jax.runtime.cli import int_list
 from boost_jax.runtime.errors import ConfigError
+from boost_jax.runtime.units import GIB
 
 # What a planner row fixes of the paper's protocol (the layout keys are the planner's to choose).
 ROW_KEYS = ("model.preset", "model.arch", "model.dtype", "train.batch_size", "train.seq_len")
 
-GIB = 2**30
 ARCH, SCHEME = "cola", "btp"  # the paper's BOOST column
 PAPER_HARDWARE = "a100-80gb"
 MAX_PRICED = 8  # 13B and 30B pipelined compiles take minutes each on a laptop

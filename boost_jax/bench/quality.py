@@ -13,6 +13,10 @@ everything, and `bench report --quality-json` puts it on the results page.
 low-rank archs only) at equal tokens, each optimizer at the best of a learning-rate grid (--lrs, three
 values, every run's loss printed), then a second seed at that rate only; the table shows both seeds'
 losses and their spread.
+
+`--vary model.attn_latent_heads=1,2,4` measures what latent heads cost (docs/design.md section 11):
+cola with each number of k/v latent heads at equal tokens, the protocol's learning rate, seeds 0 and
+1 (another initialisation and batch order); the table shows both seeds' losses, their mean and spread.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def curve(run_dir: Path, flops_per_token: float, tokens_per_step: int) -> list[d
 
 
 def final_eval(run_dir: Path, max_tokens: int) -> dict:
-    from boost_jax.eval import evaluate
+    from boost_jax.model.evaluate import evaluate
 
     r = evaluate(run_dir, max_tokens=max_tokens)
     return {k: r[k] for k in ("step", "loss", "perplexity", "bits_per_byte", "tokens")}
@@ -77,8 +81,8 @@ def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, m
 
     import jax
 
-    from boost_jax.convert import convert
     from boost_jax.data.build import build_data
+    from boost_jax.model.importer import convert
 
     run_dir = work / f"dense-to-svd-{method}"
     base = from_args(run_args(args, "dense", dense["steps"], Path(dense["run_dir"])))
@@ -132,6 +136,44 @@ def compare_optimizers(args: list[str], optimizers: list[str], lrs: list[float],
             "evaluated_tokens": evaluated, "rows": rows}
 
 
+def compare_latent_heads(args: list[str], groups: list[int], tokens: int, work: Path, max_tokens: int,
+                         log=print) -> dict:
+    """cola with each number of latent heads in `groups` at equal tokens, seeds 0 and 1."""
+    steps, per_step = steps_for(from_args([*PROTOCOL, *args, "parallel.dp=1"]), tokens)
+    rows, evaluated = [], None
+    for g in groups:
+        log(f"cola, {g} latent heads: seeds 0 and 1, {steps} steps each")
+        runs = [train_run([*args, f"model.attn_latent_heads={g}", f"train.seed={seed}"], "cola", steps,
+                          work / f"cola-heads{g}-seed{seed}", max_tokens, log) for seed in (0, 1)]
+        losses = [r["final"]["loss"] for r in runs]
+        evaluated = runs[-1]["final"]["tokens"]  # every run evaluates the same split
+        rows.append({"attn_latent_heads": g, "params": runs[0]["params"], "seed_losses": losses,
+                     "mean_loss": sum(losses) / 2, "spread": abs(losses[0] - losses[1]),
+                     "minutes": sum(r["seconds"] for r in runs) / 60})
+    return {"tokens": steps * per_step, "steps": steps, "eval_tokens": max_tokens, "evaluated_tokens": evaluated,
+            "rows": rows}
+
+
+def latent_heads_table(o: dict) -> list[str]:
+    """Markdown: each number of latent heads, its two seeds' losses, their mean and spread."""
+    lines = ["| latent heads g | params | seed 0 / seed 1 | mean val loss | spread | minutes |", "|---|---|---|---|---|---|"]
+    for r in o["rows"]:
+        lines.append(f"| {r['attn_latent_heads']} | {r['params'] / 1e6:.2f}M | {r['seed_losses'][0]:.4f} / "
+                     f"{r['seed_losses'][1]:.4f} | {r['mean_loss']:.4f} | {r['spread']:.4f} | {r['minutes']:.1f} |")
+    return lines
+
+
+def vary_latent_heads(vary: str, config: list[str]) -> list[int]:
+    """The numbers of latent heads of `--vary model.attn_latent_heads=G1,G2,...`, checked."""
+    try:
+        groups = [int(x) for x in vary.partition("=")[2].split(",")]
+    except ValueError:
+        raise ConfigError(f"--vary {vary!r}: expected whole numbers of latent heads, e.g. 1,2,4") from None
+    if bad := [c for c in config if c.split("=")[0] in ("model.attn_latent_heads", "train.seed")]:
+        raise ConfigError(f"{bad[0]}: with --vary, bench quality sets the latent heads and the seed of each run")
+    return groups
+
+
 def optimizer_table(o: dict) -> list[str]:
     """Markdown: each optimizer's grid, best rate and its two seeds."""
     lines = ["| arch | optimizer | val loss per lr (" + ", ".join(f"{lr:g}" for lr in o["lrs"]) + ") | best lr | "
@@ -172,7 +214,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--recover-steps", type=int, default=100, help="continued training of the compressed dense model")
     p.add_argument("--eval-tokens", type=int, default=200_000, help="validation tokens of each final eval")
     p.add_argument("--work", type=Path, default=Path("runs/quality"), help="where the run dirs go")
-    p.add_argument("--vary", metavar="train.optimizer=A,B,...", help="compare optimizers instead of archs")
+    p.add_argument("--vary", metavar="train.optimizer=A,B,...",
+                   help="compare optimizers instead of archs (or model.attn_latent_heads=G1,G2,...: cola's latent heads)")
     p.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="with --vary: the learning-rate grid (three values)")
     a = parse(p, argv)
     if a.tokens < 1 or a.recover_steps < 1 or a.eval_tokens < 1:
@@ -180,7 +223,13 @@ def main(argv: list[str]) -> None:
     if bad := [c for c in a.config if c.split("=")[0] in ("model.arch", "train.steps", "run_dir")]:
         raise ConfigError(f"{bad[0]}: bench quality sets the arch, the steps and the run dir of each run")
     log = lambda s: print(s, file=sys.stderr, flush=True)
-    if a.vary is not None:
+    if a.vary is not None and a.vary.startswith("model.attn_latent_heads="):
+        groups = vary_latent_heads(a.vary, a.config)
+        result = {"latent_heads": compare_latent_heads(a.config, groups, a.tokens, a.work, a.eval_tokens, log=log),
+                  "command": " ".join(["python -m boost_jax.bench quality", *a.config, f"--tokens {a.tokens}",
+                                       f"--eval-tokens {a.eval_tokens} --vary {a.vary}"])}
+        lines = latent_heads_table(result["latent_heads"])
+    elif a.vary is not None:
         optimizers, lrs = vary_optimizers(a.vary, a.lrs, a.config)
         result = {"optimizers": compare_optimizers(a.config, optimizers, lrs, a.tokens, a.work, a.eval_tokens, log=log),
                   "command": " ".join(["python -m boost_jax.bench quality", *a.config, f"--tokens {a.tokens}",

@@ -27,9 +27,8 @@ from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.profile import profile
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.config import ConfigError
+from boost_jax.runtime.units import GIB, MIB
 
-GIB = 2**30
-MIB = 2**20
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
 TRIO = paper.COLUMNS
 LABELS = {"dense/megatron": "full rank (Megatron TP)", "cola/vanilla": "vanilla low-rank TP", "cola/btp": "BOOST (BTP)"}
@@ -362,7 +361,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     for v in TRIO:
         r = sc["rows"][v]
         L.append(f"| {v} | {1e3 * r['median_step_s']:.0f} | {', '.join(f'{1e3 * t:.0f}' for t in r['step_times_s'])} | "
-                 f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.3f} | {r['peak_bytes_per_device'] / 2**20:.0f} |")
+                 f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.3f} | {r['peak_bytes_per_device'] / MIB:.0f} |")
     L += [
         "",
         f"BOOST is **{med['cola/vanilla'] / med['cola/btp']:.2f}x** faster than vanilla low-rank TP and "

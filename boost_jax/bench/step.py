@@ -31,6 +31,7 @@ from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
+from boost_jax.runtime.units import MIB
 from boost_jax.training.optimizers import newton_schulz_flops
 from boost_jax.training.step import batch_keys, device_batch, setup
 
@@ -180,7 +181,7 @@ def main(argv: list[str]) -> None:
     for r in results:
         name = r["variant"] or f"{r['arch']}/{r['scheme']} tp={r['tp']}"
         mfu = f" {100 * r['mfu']:5.1f}%" if sheet else ""
-        peak_mib = f"{r['peak_bytes_per_device'] / 2**20:13.1f}" if r["peak_bytes_per_device"] else f"{'-':>13s}"
+        peak_mib = f"{r['peak_bytes_per_device'] / MIB:13.1f}" if r["peak_bytes_per_device"] else f"{'-':>13s}"
         print(f"{name:{width}s} {1e3 * r['median_step_s']:10.1f} {r['time_vs_first']:7.2f}x {r['tokens_per_s']:10,.0f} "
               f"{100 * r['fraction_of_peak']:7.1f}%{mfu} {peak_mib}")
     if a.hf:

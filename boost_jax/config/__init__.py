@@ -3,7 +3,8 @@
 Defaults live in the dataclasses below; `boost_jax/configs/base.yaml` documents every knob (a test keeps the
 two equal). A run is `defaults <- optional YAML file <- dotted key=value overrides`, validated
 before any work starts: an unknown key or a bad value raises `ConfigError` naming the key. This
-module imports no JAX: it validates against the tables beside it in config/: `archs.py`, `schemes.py` and `presets.py`;
+module imports no JAX: it validates against the tables beside it in config/: `archs.py`, `schemes.py` and `presets.py`
+(and the `study` section by `study.py`);
 `hardware.py` reads the GPUs of `boost_jax/configs/hardware.yaml` and prices their collectives.
 """
 
@@ -25,6 +26,7 @@ from boost_jax import configs
 from boost_jax.config import presets
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.schemes import KNOB_DEFAULTS, SCHEMES, default_scheme
+from boost_jax.config.study import StudyConfig, validate_study
 from boost_jax.runtime.errors import ConfigError
 
 MAX_INT32_VOCAB = 2**31 - 1
@@ -32,7 +34,7 @@ MAX_INT32_VOCAB = 2**31 - 1
 Arch = Literal[tuple(ARCHS)]
 SchemeName = Literal[("auto", *SCHEMES)]
 DType = Literal["float32", "bfloat16"]
-OptimizerName = Literal["adamw", "muon", "spectron"]  # boost_jax/training/optimizers.py
+OptimizerName = Literal["adamw", "muon", "spectron", "invariant_muon"]  # boost_jax/training/optimizers.py
 # How a decoder matrix split over devices is orthogonalised (training/muon_layout.py)
 MuonComm = Literal["auto", "gram", "gather", "distribute"]
 
@@ -166,7 +168,8 @@ class TrainConfig:
     b1: float = 0.9
     b2: float = 0.95
     # adamw | muon: Muon on the decoder layers' matrices, AdamW (lr, b1, b2, weight_decay) on the rest |
-    # spectron: Muon's orthogonalised factor updates renormalised per (A, B) pair (low-rank archs)
+    # spectron: Muon's orthogonalised factor updates renormalised per (A, B) pair (low-rank archs) |
+    # invariant_muon: each factor's Muon step in the metric of the other, the same for (cA, B/c) (low-rank archs)
     optimizer: OptimizerName = "adamw"
     muon: MuonConfig = field(default_factory=MuonConfig)
     spectron: SpectronConfig = field(default_factory=SpectronConfig)
@@ -238,6 +241,11 @@ class CheckpointConfig:
     # Orbax writes a save in the background while training goes on (the state is copied off the
     # devices first); false: the loop waits for each save to be on disk.
     async_save: bool = True
+    # A second, frequent tier on each host's own disk (training/local_tier.py), beside the persistent
+    # one in run_dir; "" = off. "{process}" in it stands for the process index, so processes sharing
+    # a machine keep apart.
+    local_dir: str = ""
+    local_every: int = 0  # steps between saves to local_dir
 
 
 @dataclass(frozen=True)
@@ -261,6 +269,10 @@ class ParallelConfig:
     # pages: faster steps, more host memory (boost_jax/launch/host_memory.py; set before JAX starts), in
     # train, eval and bench; decoding keeps glibc's defaults. Nothing changes on an accelerator.
     cpu_reuse_memory: bool = True
+    # Memory per device for the train step, in GiB; 0 = the device's own (a GPU's, as XLA's allocator
+    # reports it; none on CPU). A resume whose devices would hold more than this of the global batch
+    # adds train.microbatches (training/microbatch_fit.py).
+    device_memory_gib: float = 0.0
     # Multi-process runs on JAX's distributed runtime: "" = one process; "auto" = JAX's cluster
     # detection (SLURM, Open MPI, ...); "host:port" = this coordinator with the two fields below.
     # $BOOST_JAX_COORDINATOR, $BOOST_JAX_NUM_PROCESSES, $BOOST_JAX_PROCESS_ID fill unset values.
@@ -302,6 +314,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)  # read by `python -m boost_jax.study` only
     run_dir: str = "runs/default"
 
     def to_dict(self) -> dict[str, Any]:
@@ -525,8 +538,9 @@ def _validate_optimizer(t: TrainConfig, m: ModelConfig) -> None:
              f"unknown machine {u.hardware!r}; {configs.HARDWARE.name} has {machines}")
     _require(t.spectron.power_steps > 0, "train.spectron.power_steps",
              f"must be >= 1 power iteration, got {t.spectron.power_steps}")
-    _require(t.optimizer != "spectron" or ARCHS[m.arch].low_rank, "train.optimizer",
-             f"spectron renormalises low-rank factor pairs: arch {m.arch} has none (use muon)")
+    _require(t.optimizer not in ("spectron", "invariant_muon") or ARCHS[m.arch].low_rank, "train.optimizer",
+             f"{'spectron renormalises' if t.optimizer == 'spectron' else 'invariant_muon updates'} low-rank factor "
+             f"pairs: arch {m.arch} has none (use muon)")
 
 
 def _validate(c: Config) -> None:
@@ -574,6 +588,15 @@ def _validate(c: Config) -> None:
                  f"two datasets share a name ({names}): give each a distinct `name`")
     _require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 disables)")
     _require(c.checkpoint.keep > 0, "checkpoint.keep", "must be > 0")
+    k = c.checkpoint
+    _require(k.local_every >= 0, "checkpoint.local_every", f"must be >= 0, got {k.local_every}")
+    _require(k.local_every == 0 or bool(k.local_dir), "checkpoint.local_every",
+             f"{k.local_every} needs checkpoint.local_dir (a folder on each host's own disk) to save into")
+    _require(not k.local_dir or k.local_every > 0, "checkpoint.local_dir",
+             "needs checkpoint.local_every > 0 (the steps between its saves)")
+    _require(not k.local_dir or k.every > 0 or k.every_minutes > 0, "checkpoint.local_dir",
+             "is the frequent tier beside the persistent checkpoints in run_dir, which are off: set "
+             "checkpoint.every or checkpoint.every_minutes > 0")
     p = c.parallel
     _require(p.pp > 0, "parallel.pp", "must be > 0")
     _require(p.pp_repeats > 0, "parallel.pp_repeats", "must be > 0")
@@ -590,6 +613,8 @@ def _validate(c: Config) -> None:
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
     _require(p.coordinator_timeout_s > 0, "parallel.coordinator_timeout_s", f"must be > 0, got {p.coordinator_timeout_s}")
+    _require(p.device_memory_gib >= 0, "parallel.device_memory_gib",
+             f"must be >= 0 GiB (0 = the device's own), got {p.device_memory_gib}")
     _require(p.heartbeat_timeout_s > 0, "parallel.heartbeat_timeout_s", f"must be > 0, got {p.heartbeat_timeout_s}")
     _require(p.num_processes >= 0, "parallel.num_processes", "must be >= 0")
     scheme = SCHEMES[p.scheme]
@@ -612,6 +637,7 @@ def _validate(c: Config) -> None:
     _require(c.log.profile_start >= 0, "log.profile_start", "must be >= 0 (0 = no profile)")
     _require(c.log.profile_steps > 0, "log.profile_steps", "must be > 0")
     _require(bool(c.run_dir), "run_dir", "must not be empty")
+    validate_study(c.study, typing.get_args(OptimizerName))
 
 
 def _plain(x: Any) -> Any:

@@ -141,8 +141,14 @@ def link_bytes_per_s(group_size: int, crosses_nodes: bool, hw: Hardware) -> floa
     return min(hw.node_link_bytes_per_s, (group_size - 1) * hw.peer_link_bytes_per_s)
 
 
+def ring_bytes(kind: str, group_size: int, nbytes: float) -> float:
+    """Bytes one device sends in a ring collective of `kind` over `group_size` devices whose payload is
+    `nbytes` (the HLO convention: a reduce-scatter's input, an all-gather's output)."""
+    return _RING_FACTOR[kind](group_size) * nbytes
+
+
 def ring_seconds(kind: str, group_size: int, nbytes: float, crosses_nodes: bool, hw: Hardware) -> float:
     """One collective of `kind` over `group_size` devices moving `nbytes` per device."""
     link = link_bytes_per_s(group_size, crosses_nodes, hw)
     latency = hw.p2p_latency_s if kind == "collective-permute" else hw.collective_latency_s
-    return latency + _RING_FACTOR[kind](group_size) * nbytes / (link * hw.collective_efficiency)
+    return latency + ring_bytes(kind, group_size, nbytes) / (link * hw.collective_efficiency)

@@ -11,6 +11,11 @@ PRESETS: dict[str, dict] = {
     "llama-tiny": dict(d_model=64, d_ff=160, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=512),
     # Quickstart: trains on 2 CPU cores in about three minutes.
     "llama-mini": dict(d_model=256, d_ff=688, n_layers=4, n_heads=4, vocab_size=4096),
+    # The CPU study (configs/study-cpu.yaml): three sizes small enough to train past 10 tokens per
+    # non-embedding parameter on 2 cores (vocab 512: embedding and head are about half the parameters).
+    "llama-micro-s": dict(d_model=32, d_ff=88, n_layers=2, n_heads=4, vocab_size=512),
+    "llama-micro-m": dict(d_model=48, d_ff=128, n_layers=3, n_heads=4, vocab_size=512),
+    "llama-micro-l": dict(d_model=64, d_ff=176, n_layers=4, n_heads=4, vocab_size=512),
     # CoLA's 60M/130M configs keep the SwiGLU gate SiLU (docs/design.md section 1).
     "llama-60m": dict(d_model=512, d_ff=1376, n_layers=8, n_heads=8, mlp_gate_silu=True, **_LLAMA),
     "llama-130m": dict(d_model=768, d_ff=2048, n_layers=12, n_heads=12, mlp_gate_silu=True, **_LLAMA),

@@ -107,11 +107,13 @@ def _mixture(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, batch
     return Data(directory, tok, train, None, index.eos_id, stats, parts)
 
 
-def check_run_tokenizer(tok: Tokenizer, saved: Path) -> None:
-    """A resumed run must read ids of the tokenizer it was trained with (saved in its run dir)."""
+def check_run_tokenizer(tok: Tokenizer, saved: Path, dataset: Path | None = None) -> None:
+    """A resumed run must read ids of the tokenizer it was trained with (saved in its run dir);
+    `dataset`, where the caller's user chose it, is named."""
     if saved.is_file() and tokenizer_hash(load_tokenizer(saved)) != tokenizer_hash(tok):
+        chosen = f" (not {dataset})" if dataset else ""
         raise DataError(f"the dataset's tokenizer does not match the run's ({saved}): its token ids mean "
-                        "other things; use the run's dataset or a new run_dir")
+                        f"other things; use the run's dataset{chosen} or a new run_dir")
 
 
 def _open(directory: Path) -> tuple[Index, Tokenizer]:

@@ -19,6 +19,7 @@ import importlib.metadata
 import importlib.util
 
 import jax
+from jax._src import compilation_cache  # its once-per-process "cache used" memo (no public switch)
 
 from boost_jax.config.hardware import Hardware
 from boost_jax.runtime.errors import ConfigError, PackageError
@@ -41,13 +42,20 @@ def use_cpu_backend() -> None:
 def no_persistent_cache():
     """JAX's persistent compilation cache off for the block: an executable compiled without a device
     cannot be loaded back from it ("PjRtCompiler must be constructed with a Client"), and a user's
-    cache would fill with entries no run reads."""
+    cache would fill with entries no run reads. JAX reads its enable flag once per process, at the first
+    compile, and remembers the answer (`compilation_cache.is_cache_used`): after a CPU compile the flag
+    alone no longer keeps the cache out, so the block holds that memo at "not used" and puts it back."""
     before = jax.config.jax_enable_compilation_cache
+    with compilation_cache._cache_initialized_mutex:
+        memo = compilation_cache._cache_checked, compilation_cache._cache_used
+        compilation_cache._cache_checked, compilation_cache._cache_used = True, False
     jax.config.update("jax_enable_compilation_cache", False)
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+        with compilation_cache._cache_initialized_mutex:
+            compilation_cache._cache_checked, compilation_cache._cache_used = memo
 
 
 def _wheel_version(package: str, what: str) -> tuple[int, int]:

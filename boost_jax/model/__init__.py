@@ -5,8 +5,11 @@ default 0 .. S-1, one document per row), and so does the cache of decoding (`Mod
 layer, `layers/kv_cache.py`); decoding runs the layers one by one.
 
 Beside the decoder: weights.py (a model's parameters: init, placement on a plan, restore of a
-checkpoint's parameters only), decode.py (generation against the caches) and compress.py (a dense
-model's weights factored by SVD).
+checkpoint's parameters only), decode.py (generation against the caches), compress.py (a dense
+model's weights factored by SVD), latent_heads.py (k/v's block-diagonal B written dense, and a
+low-rank model refactored into latent heads), hf.py (the safetensors format and the Hugging Face
+names), run_dir.py (a run dir opened for inference: `open_run`), evaluate.py (a checkpoint's eval
+figures) and importer.py (a run dir started from a model made elsewhere).
 """
 
 from __future__ import annotations

@@ -120,8 +120,9 @@ def btp_down(
         if gamma is not None and norm == "sync":
             ssq = reduce_stat(jnp.sum(jnp.square(x2.astype(jnp.float32)), axis=-1, keepdims=True))
             x2 = (x2 * jax.lax.rsqrt(ssq / d_total + eps) * gamma).astype(dtype)
-        outs, stat = [None] * len(ws), None
-        for n, group in enumerate(groups):
+        outs, scale = [None] * len(ws), None
+        for n in [carrier, *(m for m in range(len(groups)) if m != carrier)]:  # the statistic's GEMM first
+            group = groups[n]
             a = jnp.concatenate([ws[i].astype(dtype) for i in group], axis=1)
             if online:
                 h, ssq = norm_down(x2, gamma.astype(dtype), a, eps=eps, d_total=d_total, impl=kernels,
@@ -129,16 +130,15 @@ def btp_down(
                 ssq = ssq[:, None].astype(dtype) if n == carrier else None
             else:
                 h, ssq = jnp.dot(x2, a, preferred_element_type=jnp.float32), None
-            pieces = jnp.split(h.astype(dtype), np.cumsum([ws[i].shape[1] for i in group])[:-1], axis=-1)
-            summed, summed_stat = _sum_over_tp(pieces, [scattered[i] for i in group], ssq, reduce, tp)
-            for i, v in zip(group, summed):
-                outs[i] = v
-            stat = summed_stat if summed_stat is not None else stat
-        if online:  # each GEMM's latents scaled as one buffer
-            scale = jax.lax.rsqrt(stat.astype(jnp.float32) / d_total + eps)
-            for group in groups:
-                h = (jnp.concatenate([outs[i] for i in group], axis=-1).astype(jnp.float32) * scale).astype(dtype)
-                outs[group[0]:group[-1] + 1] = jnp.split(h, np.cumsum([outs[i].shape[1] for i in group])[:-1], axis=-1)
+            sums, stat = _sum_over_tp(h.astype(dtype), [ws[i].shape[1] for i in group],
+                                      [scattered[i] for i in group], ssq, reduce, tp)
+            if stat is not None:
+                scale = jax.lax.rsqrt(stat.astype(jnp.float32) / d_total + eps)
+            for positions, buf, widths in sums:
+                if online:  # each summed buffer scaled whole, then split: no copy of the latents
+                    buf = (buf.astype(jnp.float32) * scale).astype(dtype)
+                for j, v in zip(positions, jnp.split(buf, np.cumsum(widths)[:-1], axis=-1)):
+                    outs[group[j]] = v
         return [o.reshape(b, s, o.shape[-1]) for o in outs]
 
     with_norm = gamma is not None
@@ -153,33 +153,36 @@ def btp_down(
     return fn(x, *([gamma] * with_norm), *weights)
 
 
-def _sum_over_tp(pieces: list[jax.Array], scattered: list[bool], stat: jax.Array | None, reduce,
-                 tp: str) -> tuple[list[jax.Array], jax.Array | None]:
-    """Inside btp_down: one GEMM's partial latents [T, r_i] summed over tp, the replicated ones in one
-    all-reduce (`reduce`) and the split ones in one reduce-scatter, each rank keeping its r_i / tp
-    columns of each (its own latent heads); `stat` [T, 1] rides in the reduce-scatter where there is
-    one, a copy in each rank's share, so that its gradient, a partial sum over every rank's latents,
-    is summed by the reduce-scatter's backward all-gather (the all-reduce's is only scaled), else in
-    the all-reduce -> (the summed latents in order; the summed statistic, or None)."""
-    whole = [p for p, s in zip(pieces, scattered) if not s]
-    parts = [p for p, s in zip(pieces, scattered) if s]
-    stat_in_whole = stat is not None and not parts
-    out_whole, out_parts, summed_stat = [], [], None
-    if whole or stat_in_whole:
-        buf = reduce(jnp.concatenate(whole + [stat] * stat_in_whole, axis=-1))
-        if stat_in_whole:
+def _sum_over_tp(h: jax.Array, widths: list[int], scattered: list[bool], stat: jax.Array | None, reduce,
+                 tp: str) -> tuple[list[tuple[list[int], jax.Array, list[int]]], jax.Array | None]:
+    """Inside btp_down: one GEMM's partial latents h [T, sum r_i] summed over tp, the replicated ones
+    in one all-reduce (`reduce`) and the split ones in one reduce-scatter, each rank keeping its
+    r_i / tp columns of each (its own latent heads); `stat` [T, 1] rides in the reduce-scatter where
+    there is one, a copy in each rank's share, so that its gradient, a partial sum over every rank's
+    latents, is summed by the reduce-scatter's backward all-gather (the all-reduce's is only scaled),
+    else in the all-reduce -> ([(the latents' positions in the GEMM, their summed buffer, its
+    widths)], the summed statistic or None). Without split latents h is reduced as it is."""
+    whole = [j for j, s in enumerate(scattered) if not s]
+    parts = [j for j, s in enumerate(scattered) if s]
+    pieces = jnp.split(h, np.cumsum(widths)[:-1], axis=-1) if parts else None
+    sums, summed_stat = [], None
+    if whole:
+        buf = jnp.concatenate([pieces[j] for j in whole], axis=-1) if parts else h
+        if stat is not None and not parts:
+            buf = reduce(jnp.concatenate([buf, stat], axis=-1))
             buf, summed_stat = buf[:, :-1], buf[:, -1:]
-        out_whole = jnp.split(buf, np.cumsum([p.shape[1] for p in whole])[:-1], axis=-1)
+        else:
+            buf = reduce(buf)
+        sums.append((whole, buf, [widths[j] for j in whole]))
     if parts:
-        t, ways = parts[0].shape[0], jax.lax.axis_size(tp)
+        t, ways = h.shape[0], jax.lax.axis_size(tp)
         copies = [jnp.broadcast_to(stat[:, None], (t, ways, 1))] if stat is not None else []
-        tiles = jnp.concatenate([p.reshape(t, ways, -1) for p in parts] + copies, axis=-1)  # [T, tp, sum r_i / tp]
+        tiles = jnp.concatenate([pieces[j].reshape(t, ways, -1) for j in parts] + copies, axis=-1)  # [T, tp, sum r_i / tp]
         mine = checkpoint_name(jax.lax.psum_scatter(tiles, tp, scatter_dimension=1), LATENT)
         if stat is not None:
             mine, summed_stat = mine[:, :-1], mine[:, -1:]
-        out_parts = jnp.split(mine, np.cumsum([p.shape[1] // ways for p in parts])[:-1], axis=-1)
-    whole_it, parts_it = iter(out_whole), iter(out_parts)
-    return [next(parts_it) if s else next(whole_it) for s in scattered], summed_stat
+        sums.append((parts, mine, [widths[j] // ways for j in parts]))
+    return sums, summed_stat
 
 
 def grouped_up(plan: Layout, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,

@@ -26,8 +26,8 @@ import sys
 
 from boost_jax.config import ConfigError, from_args, raw_args
 from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, int_list, refuse_retired_flags, run_main
+from boost_jax.runtime.units import GIB
 
-GIB = 2**30
 SPACE_FLAGS = ("--tp", "--pp", "--pp-repeats", "--cp")  # narrow the search (a list), unlike the config keys
 
 

@@ -19,6 +19,7 @@ from boost_jax.parallel.remat import SLOWER_THAN
 from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, raw_layout_config
 from boost_jax.planner.price import DiskCache, Layers, compile_programs, lower_bound, program_key, step_seconds
 from boost_jax.planner.workers import Workers
+from boost_jax.runtime.units import GIB
 
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # micro-batches priced under a pipeline, as multiples of pp
 
@@ -134,10 +135,10 @@ def _size(cands: list[Candidate], layers: Layers, budget: float, workers: Worker
                 open_remat.add(_without_remat(l))
                 continue
             if c.memory is None:
-                c.memory = breakdown(c.cfg, layers.bytes)
+                c.memory = breakdown(c.cfg, layers.bytes, compiler="gpu")  # the hardware file's machines are GPUs
                 c.fits = c.memory["total"] <= budget
             if not c.fits:
-                c.why = f"does not fit: {c.memory['total'] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB"
+                c.why = f"does not fit: {c.memory['total'] / GIB:.1f} GiB > {budget / GIB:.1f} GiB"
                 continue
             if l.pp == 1:
                 fewest[_without_m(l)] = l.microbatches

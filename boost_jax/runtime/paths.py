@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from boost_jax.runtime.errors import ConfigError, DiskFullError
+from boost_jax.runtime.units import MIB
 
 
 def check_writable_dir(path: str | Path, key: str) -> None:
@@ -99,6 +100,6 @@ def disk_full(path: str | Path, what: str, needed_bytes: int, kept: str) -> Disk
     path = Path(path)
     existing = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
-    mb = lambda n: f"{n / 2**20:,.1f} MB"
+    mb = lambda n: f"{n / MIB:,.1f} MB"
     return DiskFullError(f"no space left writing {what} to {path}: {mb(free)} free on its device, about "
                          f"{mb(needed_bytes)} needed; {kept}. Free space there and rerun the same command")

@@ -72,7 +72,7 @@ class RunLog:
         self.row_bytes, self.rows_left = max(self.row_bytes, len(line)), self.rows_left - 1
         with self._space(self.path, "metrics rows"):
             self.file.write(line)
-        scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        scalars = {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))}
         if self.tb is not None:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, row["step"])

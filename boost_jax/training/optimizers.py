@@ -6,6 +6,8 @@
               `MuonDimensionNumbers`), AdamW on the rest (embedding, LM head, norm scales)
     spectron  Muon's orthogonalised momentum on each low-rank factor, renormalised per (A, B) pair by
               the factors' spectral norms so that the product's update dA B + A dB is bounded
+    invariant_muon  each factor's orthogonalised momentum taken in the metric of the other factor, so
+              a pair rescaled to (cA, B/c) gets the same update of the product AB
 
 All three run after the global-norm clip and share the learning-rate schedule. Under a layout, muon's
 and spectron's Newton-Schulz runs where training/muon_layout.py places each split matrix.
@@ -27,6 +29,7 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 from optax.contrib._muon import orthogonalize_via_newton_schulz, scale_by_shape
 
 from boost_jax.config import MuonConfig, OptimizerName, TrainConfig
+from boost_jax.runtime.errors import ConfigError
 
 OPTIMIZERS = get_args(OptimizerName)
 # A decoder layer's weight, stacked [L, in, out]: the layer axis is a batch axis of the orthogonalisation.
@@ -55,7 +58,7 @@ def make_optimizer(t: TrainConfig, params: dict, placements: Placements | None =
     clip = optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity()
     if t.optimizer == "adamw":
         return optax.chain(clip, adamw(t))
-    if t.optimizer not in ("muon", "spectron"):
+    if t.optimizer not in ("muon", "spectron", "invariant_muon"):
         raise ValueError(f"train.optimizer: unknown optimizer {t.optimizer!r}; choose one of {OPTIMIZERS}")
     matrix = orthogonalised(t, placements or {}, split)
     return optax.chain(clip, optax.partition({"matrix": matrix, "adamw": adamw(t)}, labels(params)))
@@ -84,16 +87,22 @@ def orthogonalised(t: TrainConfig, placements: Placements, split: bool = False) 
     renormalisation (spectron), decoupled weight decay, the learning rate."""
     m = t.muon
     dims = lambda tree: jax.tree.map(lambda _: LAYER_MATRIX, tree)
-    scale = (scale_by_shape(dims, m.consistent_rms) if t.optimizer == "muon"
-             else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps, unroll=split))
+    if t.optimizer == "invariant_muon":
+        if split:  # its r x r eigendecompositions have no placed form (training/muon_layout.py) yet
+            raise ConfigError("train.optimizer=invariant_muon runs on one device (parameters not split over devices); "
+                              "use muon or spectron under a layout")
+        steps = [invariant_factor_steps(m, t.weight_decay)]  # its weight decay is its own (split per pair)
+    else:
+        steps = [newton_schulz(m, placements),
+                 scale_by_shape(dims, m.consistent_rms) if t.optimizer == "muon"
+                 else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps, unroll=split),
+                 optax.add_decayed_weights(t.weight_decay)]
     return optax.chain(
         # optax's Muon with no Newton-Schulz iteration is its momentum and Nesterov step alone ("aol"
         # pre-scales inside the first iteration, so none happens): the iterations follow, placed.
         scale_by_muon(ns_steps=0, preconditioning="aol", beta=m.momentum, nesterov=m.nesterov,
                       weight_dimension_numbers=dims),
-        newton_schulz(m, placements),
-        scale,
-        optax.add_decayed_weights(t.weight_decay),
+        *steps,
         optax.scale_by_learning_rate(lr_schedule(t)),
     )
 
@@ -241,3 +250,59 @@ def _at(tree: dict, path: tuple) -> Any:
         tree = tree[k]
     return tree
 
+
+
+# ----------------------------------------------------------------------------- invariant_muon
+
+# Damping of the factors' r x r Gram matrices, relative to their mean eigenvalue: relative, so it
+# scales with the pair's split (c^2 for cA) and leaves the update exactly invariant.
+GRAM_DAMPING = 1e-5
+
+
+def inverse_sqrt(gram: jax.Array) -> jax.Array:
+    """(G + damping)^(-1/2) of each symmetric [r, r] matrix of `gram` [L, r, r], by its eigendecomposition."""
+    r = gram.shape[-1]
+    damping = GRAM_DAMPING * jnp.trace(gram, axis1=-2, axis2=-1)[:, None, None] / r
+    w, v = jnp.linalg.eigh(gram + damping * jnp.eye(r, dtype=gram.dtype))
+    return jnp.einsum("lij,lj,lkj->lik", v, jnp.maximum(w, 1e-30) ** -0.5, v)
+
+
+def invariant_factor_steps(m: MuonConfig, weight_decay: float) -> optax.GradientTransformation:
+    """LoRA-Muon's step (arXiv 2606.12921) of each factor of a pair W = A B: Muon's step taken in the
+    metric the other factor induces (docs/design.md section 14), with M_A, M_B the factors' Nesterov
+    momenta and P_A = (A^T A)^(-1/2), P_B = (B B^T)^(-1/2):
+
+        O_A = NS(M_A P_B) P_B,    O_B = P_A NS(P_A M_B),    both times c(d_in, d_out) / 2,
+
+    plus weight_decay / 2 times each factor (the paper's split decay: W decays by weight_decay, to
+    first order, as a dense matrix under Muon would; other matrices take the whole weight_decay).
+
+    Under (A, B) -> (cA, B/c) the momenta scale as (M_A / c, c M_B) and P_A, P_B as (P_A / c, c P_B),
+    so NS's arguments are unchanged and O_A B + A O_B, the product's update, is the same. P_B B has
+    orthonormal rows, so ||O_A B||_2 = ||NS(.)||_2 ~ 1 and the product moves by at most c, Muon's
+    step of a dense d_in x d_out matrix. A matrix of no pair gets Muon's step."""
+    shape = lambda fan_in, fan_out: shape_scale(fan_in, fan_out, m.consistent_rms)
+    coeffs = jnp.asarray(m.ns_coeffs if len(m.ns_coeffs) == 3 else np.reshape(m.ns_coeffs, (-1, 3)))
+    ns = lambda x: orthogonalize_via_newton_schulz(x, coeffs, m.ns_steps, dimension_numbers=LAYER_MATRIX)
+
+    def update(updates, state, params):
+        if params is None:
+            raise ValueError("invariant_muon's step reads the factors: pass params to update()")
+        pairs = factor_pairs(params)
+        in_pair = lambda path: tuple(str(getattr(k, "key", k)) for k in path[:-1]) in pairs
+        out = jax.tree_util.tree_map_with_path(
+            lambda path, x, p: x if in_pair(path) else ns(x) * shape(x.shape[1], x.shape[2]) + weight_decay * p,
+            updates, params)
+        for path, pair in pairs.items():
+            a, b = pair["a"].astype(jnp.float32), pair["b"].astype(jnp.float32)
+            p_a = inverse_sqrt(jnp.einsum("lir,lis->lrs", a, a))
+            p_b = inverse_sqrt(jnp.einsum("lro,lso->lrs", b, b))
+            node = _at(out, path)
+            s = shape(a.shape[1], b.shape[2]) / 2
+            o_a = jnp.einsum("lir,lrs->lis", ns(jnp.einsum("lir,lrs->lis", node["a"].astype(jnp.float32), p_b)), p_b)
+            o_b = jnp.einsum("lrs,lso->lro", p_a, ns(jnp.einsum("lrs,lso->lro", p_a, node["b"].astype(jnp.float32))))
+            node["a"] = (s * o_a + weight_decay / 2 * a).astype(node["a"].dtype)
+            node["b"] = (s * o_b + weight_decay / 2 * b).astype(node["b"].dtype)
+        return out, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)

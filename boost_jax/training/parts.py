@@ -4,7 +4,8 @@
                     holds it against a second run, and claims it once a step has run (config.yaml,
                     tokenizer.json)
     Checkpoints     Orbax saves (in the background) every `checkpoint.every` steps and
-                    `checkpoint.every_minutes`, and the resume from the newest one
+                    `checkpoint.every_minutes` (and every `checkpoint.local_every` to each host's
+                    `checkpoint.local_dir`), and the resume from the newest of either tier
     Preemption      SIGTERM or SIGINT: save the current step and stop; a second signal exits at once
     Meter           throughput and MFU of the steps since the last log line, eval and saves excluded
     Evaluator       the mean loss over the same `train.eval_batches` validation batches (per
@@ -36,6 +37,7 @@ from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import DivergenceError
 from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir, refused_write
 from boost_jax.training.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
+from boost_jax.training.local_tier import LocalTier, local_path
 
 
 class RunDir:
@@ -53,6 +55,8 @@ class RunDir:
                                   "(the run writes that file)")
         if saves_checkpoints(cfg):
             check_writable_dir(self.path / "checkpoints", "run_dir")
+        if cfg.checkpoint.local_dir:
+            check_writable_dir(local_path(cfg.checkpoint.local_dir), "checkpoint.local_dir")
         self.lock = lock_dir(self.path, "run_dir") if primary else None  # one writer: before anything is written
         self.claimed = False
 
@@ -131,20 +135,42 @@ class Checkpoints:
         c = cfg.checkpoint
         self.ckpt = (Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save)
                      if saves_checkpoints(cfg) else None)
+        self.local = LocalTier(cfg, run_dir) if c.local_dir else None
         self.identity = identity(cfg.to_dict())
         self.saved_step, self.restored, self.meta, self.state_bytes = 0, False, {}, 0
+        self.source = None  # where the resumed step came from
         self.last_save = time.monotonic()
 
     def resume(self, state):
-        """(state, step, the checkpoint's recorded loss) from the newest checkpoint (step 0: an
-        import's, `python -m boost_jax.convert`), or the fresh state at step 0. The checkpoint's
-        record stays in `meta`; parts of the state it lacks (`OPTIONAL_STATE`, e.g. the spike window
+        """(state, step, the checkpoint's recorded loss) from the newest checkpoint of either tier
+        (the persistent one on a tie; step 0: an import's, `python -m boost_jax.convert`), or the
+        fresh state at step 0. The checkpoint's record stays in `meta`, where it came from in
+        `source`; parts of the state a persistent one lacks (`OPTIONAL_STATE`, e.g. the spike window
         of a run that turned train.spike_skip on) start fresh."""
+        start = self.ckpt.latest_step() if self.ckpt else None
+        local = self.local and self.local.restore(state, start, self.identity, self.cfg.train.optimizer)
+        if local:
+            state, meta, self.source = local
+            start = meta["step"]
+        elif start is None:
+            return state, 0, None
+        else:
+            state, meta = self._restore(state, start)
+            self.source = str(self.ckpt.directory)
+        if self.local:
+            self.local.drop_after(start)
+        state = self.run.adopt(state, meta)
+        expected = start * self.cfg.train.batch_size
+        if meta.get("data_position") != expected:
+            raise CheckpointError(f"checkpoint step {start} in {self.source} records data position "
+                                  f"{meta.get('data_position')}, expected {expected}")
+        self.saved_step, self.restored, self.meta = start, True, meta
+        return state, start, meta.get("loss")
+
+    def _restore(self, state, start: int):
+        """(state, record) of persistent checkpoint `start`."""
         from boost_jax.training.step import OPTIONAL_STATE
 
-        start = self.ckpt.latest_step() if self.ckpt else None
-        if start is None:
-            return state, 0, None
         saved_optimizer = self.ckpt.record(start).get("optimizer", "adamw")  # older checkpoints: AdamW's
         switch = check_optimizer_switch(saved_optimizer, self.cfg, f"checkpoint step {start} in {self.ckpt.directory}")
         if switch:  # the checkpoint's optimizer state stays unread; this run's fresh one takes its place
@@ -155,18 +181,16 @@ class Checkpoints:
             state, meta = {**restored, "opt_state": state["opt_state"]}, {**meta, "optimizer_reset": saved_optimizer}
         else:
             state, meta = self.ckpt.restore(start, state, self.identity, optional=OPTIONAL_STATE)
-        state = self.run.adopt(state, meta)
-        expected = start * self.cfg.train.batch_size
-        if meta.get("data_position") != expected:
-            raise CheckpointError(f"checkpoint step {start} in {self.ckpt.directory} records data position "
-                                  f"{meta.get('data_position')}, expected {expected}")
-        self.saved_step, self.restored, self.meta = start, True, meta
-        return state, start, meta.get("loss")
+        return state, meta
 
     def due(self, done: int) -> bool:
         """A save after step `done` by the step count: every `checkpoint.every` steps (if > 0) and at the end."""
         every = self.cfg.checkpoint.every
         return self.ckpt is not None and ((every > 0 and done % every == 0) or done == self.cfg.train.steps)
+
+    def local_due(self, done: int) -> bool:
+        """A save after step `done` to the local tier: every `checkpoint.local_every` steps."""
+        return self.local is not None and done % self.cfg.checkpoint.local_every == 0
 
     def overdue(self) -> bool:
         """`checkpoint.every_minutes` have passed since the last save (or the start)."""
@@ -177,14 +201,21 @@ class Checkpoints:
         """Save the state after step `done` with its record (data position, layer order, loss,
         identity, and `record`: e.g. a mixture's weights history). Orbax copies the state off the
         devices, then writes it in the background (checkpoint.async_save)."""
-        meta = {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
-                "loss": loss, "identity": self.identity, "optimizer": self.cfg.train.optimizer, **(record or {})}
+        meta = self._record(done, loss, record)
         self.state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
         with self._space():  # a full disk or a refused write surfaces here, or at the next save or the close (async)
             self._check_room()
             self._check_writable()
             self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
+
+    def save_local(self, done: int, state, loss: float | None, record: dict | None = None) -> None:
+        """Save the state after step `done` to the local tier (each host's own disk), with the same record."""
+        self.local.save(done, state, self._record(done, loss, record))
+
+    def _record(self, done: int, loss: float | None, record: dict | None) -> dict:
+        return {"step": done, "data_position": done * self.cfg.train.batch_size, **self.run.checkpoint_meta(),
+                "loss": loss, "identity": self.identity, "optimizer": self.cfg.train.optimizer, **(record or {})}
 
     def _check_room(self) -> None:
         """Refuse a save its disk cannot hold before it starts: one that fails midway leaves Orbax's
@@ -247,6 +278,8 @@ class Checkpoints:
         if self.ckpt:
             with self._space():
                 self.ckpt.close()
+        if self.local:
+            self.local.close()
 
 
 class Preemption:

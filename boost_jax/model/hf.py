@@ -1,0 +1,316 @@
+"""The safetensors format a model is exported in and imported from, and its tensor names.
+
+A model that is exactly a LLaMA (arch dense with the SwiGLU gate SiLU) is written in the Hugging
+Face LLaMA layout (`config.json` + `model.safetensors`, loads with `LlamaForCausalLM`); every other
+model (svd / cola / lax, and dense without the gate SiLU, which HF cannot express) in the boost
+layout (`boost_config.json` + `model.safetensors`). Tensors are float32; docs/export.md lists the
+names. `load_exported` reads either layout (or an HF LLaMA folder from elsewhere) back into
+boost_jax's parameter dict. The commands: `python -m boost_jax.export` and `convert import`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from boost_jax.config import Config, ModelConfig, from_dict
+from boost_jax.config.archs import ARCHS
+from boost_jax.model import Model, latent_heads
+from boost_jax.runtime.errors import BoostJaxError
+from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
+
+FORMAT, FORMAT_VERSION = "boost_jax", 1
+WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
+HF_CONFIG, BOOST_CONFIG = "config.json", "boost_config.json"
+
+# boost_jax parameter path -> HF LLaMA tensor name ({i}: layer index). Matrices ending in ".w" are
+# stored [in, out] here (x @ W) and [out, in] in HF (torch's Linear), so they are transposed.
+HF_NAMES = {
+    "embed": "model.embed_tokens.weight",
+    "final_norm.scale": "model.norm.weight",
+    "lm_head.w": "lm_head.weight",
+    "layers.attn_norm.scale": "model.layers.{i}.input_layernorm.weight",
+    "layers.mlp_norm.scale": "model.layers.{i}.post_attention_layernorm.weight",
+    **{f"layers.attn.{p}.w": f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo"},
+    **{f"layers.mlp.{p}.w": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+}
+
+
+class ExportError(BoostJaxError, ValueError):
+    """The run, the checkpoint or the output folder cannot be used; the message says why."""
+
+    kind = "export error"
+
+
+def is_hf_llama(cfg: ModelConfig) -> bool:
+    """HF LLaMA always applies SiLU to the gate, so only an HF-exportable arch (dense) with it is a LLaMA."""
+    return ARCHS[cfg.arch].hf_llama_export and cfg.mlp_gate_silu
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | Path | None = None,
+                 force: bool = False) -> None:
+    """Write `model` (built from `cfg`) to out_dir, in the HF layout if it is a LLaMA, else the boost one."""
+    out_dir, m = Path(out_dir), model.cfg
+    check_out_dir(out_dir, force)
+    for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no stale file of another layout
+        (out_dir / name).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf = is_hf_llama(m)
+    tensors = _to_tensors(_dense_latent_heads(nnx.to_pure_dict(nnx.state(model, nnx.Param)), m), hf)
+    meta = _hf_config(m, cfg.train.seq_len) if hf else {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
+    }
+    try:
+        # transformers refuses safetensors files without a "format" entry in their metadata.
+        save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
+        (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
+        if tokenizer_path is not None:
+            shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
+    except Exception as e:  # safetensors raises its own error type around the OSError
+        if not is_disk_full(e):
+            raise
+        for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no half-written export is left
+            (out_dir / name).unlink(missing_ok=True)
+        raise disk_full(out_dir, "the export", sum(t.nbytes for t in tensors.values()),
+                        "no part of it is left there") from None
+
+
+def _to_tensors(params: dict, hf: bool) -> dict[str, np.ndarray]:
+    """One float32 tensor per parameter, split per layer for the stacked ones; HF matrices [out, in]."""
+    tensors = {}
+    for path, x in _flat(params).items():
+        x = np.asarray(jax.device_get(x), np.float32)
+        if hf and path.endswith(".w"):
+            x = np.swapaxes(x, -1, -2)
+        name = _tensor_name(path, hf)
+        if path.startswith("layers."):
+            tensors.update({name.format(i=i): np.ascontiguousarray(xi) for i, xi in enumerate(x)})
+        else:
+            tensors[name] = np.ascontiguousarray(x)
+    return tensors
+
+
+def _dense_latent_heads(params: dict, m: ModelConfig) -> dict:
+    """With latent heads, k's and v's B as the dense block-diagonal [r, D] they stand for: the shape of
+    a plain CoLA model's, which a loader of CoLA checkpoints reads as it is."""
+    if m.attn_latent_heads == 1:
+        return params
+    attn = dict(params["layers"]["attn"])
+    for name in latent_heads.PROJECTIONS:
+        b = np.asarray(jax.device_get(attn[name]["b"]), np.float32)
+        attn[name] = {**attn[name], "b": latent_heads.dense_b(b, m.attn_latent_heads)}
+    return {**params, "layers": {**params["layers"], "attn": attn}}
+
+
+def _hf_config(m: ModelConfig, seq_len: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": m.d_model,
+        "intermediate_size": m.d_ff,
+        "num_hidden_layers": m.n_layers,
+        "num_attention_heads": m.n_heads,
+        "num_key_value_heads": m.n_kv_heads,
+        "head_dim": m.head_dim,
+        "vocab_size": m.vocab_size,
+        "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "tie_word_embeddings": m.tie_embeddings,
+        "max_position_embeddings": seq_len,  # the trained length; RoPE itself has no limit
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,  # <bos>, <eos> of the tokenizers boost_jax trains
+        "eos_token_id": 2,
+    }
+
+
+def check_out_dir(out_dir: Path, force: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"output path {out_dir} exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise ExportError(f"output folder {out_dir} is not empty; pass --force to overwrite the export in it")
+    check_writable_dir(out_dir, "out_dir")
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def load_exported(src: str | Path) -> tuple[ModelConfig, dict]:
+    """(resolved model config, parameter pure dict in the config's param_dtype) from either layout:
+    a boost export, or a Hugging Face LLaMA folder (`model.safetensors`, or shards listed in
+    `model.safetensors.index.json`; float32, float16 or bfloat16). Read tensor by tensor: the model
+    is in host memory once, plus the tensor being read."""
+    src = Path(src)
+    cfg, hf = _read_config(src)
+    files = _weight_files(src)
+    where = {}  # tensor name -> its file
+    for path in files:
+        with _open_weights(path) as f:
+            where.update(dict.fromkeys(f.keys(), path))
+    handles = {}
+    used = set()
+
+    def tensor(name: str) -> np.ndarray:
+        if name not in where:
+            raise ExportError(f"{src} lacks the tensor {name}")
+        used.add(name)
+        if where[name] not in handles:
+            handles[where[name]] = _open_weights(where[name])
+        try:
+            x = handles[where[name]].get_tensor(name)
+        except Exception as e:  # safetensors raises its own errors for a damaged body
+            raise ExportError(f"{where[name]}: cannot read the tensor {name} ({e})") from None
+        if x.dtype.kind in "biuc":  # integer (e.g. quantized), bool or complex: casting would not mean weights
+            raise ExportError(f"{where[name]}: the tensor {name} is {x.dtype}, not a float type (float32, float16 "
+                              "or bfloat16); quantized or integer weights cannot be imported")
+        return x
+
+    groups = cfg.attn_latent_heads
+    block_diagonal = {f"layers.attn.{p}.b" for p in latent_heads.PROJECTIONS} if groups > 1 else set()
+
+    def read(key_path, like):  # the inverse of _to_tensors, checked against the config's shapes
+        path = _path_str(key_path)
+        name = _tensor_name(path, hf)
+        out = np.empty(like.shape, like.dtype)
+        for i, dst in enumerate(out if path.startswith("layers.") else [out]):
+            x = tensor(name.format(i=i))
+            x = np.swapaxes(x, -1, -2) if hf and path.endswith(".w") else x
+            if path in block_diagonal:  # stored dense: its g diagonal blocks
+                if x.shape != (dst.shape[0], dst.shape[1] * groups):
+                    raise ExportError(f"{src}: {name.format(i=i)} has shape {x.shape}, the config needs "
+                                      f"{(dst.shape[0], dst.shape[1] * groups)} (a block-diagonal B)")
+                x, off = latent_heads.stacked_b(x, groups)
+                if off:
+                    raise ExportError(f"{src}: {name.format(i=i)} is not block-diagonal in {groups} latent "
+                                      f"heads (an entry off the blocks is {off:.3g}); convert a plain model with "
+                                      "python -m boost_jax.convert import SRC RUN_DIR model.attn_latent_heads=G")
+            if x.shape != dst.shape:
+                raise ExportError(f"{src}: {name.format(i=i)} has shape {x.shape}, the config needs {dst.shape}")
+            dst[...] = x  # cast to param_dtype
+        return out
+
+    params = jax.tree_util.tree_map_with_path(read, _abstract_params(cfg))
+    extra = sorted(set(where) - used)
+    if hf and cfg.tie_embeddings and "lm_head.weight" in extra:  # some tied checkpoints store the copy
+        if np.array_equal(tensor("lm_head.weight"), params["embed"]):
+            extra.remove("lm_head.weight")
+    if extra:
+        raise ExportError(f"{src} has tensors the config does not use: {extra[:8]}")
+    return cfg, params
+
+
+def _open_weights(path: Path):
+    """A safetensors file opened for reading; a damaged or foreign one named."""
+    try:
+        return safe_open(str(path), framework="numpy")
+    except Exception as e:  # SafetensorError (a bad header), OSError
+        raise ExportError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def _weight_files(src: Path) -> list[Path]:
+    """The safetensors files of a folder: model.safetensors, or every shard its index names."""
+    index = src / (WEIGHTS + ".index.json")
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as e:
+            raise ExportError(f"{index} is not a safetensors index (no weight_map: {e})") from None
+        if missing := [s for s in shards if not (src / s).is_file()]:
+            raise ExportError(f"{index} names shards that are not in {src}: {missing}")
+        return [src / s for s in shards]
+    if not (src / WEIGHTS).is_file():
+        raise ExportError(f"{src} has no {WEIGHTS} (nor {index.name})")
+    return [src / WEIGHTS]
+
+
+def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
+    """(model config, whether the folder is in the HF layout)."""
+    if (out_dir / BOOST_CONFIG).is_file():
+        meta = _read_json(out_dir / BOOST_CONFIG)
+        if (meta.get("format"), meta.get("format_version")) != (FORMAT, FORMAT_VERSION):
+            raise ExportError(f"{out_dir / BOOST_CONFIG}: unsupported format {meta.get('format')!r} "
+                              f"version {meta.get('format_version')!r}")
+        return from_dict({"model": meta["model"]}).model, False
+    if (out_dir / HF_CONFIG).is_file():
+        return _from_hf_config(_read_json(out_dir / HF_CONFIG)), True
+    raise ExportError(f"{out_dir} holds no export: no {BOOST_CONFIG} or {HF_CONFIG}")
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from `path`, or one ExportError naming the file."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path} is not a JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a JSON object, got a {type(data).__name__}")
+    return data
+
+
+# config.json's numeric fields that become the model's
+HF_NUMBERS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size", "rms_norm_eps", "rope_theta")
+
+
+def _from_hf_config(c: dict) -> ModelConfig:
+    if c.get("model_type", "llama") != "llama":
+        raise ExportError(f"config.json: model_type {c.get('model_type')!r} is not a LLaMA")
+    unsupported = {k: c[k] for k in ("attention_bias", "mlp_bias", "rope_scaling") if c.get(k)}
+    if c.get("hidden_act", "silu") != "silu":
+        unsupported["hidden_act"] = c["hidden_act"]
+    if unsupported:
+        raise ExportError(f"config.json: fields boost_jax cannot express: {unsupported}")
+    if missing := [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "vocab_size", "rms_norm_eps") if k not in c]:
+        raise ExportError(f"config.json lacks {missing}: not a LLaMA config")
+    # transformers >= 5 saves rope_theta inside rope_parameters.
+    theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    for key in HF_NUMBERS:
+        value = c.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ExportError(f"config.json: {key} must be a number, got {value!r}")
+    return from_dict({"model": {
+        "arch": "dense", "d_model": c["hidden_size"], "d_ff": c["intermediate_size"],
+        "n_layers": c["num_hidden_layers"], "n_heads": c["num_attention_heads"],
+        "n_kv_heads": c.get("num_key_value_heads"), "head_dim": c.get("head_dim"),
+        "vocab_size": c["vocab_size"], "mlp_gate_silu": True,
+        "tie_embeddings": c.get("tie_word_embeddings", False),
+        "norm_eps": c["rms_norm_eps"], "rope_theta": theta,
+    }}).model
+
+
+def _abstract_params(cfg: ModelConfig) -> dict:
+    model = nnx.eval_shape(lambda: Model(cfg, rngs=nnx.Rngs(0)))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def _tensor_name(path: str, hf: bool) -> str:
+    """Tensor name of a parameter path; per-layer names hold "{i}" (the stacked layer axis is split)."""
+    if hf:
+        return HF_NAMES[path]
+    return "layers.{i}." + path.removeprefix("layers.") if path.startswith("layers.") else path
+
+
+def _path_str(key_path) -> str:
+    return ".".join(str(k.key) for k in key_path)
+
+
+def _flat(tree: dict) -> dict[str, jax.Array]:
+    return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
