@@ -16,6 +16,8 @@ from tqdm import tqdm
 from boost_jax.config import LogConfig
 from boost_jax.runtime.paths import disk_full, is_disk_full
 
+NOT_SCALARS = ("step", "time")  # a row's index and its wall clock: metrics.jsonl keeps them, TensorBoard and W&B not
+
 
 class RunLog:
     """Writes only on the primary process (process 0 of a multi-process run)."""
@@ -72,7 +74,7 @@ class RunLog:
         self.row_bytes, self.rows_left = max(self.row_bytes, len(line)), self.rows_left - 1
         with self._space(self.path, "metrics rows"):
             self.file.write(line)
-        scalars = {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))}
+        scalars = {k: v for k, v in row.items() if k not in NOT_SCALARS and isinstance(v, (int, float))}
         if self.tb is not None:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, row["step"])
