@@ -78,7 +78,7 @@ def _main(argv: list[str]) -> None:
     a = parse(argv)
     from boost_jax.config import from_dict, raw_args
     from boost_jax.launch.prepare import prepare_jax
-    from boost_jax.model.importer import convert
+    from boost_jax.training.importer import convert
 
     # the command's data.* keys (its model is on one device; its parallel.* keys are the new run's)
     prepare_jax(from_dict({"data": raw_args(a.config).get("data", {})}), reuse_memory=False)

@@ -43,7 +43,7 @@ def _main(argv: list[str]) -> None:
 
     startup = Startup()
     a = parse(argv)
-    from boost_jax.model.evaluate import evaluate
+    from boost_jax.training.evaluate import evaluate
 
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens, startup, prepare=True)
     seconds = startup.seconds()

@@ -5,7 +5,8 @@ the learning rate is searched on study.lrs, extended until the best rate has a w
 sides (at most study.max_extensions added), then the best rate runs with every seed (study.seeds). Every
 cell of a preset and budget trains on the same tokens, batch, data order and schedule. Each run is an
 ordinary run dir under study.dir, evaluated on study.eval_tokens held-out tokens (refused before any
-training when the validation split holds fewer). A rerun (after kill -9 too) skips finished runs and
+training when the validation split holds fewer) and, with study.tasks, on those lm-eval tasks (each
+found and loaded before any training, else refused by name). A rerun (after kill -9 too) skips finished runs and
 resumes unfinished ones from their checkpoints; a study.dir of another spec is refused. The report:
 every grid point, each cell's seeds, mean and spread, loss against training FLOPs fitted per (arch,
 optimizer), and the compute multipliers of each low-rank arch against dense and of each optimizer
@@ -18,7 +19,7 @@ import argparse
 import json
 import sys
 
-from boost_jax.comparison import grid, report, runs, spec as specs
+from boost_jax.comparison import grid, report, runs, spec as specs, tasks
 from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, refuse_retired_flags, run_main
 
 PROG = "python -m boost_jax.study"
@@ -49,20 +50,24 @@ def study(args: list[str], log=print) -> dict:
     for preset in s.presets:  # each preset's vocabulary is its own tokenizer and dataset
         cell = next(c for c in spec.cells if c.preset == preset)
         runs.check_eval_split(spec.run_config(cell, s.lrs[0], 0), s.eval_tokens)
+    manager = tasks.task_manager(s)  # every downstream task found and loaded, before anything is written
     specs.claim(spec)
-    rows = [cell_row(spec, cell, log) for cell in spec.cells]
+    rows = [cell_row(spec, cell, manager, log) for cell in spec.cells]
     return report.report(spec, rows, " ".join([PROG, *args]))
 
 
-def cell_row(spec: specs.Spec, cell: specs.Cell, log) -> dict:
-    """One cell: its learning-rate search on seed 0, then the best rate with every seed."""
+def cell_row(spec: specs.Spec, cell: specs.Cell, manager, log) -> dict:
+    """One cell: its learning-rate search on seed 0, then the best rate with every seed (and each seed
+    scored on study.tasks)."""
     s = spec.study
     log(f"{cell.name}: {cell.steps} steps, {cell.tokens:,} tokens ({cell.tokens_per_param:.1f} per non-embedding "
         "parameter)")
     run = lambda lr, seed: runs.result(spec.run_config(cell, lr, seed), s.eval_tokens, log)
     found = grid.search(s.lrs, lambda lr: run(lr, 0)["loss"], s.max_extensions)
     seeds = [run(found.best, seed) for seed in range(s.seeds)]  # seed 0 is the grid's run, read back
-    return report.cell_row(cell, found, seeds, s.early_below)
+    scored = [None if r["loss"] is None else tasks.scores(spec.run_config(cell, found.best, seed), s, manager, log)
+              for seed, r in enumerate(seeds)] if manager is not None else []
+    return {**report.cell_row(cell, found, seeds, s.early_below), "tasks": tasks.per_cell(scored)}
 
 
 if __name__ == "__main__":

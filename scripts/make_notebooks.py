@@ -46,7 +46,7 @@ for op in report["layer_forward_ops"]:
 print("issued by the program per layer:", report["layer_forward_issued"])"""),
     new_markdown_cell("## Train a few steps"),
     new_code_cell("""\
-from boost_jax.train import train
+from boost_jax.training.run import train
 summary = train(cfg)
 plt.plot(range(1, len(summary["losses"]) + 1), summary["losses"])
 plt.xlabel("step"); plt.ylabel("loss"); plt.title("llama-tiny cola, btp tp=4 x dp=2")

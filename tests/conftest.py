@@ -66,7 +66,7 @@ def tiny_run_dir(tmp_path_factory, tiny_overrides):
 def train_tiny(path, tiny_overrides, *extra):
     """A llama-tiny run dir at `path`, 4 steps on one device, checkpointed at step 4 (`extra`: more overrides)."""
     from boost_jax.config import load_config
-    from boost_jax.train import train
+    from boost_jax.training.run import train
 
     train(load_config(None, [*tiny_overrides, f"run_dir={path}", "train.steps=4", "checkpoint.every=4",
                              "train.eval_every=0", "parallel.dp=1", *extra]), jax.devices()[:1])

@@ -1,4 +1,4 @@
-"""boost_jax/training/checkpoint.py: the train state's round trip across meshes, and checkpoints written by
+"""boost_jax/model/checkpoint.py: the train state's round trip across meshes, and checkpoints written by
 earlier versions (Orbax's StandardSave) still restore."""
 
 import jax
@@ -7,8 +7,8 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from boost_jax.model.checkpoint import MIN_REPLICA_SLICE_BYTES, Checkpointer
 from boost_jax.runtime.errors import CheckpointError
-from boost_jax.training.checkpoint import MIN_REPLICA_SLICE_BYTES, Checkpointer
 
 IDENTITY = {"model.preset": "llama-tiny"}
 

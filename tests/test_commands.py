@@ -146,6 +146,17 @@ def test_python_m_boost_jax_lists_every_command_in_one_line_each(capsys, monkeyp
         commands.main(["config.yaml"])
 
 
+def test_train_answers_help_and_a_config_error_without_jax():
+    """`train` is a thin command: its help and a config error come before JAX (or the loop) is imported."""
+    code = ("import sys\nfrom boost_jax.train import main\nmain(['--help'])\n"
+            "try:\n    main(['train.lr=[1,'])\nexcept SystemExit as e:\n    print(e.code)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'orbax')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Every key is documented in" in out.stdout
+    assert "config error: override 'train.lr=[1,': not valid YAML" in out.stdout
+    assert out.stdout.splitlines()[-1] == "[]"
+
+
 def test_the_start_up_splits_its_seconds_into_phases():
     startup = Startup()
     time.sleep(0.05)

@@ -16,7 +16,7 @@ from boost_jax.config import ConfigError, load_config
 from boost_jax.data.loader import segment_ids
 from boost_jax.model.weights import init_params
 from boost_jax.parallel.context import balance, balanced_order
-from boost_jax.train import train
+from boost_jax.training.run import train
 
 BASE = ["model.preset=llama-tiny", "train.batch_size=4", "train.seq_len=32", "parallel.dp=1"]
 
@@ -201,6 +201,7 @@ def test_the_planner_splits_a_sequence_only_where_the_batch_cannot_be(tmp_path):
     assert split == ["not priced: dp=2 without context parallelism fits"] * 2
 
 
+@pytest.mark.slow  # two benchmarks timing and training each cp variant
 def test_bench_step_and_memory_put_cp_side_by_side(capsys):
     """`--vary parallel.cp=1,2`: one variant per value, timed against the first; in `bench memory`
     each against the budget, and only those within it trained."""

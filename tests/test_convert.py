@@ -21,9 +21,9 @@ from boost_jax.config import ConfigError, load_config
 from boost_jax.convert import main
 from boost_jax.model import compress, latent_heads
 from boost_jax.model.hf import export_model
-from boost_jax.model.importer import jax_to_numpy
 from boost_jax.runtime.errors import BoostJaxError
-from boost_jax.train import train
+from boost_jax.training.importer import jax_to_numpy
+from boost_jax.training.run import train
 
 TOKENS = np.random.default_rng(0).integers(0, 512, (2, 24))
 
@@ -162,7 +162,7 @@ def test_bad_input_is_refused_by_name_and_nothing_is_written(dense_run, tmp_path
 
 def main_raising(argv):
     from boost_jax.convert import parse
-    from boost_jax.model.importer import convert
+    from boost_jax.training.importer import convert
 
     return convert(parse(argv))
 

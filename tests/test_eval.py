@@ -18,8 +18,8 @@ from boost_jax import api, eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.launch.startup import PHASES
 from boost_jax.lm_eval import BoostLM
-from boost_jax.model.evaluate import evaluate
 from boost_jax.runtime.errors import ConfigError, DataError
+from boost_jax.training.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_eval_under_any_layout_equals_one_device(run_dir, layout):
 @pytest.mark.slow  # two fresh processes: ~30 s
 def test_a_run_on_simulated_devices_is_evaluated_and_decoded_on_its_layout(tmp_path, tiny_overrides):
     from boost_jax.config import load_config
-    from boost_jax.train import train
+    from boost_jax.training.run import train
 
     run = tmp_path / "tp2"
     train(load_config(None, [*tiny_overrides, f"run_dir={run}", "train.steps=4", "checkpoint.every=4",

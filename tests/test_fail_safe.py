@@ -16,7 +16,7 @@ import pytest
 from boost_jax import api
 from boost_jax.config import ConfigError, ParallelConfig, load_config
 from boost_jax.runtime.paths import check_writable_dir, check_writable_file, lock_dir
-from boost_jax.train import train
+from boost_jax.training.run import train
 
 
 def command_error(main, argv) -> str:
@@ -186,7 +186,7 @@ def model():
     (lambda m: api.generate(m, [[1, 2]], max_new_tokens=10**9),
      r"the longest prompt \(2 tokens\) \+ max_new_tokens=1000000000 is more than max_len=32768 positions"),
     (lambda m: api.generate(m, [[1, 2]], max_new_tokens=7, max_len=8), "is more than max_len=8 positions"),
-    (lambda m: train({"model": {}}), "train.train takes a Config .*, got dict"),
+    (lambda m: train({"model": {}}), "training.run.train takes a Config .*, got dict"),
 ])
 def test_the_api_checks_its_arguments(model, call, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -197,8 +197,8 @@ def test_the_api_checks_its_arguments(model, call, needle):
 def test_a_benchmark_of_several_runs_stops_with_a_stopped_run(monkeypatch, tiny_overrides, tmp_path):
     """SIGTERM stops the run it reaches (saved); a benchmark that trains several (bench quality,
     checkpoint, data) must not start the next one."""
-    from boost_jax import train as train_module
     from boost_jax.bench.common import train_to_end
+    from boost_jax.training import run as train_module
 
     monkeypatch.setattr(train_module, "train", lambda cfg, devices=None: {"stopped_by": "SIGTERM", "losses": [1.0]})
     cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / 'run'}"])

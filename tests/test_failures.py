@@ -16,16 +16,16 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax import api
-from boost_jax.analysis import flops
 from boost_jax.config import ConfigError, LogConfig, load_config
 from boost_jax.export import export
+from boost_jax.launch import peaks
+from boost_jax.model.checkpoint import Checkpointer
 from boost_jax.model.hf import ExportError
 from boost_jax.model.run_dir import open_run
 from boost_jax.runtime.errors import CheckpointError, DivergenceError
-from boost_jax.train import train
-from boost_jax.training.checkpoint import Checkpointer
 from boost_jax.training.log import RunLog
 from boost_jax.training.parts import Evaluator
+from boost_jax.training.run import train
 
 
 def config(tmp_path, tiny_overrides, *extra, name="run"):
@@ -211,10 +211,10 @@ def test_api_config_lists_presets():
 
 
 def test_malformed_cpu_peak_cache_is_measured_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(flops, "measure_matmul_peak", lambda dtype: 1e9)
-    for content in ("[1, 2]", json.dumps({flops.cpu_peak_key("float32"): "fast"}), "{not json"):
+    monkeypatch.setattr(peaks, "measure_matmul_peak", lambda dtype: 1e9)
+    for content in ("[1, 2]", json.dumps({peaks.cpu_peak_key("float32"): "fast"}), "{not json"):
         (tmp_path / "cpu_peak.json").write_text(content)
-        assert flops.device_peak_flops("float32", tmp_path) == (1e9, "measured:cpu")
+        assert peaks.device_peak_flops("float32", tmp_path) == (1e9, "measured:cpu")
 
 
 def test_export_checks_the_tokenizer(run_copy, tmp_path):
@@ -329,7 +329,7 @@ def test_an_unknown_section_in_a_runs_config_yaml_is_refused_on_resume(run_copy,
 
 
 def test_eval_max_tokens_is_clamped_to_the_split_and_says_so(run_copy, capsys):
-    from boost_jax.model.evaluate import evaluate
+    from boost_jax.training.evaluate import evaluate
 
     whole = evaluate(run_copy, ["parallel.dp=1"], max_tokens=10**12)  # would be 2e9 batches unclamped
     err = capsys.readouterr().err
@@ -364,8 +364,7 @@ def test_a_step_retention_is_deleting_is_no_damage(run_copy, monkeypatch, capsys
     """Orbax deletes a step file by file and its folder stays listed until the last is gone: a read in
     between finds files missing (NOT_FOUND) in a step that is still listed. Where a newer step exists,
     the step is given checkpoint.DELETING_S to vanish; one that stays is damaged."""
-    from boost_jax.model import weights
-    from boost_jax.training import checkpoint
+    from boost_jax.model import checkpoint, weights
 
     restore = Checkpointer._restore
     monkeypatch.setattr(checkpoint, "DELETING_S", 0.5)
@@ -388,7 +387,7 @@ def test_a_step_retention_is_deleting_is_no_damage(run_copy, monkeypatch, capsys
 
 def test_a_step_vanishing_while_orbax_lists_the_folder_is_listed_again():
     """Making or reloading a manager stats each step folder it listed: one deleted in between raises."""
-    from boost_jax.training.checkpoint import listed
+    from boost_jax.model.checkpoint import listed
 
     errors = iter([FileNotFoundError(2, "No such file or directory"), NotADirectoryError(20, "Not a directory")])
 

@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from boost_jax.analysis.flops import count, datasheet_peak_flops, device_peak_flops
 from boost_jax.config import ModelConfig
 from boost_jax.config.presets import PRESETS
+from boost_jax.launch.peaks import datasheet_peak_flops, device_peak_flops
 from boost_jax.model import Model
+from boost_jax.model.counts import count
 from boost_jax.parallel import single_device_plan
 
 ARCHS = ("dense", "svd", "cola", "lax")
@@ -98,16 +99,16 @@ def test_an_mfu_over_100_percent_is_never_printed(tmp_path, monkeypatch, measure
     """The quickstart printed MFU 103-114%: the CPU's peak, measured once on a busy host and cached,
     was low. The meter measures it again (once) and caches the higher; a throughput that still passes
     it has no MFU, and the log line says why instead of a number."""
-    from boost_jax import analysis
     from boost_jax.config import load_config
-    from boost_jax.train import step_line
+    from boost_jax.launch import peaks
+    from boost_jax.training.metrics import step_line
     from boost_jax.training.parts import Meter
 
     cfg = load_config(None, ["model.preset=llama-tiny", f"data.cache_dir={tmp_path}"])
-    (tmp_path / "cpu_peak.json").write_text(json.dumps({analysis.flops.cpu_peak_key(cfg.model.dtype): 1.0}))
+    (tmp_path / "cpu_peak.json").write_text(json.dumps({peaks.cpu_peak_key(cfg.model.dtype): 1.0}))
     low, _ = device_peak_flops(cfg.model.dtype, tmp_path)
     measured = []
-    monkeypatch.setattr(analysis.flops, "measure_matmul_peak", lambda dtype: measured.append(dtype) or measured_again)
+    monkeypatch.setattr(peaks, "measure_matmul_peak", lambda dtype: measured.append(dtype) or measured_again)
     meter = Meter(cfg, 1, 0, 1e6, low)
     rows = [meter.read(1), meter.read(2)]
     assert measured == [cfg.model.dtype]  # once
@@ -131,5 +132,5 @@ def test_datasheet_peak_is_the_tables_for_a_known_accelerator_only():
 def test_counting_refuses_a_config_never_resolved():
     from boost_jax.runtime.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="flops.count needs a resolved ModelConfig .*d_model"):
+    with pytest.raises(ConfigError, match="model.counts.count needs a resolved ModelConfig .*d_model"):
         count(ModelConfig(preset="llama-tiny"), 64)  # loading resolves it once; readers never do

@@ -15,7 +15,7 @@ from conftest import train_tiny
 from boost_jax import api
 from boost_jax.config import load_config
 from boost_jax.runtime.errors import DiskFullError
-from boost_jax.train import train
+from boost_jax.training.run import train
 
 
 @contextlib.contextmanager
@@ -108,7 +108,7 @@ def test_a_checkpoint_folder_made_read_only_mid_run(tmp_path, tiny_overrides):
     """Remounted read-only while saves are in flight (4 devices: many writer tasks, each failing): one
     message naming the folder and the committed steps, exit 1 within seconds, no traceback; made
     writable again, the same command resumes from the newest committed step. The step folder is made
-    in `save` (training/checkpoint.py): made by Orbax's background thread, a refused one left its
+    in `save` (model/checkpoint.py): made by Orbax's background thread, a refused one left its
     writer threads waiting 300 s for it, and the process with them, in 2 of 6 runs."""
     from test_long_runs import run_cli, wait_for_step
 

@@ -334,7 +334,7 @@ def test_cli_generates_and_reports_as_json(run_dir, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("layout", [
-    ["parallel.tp=2", "parallel.dp=1"], ["parallel.fsdp=2", "parallel.dp=1"],
+    ["parallel.tp=2", "parallel.dp=1"], pytest.param(["parallel.fsdp=2", "parallel.dp=1"], marks=pytest.mark.slow),
     pytest.param(["parallel.dp=2"], marks=pytest.mark.slow),
     pytest.param(["parallel.dp=2", "parallel.tp=2", "parallel.scheme=vanilla"], marks=pytest.mark.slow),
 ])

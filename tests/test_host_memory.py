@@ -37,6 +37,7 @@ def _probe(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two fresh processes, 16 runs each; the switch's gating stays in the inner loop below
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_buffers_are_reused_instead_of_faulted_in_again():
     pages = 2 * 2048 * 4096 * 4 // 4096  # the 64 MiB temporary, in 4 KiB pages

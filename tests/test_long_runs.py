@@ -23,7 +23,7 @@ from boost_jax.data.mixture import Mixture, counts, proportions
 from boost_jax.data.prepare import PrepareConfig, prepare
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.runtime.errors import DataError
-from boost_jax.train import train
+from boost_jax.training.run import train
 from boost_jax.training.step import spike_window
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -131,7 +131,7 @@ def test_a_mixture_run_evaluates_each_dataset_and_logs_health(prepared_pair, tin
     assert health == {f"{kind}_norm/{g}" for kind in ("grad", "param", "update") for g in groups}
     assert not any(k.startswith("param_norm/") for k in rows[0])  # on the steps that log only
     assert all(r["spike_skipped"] in (0.0, 1.0) for r in rows)
-    from boost_jax.model.evaluate import evaluate
+    from boost_jax.training.evaluate import evaluate
 
     r = evaluate(tmp_path)  # the eval command reads the mixture too
     assert r["datasets"]["asyncio"]["loss"] == pytest.approx(last["eval_loss/asyncio"], rel=1e-5)

@@ -20,7 +20,7 @@ BOUND_S = HEARTBEAT_S + 15  # detection, then the exit; the default (20 s) keeps
 
 # Process 1 waits in its save of step 8 (the survivor is then mid-save) until it is killed.
 SLOW_SAVE = ("import time, pathlib, sys\n"
-             "import boost_jax.training.checkpoint as c\n"
+             "import boost_jax.model.checkpoint as c\n"
              "save = c.Checkpointer.save\n"
              "def slow(self, step, state, meta):\n"
              "    if step == 8:\n"
@@ -143,3 +143,40 @@ def test_a_killed_coordinator_ends_the_survivor_at_once(tmp_path, tiny_overrides
     err, took = survivor_ends(procs[1], time.monotonic())
     assert procs[1].returncode != 0 and took < BOUND_S, (took, err)
     assert "detected fatal errors" in err and "another task died" in err, err
+
+
+class FakeService:
+    """The coordination service's key-value store, as the watchdog uses it."""
+
+    def __init__(self):
+        self.store: dict[str, str] = {}
+
+    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+        self.store[key] = value
+
+    def key_value_try_get(self, key: str) -> str:
+        if key not in self.store:
+            raise KeyError(f"NOT_FOUND: {key}")
+        return self.store[key]
+
+
+def test_after_a_failed_collective_a_peer_silent_for_seconds_is_the_lost_one(monkeypatch):
+    """Process 1 beats, process 2 never does, heartbeat_timeout_s=20. Once a collective has failed,
+    process 2 is named after peers.SILENT_AFTER_FAILURE_S, not 20 s (the survivors' wait, most of a
+    restart's seconds lost); without a failure nobody is named meanwhile."""
+    from boost_jax.parallel import peers
+
+    service, said, dogs = FakeService(), {}, []
+    monkeypatch.setattr(peers, "end", lambda message: (said.setdefault(message, time.monotonic()),
+                                                       [d.stopping.set() for d in dogs]))
+    t0 = time.monotonic()
+    failed, calm = (peers.Watchdog(service, 0, 3, timeout_s=20) for _ in range(2))
+    dogs.append(failed)
+    failed.collective_failed.set()
+    while time.monotonic() - t0 < peers.SILENT_AFTER_FAILURE_S + 3:
+        service.key_value_set(f"{peers.KEY}/beat/1", str(time.monotonic()), allow_overwrite=True)
+        time.sleep(0.2)
+    calm.stopping.set()
+    assert [m.split(" (killed")[0] for m in said] == [
+        "lost peer: process 2: no heartbeat for 4 s after a collective with it failed"], said
+    assert next(iter(said.values())) - t0 < peers.SILENT_AFTER_FAILURE_S + 2.5

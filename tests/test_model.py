@@ -132,7 +132,8 @@ def test_a_flat_gemm_equals_the_batched_one_with_a_one_axis_weight_gradient():
     assert "contracting_dims = [0, 1]" not in weight_grad(True)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+# The inner loop keeps dense and LaX; svd and cola, the same low-rank projections as LaX, run in the full suite.
+@pytest.mark.parametrize("arch", [a if a in ("dense", "lax") else pytest.param(a, marks=pytest.mark.slow) for a in ARCHS])
 def test_attention_matches_naive_gqa(arch):
     cfg = tiny(arch, n_layers=1)  # 8 heads, 2 kv heads
     layer = first_layer(Model(cfg, rngs=nnx.Rngs(0)))
@@ -150,10 +151,11 @@ def test_attention_matches_naive_gqa(arch):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
-@pytest.mark.parametrize("seq, head_dim, query_block", [
-    (40, 8, 8),  # the loop over query blocks: 5 blocks of 8 of 40 positions
-    (384, 12, 512),  # one query block: 3 causal blocks of 128, each against the keys up to its end
+@pytest.mark.parametrize("dtype, rtol, seq, head_dim, query_block", [
+    # the loop over query blocks: 5 blocks of 8 of 40 positions
+    (jnp.float32, 1e-6, 40, 8, 8), pytest.param(jnp.bfloat16, 2e-2, 40, 8, 8, marks=pytest.mark.slow),
+    # one query block: 3 causal blocks of 128, each against the keys up to its end
+    pytest.param(jnp.float32, 1e-6, 384, 12, 512, marks=pytest.mark.slow), (jnp.bfloat16, 2e-2, 384, 12, 512),
 ])
 def test_blocked_attention_equals_whole_attention(dtype, rtol, seq, head_dim, query_block):
     """The CPU paths of attention against the written-out attention in fp32, with grouped-query

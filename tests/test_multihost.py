@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from boost_jax.config import load_config
-from boost_jax.train import train
+from boost_jax.training.run import train
 
 
 def free_port() -> int:

@@ -13,8 +13,8 @@ from boost_jax.analysis.program import build
 from boost_jax.config import ConfigError, load_config
 from boost_jax.config.hardware import one_machine
 from boost_jax.parallel import abstract_plan
-from boost_jax.train import train
 from boost_jax.training.muon_layout import chosen_ways, layer_matrices, way_seconds, ways
+from boost_jax.training.run import train
 
 LAYOUTS = {"tp2": ["parallel.tp=2"], "fsdp2": ["parallel.fsdp=2"]}  # btp: tp splits d, fsdp splits r
 CASES = [("tp2", "gram"), ("tp2", "gather"), ("tp2", "distribute"), ("fsdp2", "gather"), ("fsdp2", "distribute")]

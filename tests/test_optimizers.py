@@ -103,7 +103,7 @@ def test_no_collective_of_spectrons_update_runs_inside_a_loop(layout):
 
 def spectron_losses(tiny_overrides, run_dir, devices, *extra):
     """The losses of 4 spectron steps of llama-mini (where the deadlock showed; llama-tiny's did not) on `devices`."""
-    from boost_jax.train import train
+    from boost_jax.training.run import train
 
     cfg = load_config(None, [*tiny_overrides, f"run_dir={run_dir}", "train.steps=4", "checkpoint.every=0",
                              "train.eval_every=0", "model.arch=cola", "train.optimizer=spectron",
@@ -197,7 +197,7 @@ def test_per_step_coefficients_are_read_as_triples():
 @pytest.mark.parametrize("optimizer", ["spectron", pytest.param("muon", marks=pytest.mark.slow)])
 def test_the_optimizer_state_resumes_bitwise_and_a_switch_needs_reset_optimizer(tmp_path, tiny_overrides, capsys,
                                                                                 optimizer):
-    from boost_jax.train import train
+    from boost_jax.training.run import train
 
     def run(name, steps, *extra):
         cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / name}", f"train.steps={steps}",
@@ -325,6 +325,7 @@ def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
     assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
 
 
+@pytest.mark.slow  # a training process; the health norms stay in the inner loop in-process above
 def test_training_on_a_tp_mesh_with_health_ends(tmp_path, tiny_overrides):
     """`train` of 4 layers under tp=4 with the health metrics (the factor spectra included, in the
     step's cond, taken at step 3 only): it ends, and logs them. A QR there once deadlocked XLA's CPU
@@ -368,3 +369,35 @@ def test_adamw_under_tp_adds_no_collective_but_the_clips_norm():
     (muon's and spectron's ways are pinned in tests/test_muon_layout.py)."""
     _, adamw = optimizer_collectives("parallel.tp=2")
     assert [(c.kind, c.shape) for c in adamw] == [("all-reduce", ())]
+
+
+def test_a_latent_heads_b_is_orthogonalised_per_block_as_the_dense_block_diagonal_matrix():
+    """Latent heads' stacked B [L, r, n] holds the blocks of a block-diagonal [r, g n]: its update is
+    that matrix's polar factor, its blocks' own (Newton-Schulz per block), not the stacked matrix's;
+    Spectron's sigma(B) is its largest block's."""
+    from boost_jax.model.latent_heads import dense_b
+    from boost_jax.training.optimizers import _top_singular_of_b, latent_head_blocks, newton_schulz
+
+    # Cubic Newton-Schulz, iterated to convergence: the polar factor itself, so the claim is exact.
+    cfg = tiny("model.arch=cola", "model.attn_latent_heads=2", "train.optimizer=muon", "train.muon.ns_steps=60",
+               "train.muon.ns_coeffs=[1.5,-0.5,0.0]")
+    blocks = latent_head_blocks(cfg.model)
+    assert blocks == {("layers", "attn", "k", "b"): 8, ("layers", "attn", "v", "b"): 8}  # r = 16, g = 2
+    x = jax.random.normal(jax.random.key(0), (2, 16, 32))  # [L, r, n]: two blocks of [8, 32] per layer
+    update = lambda blocks: np.asarray(newton_schulz(cfg.train.muon, {}, blocks).update(
+        {"layers": {"attn": {"k": {"b": x}}}}, optax.EmptyState())[0]["layers"]["attn"]["k"]["b"])
+
+    def polar(m):
+        u, _, vt = np.linalg.svd(m, full_matrices=False)
+        return u @ vt
+
+    dense = dense_b(np.asarray(x, np.float64), 2)  # [L, r, g n]
+    want = np.stack([polar(d) for d in dense])
+    np.testing.assert_allclose(dense_b(update(blocks), 2), want, atol=1e-4)
+    assert np.abs(dense_b(update({}), 2) - want).max() > 0.1  # the stacked matrix's polar factor mixes the blocks
+
+    b = x[:, :, :8]  # [L, 16, 8]: blocks [8, 8]
+    sigma, _ = _top_singular_of_b(b, jnp.full((2, 16), 0.25), 200, False, rows=8)
+    block_max = [max(np.linalg.norm(np.asarray(b[i, j * 8:(j + 1) * 8]), 2) for j in range(2)) for i in range(2)]
+    np.testing.assert_allclose(sigma, block_max, rtol=1e-4)
+    assert np.all(np.asarray(_top_singular_of_b(b, jnp.full((2, 16), 0.25), 200, False, rows=None)[0]) > sigma)

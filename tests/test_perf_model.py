@@ -382,10 +382,10 @@ def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch
 
 
 def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch):
-    from boost_jax.analysis.flops import measure_matmul_peak
     from boost_jax.analysis.program import config_for
     from boost_jax.bench import step
     from boost_jax.bench.step import Runner, measure_with_peak
+    from boost_jax.launch.peaks import measure_matmul_peak
 
     # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the benchmark.
     monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))

@@ -18,7 +18,7 @@ from boost_jax.model.weights import abstract_model, place_params, relayout_layer
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.context import query_group
 from boost_jax.parallel.pipeline import Schedule, merge_microbatches, run_pipeline, split_microbatches
-from boost_jax.train import train
+from boost_jax.training.run import train
 
 
 def toy_layer(w, x, ctx):

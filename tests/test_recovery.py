@@ -3,17 +3,18 @@ processes with the same trajectory, and what a restart cost in the metrics (trai
 
 import json
 import shutil
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from boost_jax.analysis.memory_model import breakdown, layer_bytes
+from boost_jax.analysis.microbatch_fit import GIB, device_limit, fewest_microbatches, size
 from boost_jax.bench import recovery as bench
 from boost_jax.config import ConfigError, load_config
-from boost_jax.train import train
-from boost_jax.training.microbatch_fit import GIB, device_limit, fewest_microbatches, size
 from boost_jax.training.recovery import Recovery
+from boost_jax.training.run import train
 
 
 def tiers(tmp_path, tiny_overrides, *extra):
@@ -87,6 +88,79 @@ def test_a_damaged_local_step_gives_way_to_the_persistent_tier(tmp_path, tiny_ov
     assert saved["loss"] == pytest.approx(resumed["losses"][0], rel=1e-6)
 
 
+def losses_of(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def cut_short(step_dir: Path) -> None:
+    """A local step whose state files lost their second half (a disk that failed mid-write)."""
+    for f in (step_dir / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 1:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def half_written(local: Path, step: int) -> Path:
+    """What kill -9 mid-save leaves: Orbax's temporary folder of `step`, never renamed to a step."""
+    tmp = local / f"{step}.orbax-checkpoint-tmp-1765000000000000"
+    (tmp / "state").mkdir(parents=True)
+    (tmp / "state" / "_METADATA").write_text('{"tree_metadata": {')
+    return tmp
+
+
+def test_a_damaged_newest_local_step_gives_way_to_an_older_local_step(tmp_path, tiny_overrides, capfd):
+    """Local steps 6 and 9 (retention 2), persistent 4 (8 and 10 lost), a half-written step 12 left by
+    a kill -9: local step 9 cut short gives way, in one note, to local step 6 (newer than the
+    persistent 4); steps 7-10 equal the first run's, and the persistent step and the temporary folder
+    are left as they were."""
+    two = ["checkpoint.every=4", "checkpoint.local_every=3", f"checkpoint.local_dir={tmp_path / 'local'}/{{process}}"]
+    train(tiers(tmp_path, tiny_overrides, "train.steps=10", *two))
+    local, ckpts = tmp_path / "local" / "0", tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in local.iterdir() if p.name.isdigit()) == ["6", "9"]
+    first = losses_of(tmp_path / "run")
+    for step in ("8", "10"):
+        shutil.rmtree(ckpts / step)
+    cut_short(local / "9")
+    tmp = half_written(local, 12)
+    persistent = files_of(ckpts / "4")
+    capfd.readouterr()
+    resumed = train(tiers(tmp_path, tiny_overrides, "train.steps=10", *two))
+    err = capfd.readouterr().err
+    assert resumed["start_step"] == 6, err
+    notes = [line for line in err.splitlines() if line.startswith("note: local checkpoint")]
+    assert len(notes) == 1 and notes[0].startswith("note: local checkpoint step 9 of process 0 cannot be read (")
+    assert notes[0].endswith("): trying step 6 of process 0") and "Traceback" not in err
+    assert f"resumed from step 6 (local tier of process 0, {local}" in err
+    np.testing.assert_allclose(resumed["losses"], [first[s] for s in range(7, 11)], rtol=1e-6)
+    assert files_of(ckpts / "4") == persistent
+    assert files_of(tmp) == {"state/_METADATA": b'{"tree_metadata": {'}
+
+
+def test_a_step_both_tiers_hold_resumes_from_the_persistent_one(tmp_path, tiny_overrides, capfd):
+    """The loop saves a step to one tier only, so the tie is made by hand: persistent step 6 from a run
+    of the same setup beside local step 6. The persistent copy is read (a run dir's own checkpoints are
+    the ones `eval`, `export` and a person see), and the resume line names it."""
+    two = ["checkpoint.every=4", "checkpoint.local_every=3", f"checkpoint.local_dir={tmp_path / 'local'}/{{process}}"]
+    train(tiers(tmp_path, tiny_overrides, "train.steps=8", *two))
+    train(tiers(tmp_path / "twin", tiny_overrides, "train.steps=6", "checkpoint.every=6"))
+    first = losses_of(tmp_path / "run")
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.rmtree(ckpts / "8")
+    shutil.copytree(tmp_path / "twin" / "run" / "checkpoints" / "6", ckpts / "6")
+    assert (tmp_path / "local" / "0" / "6").is_dir()
+    capfd.readouterr()
+    resumed = train(tiers(tmp_path, tiny_overrides, "train.steps=8", *two))
+    err = capfd.readouterr().err
+    assert resumed["start_step"] == 6
+    assert next(line for line in err.splitlines() if line.startswith("resumed from")).startswith(
+        f"resumed from step 6 ({ckpts}, loss "), err
+    assert "note:" not in err and "local tier" not in err
+    np.testing.assert_allclose(resumed["losses"], [first[7], first[8]], rtol=1e-6)
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--kill-between", "50", "70"], "--kill-between 50 70 must be steps 1 <= FIRST <= LAST < --steps=60"),
     (["--survivors", "4"], "--survivors=4 fewer than --processes=4"),
@@ -135,6 +209,80 @@ def test_a_host_lost_the_run_continues_on_fewer_processes(tmp_path, tiny_overrid
     assert r["steps_recomputed"] == r["killed_at"] - r["resumed_from"] and r["seconds_lost"] > 0
     reference = bench.uninterrupted(config, 4, 24, 50, tmp_path)
     assert sorted(r["losses"]) == list(range(1, 25))
+    assert bench.max_rel_diff(r["losses"], reference, r["resumed_from"]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, tiny_overrides):
+    """(where it runs, its untouched copy, its config, its losses): 2 processes, 8 steps, local tier every
+    2 (steps 4 and 6 kept), the persistent step 8 (the end, its only one) deleted. Each case damages a
+    copy of it put back at the same paths: a local step records its run dir."""
+    work = tmp_path_factory.mktemp("two_process_run")
+    config = [*tiny_overrides, *bench.FIXED, "train.schedule_steps=400", "train.eval_every=0"]
+    argv = bench.command(config, 8, 8, 2, work / "run", work / "local")
+    launch = bench.Launch(argv, 2, work / "logs")
+    assert launch.wait(timeout=600) == [0, 0], launch.stderr()
+    shutil.rmtree(work / "run" / "checkpoints" / "8")
+    assert [sorted(p.name for p in (work / "local" / str(i)).iterdir() if p.name.isdigit()) for i in (0, 1)] == [
+        ["4", "6"], ["4", "6"]]
+    pristine = tmp_path_factory.mktemp("pristine")
+    for name in ("run", "local"):
+        shutil.copytree(work / name, pristine / name)
+    return work, pristine, argv, losses_of(work / "run")
+
+
+@pytest.mark.slow  # two training processes per case, after the two of the run they resume
+@pytest.mark.parametrize("damage, resumed, notes", [
+    ("process 0's copy of step 6 cut short", "step 6 (local tier of process 1",
+     ["step 6 of process 0 cannot be read (*): trying step 6 of process 1"]),
+    ("process 0's folder lacks step 6", "step 6 (local tier of process 1", []),
+    ("both copies of step 6 cut short", "step 4 (local tier of process 0",
+     ["step 6 of process 0 cannot be read (*): trying step 6 of process 1",
+      "step 6 of process 1 cannot be read (*): trying step 4 of process 0"]),
+    ("a half-written step 8 in both folders (kill -9 mid-save)", "step 6 (local tier of process 0", []),
+])
+def test_resume_takes_the_newest_step_some_process_restores_whole(two_process_run, damage, resumed, notes):
+    work, pristine, argv, first = two_process_run
+    for name in ("run", "local"):
+        shutil.rmtree(work / name)
+        shutil.copytree(pristine / name, work / name)
+    local = [work / "local" / str(i) for i in (0, 1)]
+    if "cut short" in damage:
+        for folder in local[: 2 if damage.startswith("both") else 1]:
+            cut_short(folder / "6")
+    elif "lacks" in damage:
+        shutil.rmtree(local[0] / "6")
+    else:
+        for folder in local:
+            half_written(folder, 8)
+    untouched = {i: files_of(local[i] / "4") for i in (0, 1)}
+    launch = bench.Launch(argv, 2, work / f"logs-{len(list(work.glob('logs*')))}")
+    assert launch.wait(timeout=600) == [0, 0], launch.stderr()
+    err = launch.stderr(0)
+    assert f"resumed from {resumed}" in err and "Traceback" not in err, err
+    got = [line.removeprefix("note: local checkpoint ") for line in err.splitlines() if line.startswith("note: local")]
+    assert len(got) == len(notes) and all(fnmatch(g, n) for g, n in zip(got, notes)), got
+    start = int(resumed.split()[1])
+    after = losses_of(work / "run")
+    np.testing.assert_allclose([after[s] for s in range(start + 1, 9)], [first[s] for s in range(start + 1, 9)],
+                               rtol=1e-5)
+    assert {i: files_of(local[i] / "4") for i in (0, 1)} == untouched
+
+
+@pytest.mark.slow  # two training processes, then one, then two again (the reference)
+def test_fsdp_over_processes_a_lost_process_resumes_from_a_survivors_whole_copy(tmp_path, tiny_overrides):
+    """parallel.fsdp=2 over 2 processes of one device each: each process's local step holds the whole
+    state (gathered from both processes' shards), so process 1 killed after a step of 7..9 with its
+    local dir deleted resumes on process 0 alone (fsdp=1: one device) from process 0's local step 5,
+    and its losses equal an uninterrupted 2-process fsdp=2 run's within 1e-5."""
+    config = [*tiny_overrides, *bench.FIXED, "train.schedule_steps=400", "train.eval_every=0", "parallel.fsdp=2"]
+    kill_at = int(np.random.default_rng().integers(7, 10))
+    work = tmp_path / "fsdp"
+    r = bench.trial(config, 2, 1, 14, kill_at, 50, 5, work, restart_overrides=("parallel.fsdp=1",))
+    assert r["resumed_from"] == 5 and r["resumed_line"].startswith("resumed from step 5 (local tier of process 0")
+    assert "Traceback" not in (work / "logs-after" / "process-0.stderr").read_text()
+    reference = bench.uninterrupted(config, 2, 14, 50, tmp_path)
+    assert sorted(r["losses"]) == list(range(1, 15))
     assert bench.max_rel_diff(r["losses"], reference, r["resumed_from"]) < 1e-5
 
 

@@ -63,9 +63,9 @@ def test_no_layout_makes_xla_replicate_a_tensor(arch, layout, capfd):
 def test_the_check_sees_the_warning(capfd, monkeypatch):
     """The test above can fail: with the embedding lookup of before (a table split on d looked up as
     it lies) the partitioner warns again."""
-    from boost_jax import model
+    from boost_jax.model import transformer
 
-    monkeypatch.setattr(model, "embed_lookup", lambda plan, table, tokens: table[tokens])
+    monkeypatch.setattr(transformer, "embed_lookup", lambda plan, table, tokens: table[tokens])
     capfd.readouterr()
     compile_train_step([*ARCHS["cola"], *LAYOUTS["dp2-fsdp4"], "log.health=false"])  # the lookup's warning alone
     assert WARNING in capfd.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 
 from boost_jax.comparison import fit
 from boost_jax.comparison.grid import search
-from boost_jax.comparison.report import analyse
+from boost_jax.comparison.report import analyse, flag_early, floor
 from boost_jax.study import main, study
 
 
@@ -42,15 +42,16 @@ def test_search_extends_the_grid_until_the_best_is_interior():
     assert down.losses[-1] == math.inf
 
 
-def synthetic_rows(rng: np.random.Generator, multiplier: float) -> list[dict]:
+def synthetic_rows(rng: np.random.Generator, multiplier: float, computes: int = 6, lifted: int = 0) -> list[dict]:
     """dense on L = E + A C^-alpha, cola on the same law at `multiplier` x its compute (it reaches dense's
-    loss at 1/multiplier of dense's compute), 6 budgets, 3 seeds each with noise of sd 0.004."""
-    compute = np.geomspace(1e12, 1e15, 6)
+    loss at 1/multiplier of dense's compute), `computes` budgets, 3 seeds each with noise of sd 0.004;
+    the `lifted` budgets of least compute 0.1 above the law (not yet come down to it)."""
+    compute = np.geomspace(1e12, 1e15, computes)
     law = lambda c: 2.0 + 40.0 * c ** -0.12
     rows = []
     for arch, k in (("dense", 1.0), ("cola", multiplier)):
-        for c in compute:
-            seeds = [law(k * c) + rng.normal(0, 0.004) for _ in range(3)]
+        for j, c in enumerate(compute):
+            seeds = [law(k * c) + 0.1 * (j < lifted) + rng.normal(0, 0.004) for _ in range(3)]
             rows.append({"arch": arch, "optimizer": "adamw", "train_flops": float(c), "seeds": seeds,
                          "mean": float(np.mean(seeds)), "early": False})
     return rows
@@ -66,6 +67,73 @@ def test_fit_recovers_a_known_compute_multiplier():
         covered += m["interval"][0] <= 2.5 <= m["interval"][1]
     # A 90% interval from 3 seeds per cell covers the truth in 8 of these 10 draws (80% in 40 draws)
     assert covered >= 8
+
+
+def test_cells_above_the_law_of_more_compute_are_early_and_cells_on_it_are_not():
+    """fit.early on synthetic curves of 6 computes: on the law nothing is early; with the 2 budgets of least
+    compute 0.1 above it, exactly those are, and the multiplier is still recovered from the rest."""
+    wrong = 0
+    for draw in range(6):
+        rng = np.random.default_rng(draw)
+        on_law, tested = flag_early(synthetic_rows(rng, 2.5), n=100)
+        assert tested == {"dense/adamw": True, "cola/adamw": True}
+        wrong += any(r["early"] for r in on_law)
+        lifted, _ = flag_early(synthetic_rows(rng, 2.5, lifted=2), n=100)
+        found = [r["early"] for r in lifted] == [j < 2 for _ in range(2) for j in range(6)]
+        wrong += not found
+        if found:
+            assert lifted[0]["early_reason"].startswith("less compute than an early cell")
+            assert lifted[1]["early_reason"].startswith("mean ")
+            _, (m,) = analyse(lifted, n=50, coverage=0.9)
+            assert abs(m["value"] - 2.5) < 0.4
+    # 3 of 40 draws flag a cell on the law, 3 of 40 miss a lifted one (the 4-point law's bootstrap bound is
+    # narrow); these 12 cases, drawn with the same seeds every time, hold one such
+    assert wrong <= 1
+    # With 4 computes the law is set by all of them and nothing is left to test: untested, nothing flagged
+    few, tested = flag_early(synthetic_rows(np.random.default_rng(0), 2.5, computes=4, lifted=1), n=50)
+    assert tested == {"dense/adamw": False, "cola/adamw": False} and not any(r["early"] for r in few)
+    # The user's floor (study.early_below) flags a cell the data cannot
+    assert floor(4.0, 10.0) == {"early": True, "early_reason": "4.0 tokens per non-embedding parameter < "
+                                                                 "study.early_below=10"}
+    assert floor(10.0, 10.0) == {"early": False, "early_reason": None}
+
+
+def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp_path, monkeypatch):
+    """The results page's section of a saved `study --json` (synthetic cells, the 2 of least compute early):
+    the cells with their grids and the multiplier in the table, each curve's means and fitted law in the plot."""
+    from boost_jax.bench import report as bench_report, study_section
+    from boost_jax.comparison.report import table
+    from boost_jax.config import ConfigError
+
+    rows = [{**r, "preset": "p", "tokens": 1000 * j, "tokens_per_param": 20.0, "lr_grid": [1e-3, 3e-3, 1e-2],
+             "lr_losses": [r["seeds"][0] + 0.1, r["seeds"][0], None], "best_lr": 3e-3, "extensions": 0, "bracketed": True,
+             "spread": float(np.std(r["seeds"], ddof=1)), "bpb_mean": None, "early_reason": None}
+            for j, r in enumerate(synthetic_rows(np.random.default_rng(0), 2.5, lifted=2))]
+    rows, tested = flag_early(rows, n=50)
+    fits, mults = analyse(rows, n=50, coverage=0.9)
+    saved = {"cells": rows, "fits": [{**f, "regime_tested": tested[f["curve"]]} for f in fits], "multipliers": mults,
+             "skipped": [], "eval_tokens": 1024, "interval": 0.9, "early_below": 10.0, "command": "python -m boost_jax.study x"}
+    (tmp_path / "study.json").write_text(json.dumps(saved))
+    result = json.loads((tmp_path / "study.json").read_text())
+    lines = study_section.section(result)
+    assert lines[0].startswith("## 6c.") and "`python -m boost_jax.study x`" in lines[2]
+    assert lines[4:4 + len(table(result))] == table(result)  # every cell's grid, seeds, mean, spread, early
+    assert sum(line.startswith("| p |") and line.endswith("| early |") for line in lines) == 4 and f"| 0.001: {rows[0]['seeds'][0] + 0.1:.4f}, " in lines[6]
+    (m,) = [line for line in lines if line.startswith("| cola/adamw | dense/adamw |")]
+    assert f"{mults[0]['value']:.3g}" in m and f"[{mults[0]['interval'][0]:.3g}, " in m
+    fig = study_section.plot(result)
+    drawn = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    dense = [r for r in rows if r["arch"] == "dense" and not r["early"]]
+    assert list(drawn["dense/adamw"].get_ydata()) == [r["mean"] for r in dense]
+    fit_dense = next(f for f in fits if f["curve"] == "dense/adamw")
+    law = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == 100][0]  # dense's, drawn first
+    x, y = law.get_xdata(), law.get_ydata()
+    assert x[0] == dense[0]["train_flops"] and y == pytest.approx(fit_dense["E"] + fit_dense["A"] * x ** -fit_dense["alpha"])
+
+    monkeypatch.setattr(bench_report, "measure_all", lambda *a: pytest.fail("measured despite a bad saved input"))
+    (tmp_path / "other.json").write_text(json.dumps({"cells": []}))
+    with pytest.raises(ConfigError, match=r"--study-json .*other.json: not the JSON this flag reads \(missing fits"):
+        bench_report.main(["--study-json", str(tmp_path / "other.json"), "--out", str(tmp_path / "out")])
 
 
 def test_fit_takes_the_simplest_form_the_points_support():
@@ -102,6 +170,7 @@ def test_a_study_dir_of_another_spec_is_refused_by_name(micro, tmp_path):
     assert sorted(p.name for p in (tmp_path / "study").iterdir()) == ["study.json"]
 
 
+@pytest.mark.slow  # multi-step training runs: a grid of lrs and two seeds
 def test_micro_study_extends_the_grid_runs_every_seed_and_resumes_exactly(micro, tmp_path, monkeypatch):
     out = study(micro, log=lambda line: None)
     cells = out["cells"]
@@ -117,20 +186,61 @@ def test_micro_study_extends_the_grid_runs_every_seed_and_resumes_exactly(micro,
         assert sorted(p.name for p in runs.iterdir()) == sorted(
             [f"lr{lr:g}-seed0" for lr in c["lr_grid"]] + [f"lr{c['best_lr']:g}-seed1"])
     assert json.loads(json.dumps(out))["cells"][0]["seeds"] == cells[0]["seeds"]
+    from boost_jax.bench import study_section  # the results page's section of this study's --json
+
+    saved = json.loads(json.dumps(out))
+    assert sum(line.startswith("| llama-tiny | cola | adamw | 512 |") for line in study_section.section(saved)) == 1
+    assert list(study_section.plot(saved).axes[0].get_lines()[0].get_ydata()) == [cells[0]["mean"]]
 
     # A kill after step 2's checkpoint of the last run: its result and its step-4 checkpoint gone.
     last = tmp_path / "study" / "llama-tiny" / "cola-adamw" / "budget512" / f"lr{cells[0]['best_lr']:g}-seed1"
     (last / "study_result.json").unlink()
     shutil.rmtree(last / "checkpoints" / "4")
-    import boost_jax.train
+    import boost_jax.training.run
 
     trained = []
-    real = boost_jax.train.train
-    monkeypatch.setattr(boost_jax.train, "train", lambda cfg, *a, **k: trained.append(cfg.run_dir) or real(cfg, *a, **k))
+    real = boost_jax.training.run.train
+    monkeypatch.setattr(boost_jax.training.run, "train", lambda cfg, *a, **k: trained.append(cfg.run_dir) or real(cfg, *a, **k))
     again = study(micro, log=lambda line: None)
     assert trained == [str(last)]  # every finished run is read back, not recomputed
     assert again["cells"] == cells  # the resumed run ends bit for bit where the uninterrupted one did
     assert '"step": 2' in (last / "metrics.jsonl").read_text()
+
+
+CHOICE_TASK = ("output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
+               "doc_to_target: '{{answer}}'\nmetric_list: [{metric: acc}]")
+CHOICE_DOCS = [{"question": "def main(", "choices": [" return 1", " pass", "x = 2"], "answer": 1},
+               {"question": "import", "choices": [" os", " sys", " re"], "answer": 0},
+               {"question": "for i in", "choices": [" range(3):", " x:", " []:"], "answer": 0}]
+
+
+@pytest.mark.slow  # lm-eval indexes its ~15,000 tasks (~20 s) twice, and the micro study trains
+def test_a_study_scores_local_lm_eval_tasks_per_cell_and_refuses_an_unknown_one(micro, tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "docs.json").write_text(json.dumps(CHOICE_DOCS))
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "boost_study_choice.yaml").write_text(
+        f"task: boost_study_choice\ndataset_path: json\ndataset_kwargs: {{data_files: {{test: {tmp_path / 'docs.json'}}}}}\n"
+        f"test_split: test\n{CHOICE_TASK}\n")
+    local = [*micro, f"study.tasks_path={folder}"]
+    with pytest.raises(SystemExit) as e:  # refused by name before any training, nothing written
+        main([*local, "study.tasks=[boost_study_choice,no_such_task]"])
+    assert "study.tasks: lm-eval has no task 'no_such_task'" in str(e.value)
+    assert not (tmp_path / "study").exists()
+
+    out = study([*local, "study.tasks=[boost_study_choice]"], log=lambda line: None)
+    (cell,) = out["cells"]
+    acc = cell["tasks"]["boost_study_choice"]["acc,none"]
+    assert len(acc) == 2 and all(a in (0.0, 1 / 3, 2 / 3, 1.0) for a in acc)  # each seed's share of 3 documents
+    seed1 = tmp_path / "study" / "llama-tiny" / "cola-adamw" / "budget512" / f"lr{cell['best_lr']:g}-seed1"
+    assert json.loads((seed1 / "study_tasks.json").read_text())["boost_study_choice"]["acc,none"] == acc[1]
+    import lm_eval
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda *a, **k: pytest.fail("a scored run was scored again"))
+    assert study([*local, "study.tasks=[boost_study_choice]"], log=lambda line: None)["cells"] == out["cells"]
 
 
 def product_update(name: str, a, b, g_w, c: float):

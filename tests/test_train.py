@@ -13,8 +13,8 @@ import pytest
 from boost_jax import api
 from boost_jax.config import ConfigError, load_config
 from boost_jax.launch.startup import Startup
-from boost_jax.train import train
-from boost_jax.training.checkpoint import CheckpointError
+from boost_jax.model.checkpoint import CheckpointError
+from boost_jax.training.run import train
 
 
 def run(tmp_path, tiny_overrides, *extra, name="run", devices=None):

@@ -14,11 +14,11 @@ import yaml
 from flax import nnx
 
 from boost_jax import api, eval as boost_eval, generate
-from boost_jax.model.evaluate import evaluate
+from boost_jax.model.checkpoint import Checkpointer
 from boost_jax.model.weights import param_shardings, restore_params
 from boost_jax.parallel import make_plan
 from boost_jax.runtime.errors import CheckpointError
-from boost_jax.training.checkpoint import Checkpointer
+from boost_jax.training.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_pipelined_run_is_served_on_another_layout(tmp_path, tiny_overrides, c
     import json
 
     from boost_jax.config import load_config
-    from boost_jax.train import train
+    from boost_jax.training.run import train
 
     run = tmp_path / "pp"
     train(load_config(None, [*tiny_overrides, f"run_dir={run}", "train.steps=4", "checkpoint.every=4",

@@ -28,7 +28,7 @@ from boost_jax.parallel import Plan
 from boost_jax.parallel.context import layer_forward_bytes as cp_layer_forward_bytes
 from boost_jax.runtime.units import MIB
 from boost_jax.training.muon_layout import chosen_ways, placements, way_seconds
-from boost_jax.training.optimizers import make_optimizer
+from boost_jax.training.optimizers import latent_head_blocks, make_optimizer
 
 P2P = "collective-permute"
 
@@ -210,7 +210,8 @@ def optimizer_comm(prog: Program, hw: Hardware) -> dict | None:
     if cfg.train.optimizer == "adamw":
         return None
     chosen = chosen_ways(cfg, prog.plan, hw.gpus_per_node)
-    tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan), split=prog.plan.mesh.size > 1)
+    tx = make_optimizer(cfg.train, prog.params, placements(cfg, prog.plan), split=prog.plan.mesh.size > 1,
+                        blocks=latent_head_blocks(cfg.model))
     found = collectives(jax.jit(tx.update).lower(prog.params, optimizer_state(prog, tx), prog.params).compile().as_text())
     small = lambda c: c.kind == "all-reduce" and len(c.shape) <= 1
     formula = Counter()

@@ -21,7 +21,9 @@ Parts (docs/design.md, "Memory model"):
                     live at once (1 with accumulation; all M * R + S - 1 iterations of the
                     pipeline's loop, each running Lc layers). A pipeline with one repeat keeps its
                     stage's weight-only residuals once; with R > 1 each iteration keeps its chunk's
-                    weights (picked by a traced index) and what is computed from them.
+                    weights (picked by a traced index: under FSDP gathered by XLA:CPU, the device's
+                    shard by XLA:GPU) and what is computed from them; one iteration's residuals are
+                    copied once more beside the loop's stacks.
   pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop (input, inbox and
                     outbox, merged output, cotangents) as 3.5 x M full-width [rows, seq / cp, d] values:
                     a fitted constant (the update's working set on XLA:GPU is the other)
@@ -77,7 +79,9 @@ ATTENTION = ("q", "k", "v", "o")  # projections at model.attn_rank; the MLP's at
 class CompilerMemory:
     """Where XLA's compilers differ in laying out one train step (each measured on both compiles)."""
 
-    gathers_stack: bool  # FSDP: the whole stacked weights gathered for the step, or one layer's in the scan
+    # FSDP: the whole stacked weights gathered for the step, or one layer's in the scan (so a circular
+    # pipeline's iterations keep their chunk's weights gathered, or the device's shards)
+    gathers_stack: bool
     loss_beside_grads: bool  # the loss's logits live beside the layers' gradients, or before they exist
     loss_buffers: int  # fp32 logits-sized buffers of the loss: logits and cotangent, or one written over
     # The optimizer update's working set on top of the gradients, in parameter bytes: one fitted
@@ -230,11 +234,15 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes,
         chunk = layers_per_stage // pipe.repeats
         if pipe.repeats == 1:  # the chunk is the whole stage, the same every iteration: the loop's
             # backward computes its weight-only residuals once (hoisted out of the loop)
-            activations = pipe.iterations * chunk * one.activations + chunk * one.invariant
-        else:  # the chunk's weights are a slice picked per iteration: the backward keeps each
-            activations = pipe.iterations * chunk * (one.activations + one.invariant + one.weights)
-        if chunk > 1:  # one iteration's [Lc, ...] residuals, copied between the loop's [T, ...]
-            activations += chunk * one.activations  # stacks and the chunk's layer scan (XLA's buffers)
+            kept = one.activations
+            activations = pipe.iterations * chunk * kept + chunk * one.invariant
+        else:  # the chunk's weights are a slice picked per iteration: the backward keeps each, as
+            # the step holds them: gathered under FSDP where the compiler gathers the whole stack,
+            # else the device's shard (XLA:GPU gathers each layer's inside the layer scan)
+            kept = one.activations + one.invariant + one.weights // (1 if xla.gathers_stack else mesh["fsdp"])
+            activations = pipe.iterations * chunk * kept
+        if chunk > 1:  # one iteration's [Lc, ...] residuals (with R > 1 its picked weights too), copied
+            activations += chunk * kept  # between the loop's [T, ...] stacks and the chunk's layer scan
         # The M micro-batches' hidden states around the loop (embedded input, inbox and outbox, the
         # merged output the final norm reads, their cotangents): 3.5 x M full-width [rows, seq, d]
         # values, a one-constant fit (bench/memory.py VALIDATION says where it was fitted).
@@ -242,7 +250,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes,
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
     # The head and loss run once per micro-batch under accumulation, but once on all M merged
-    # micro-batches after a pipeline (model/__init__.py); train.loss_chunk: one chunk's logits (and
+    # micro-batches after a pipeline (model/transformer.py); train.loss_chunk: one chunk's logits (and
     # cotangent) at a time; under context parallelism, the device's 1/cp of those positions.
     loss_rows = rows * (t.microbatches if pipe is not None else 1)
     logits = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab") * FP32

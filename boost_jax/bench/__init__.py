@@ -1,4 +1,5 @@
 """`python -m boost_jax.bench COMMAND ...` (__main__.py lists them): measurements, each on abstract or
 real programs. One module per command: comm.py, step.py, profile.py, memory.py, kernels.py,
 decode.py, quality.py, paper.py, planner.py, report.py, data.py, checkpoint.py, soak.py, startup.py,
-recovery.py; common.py is what they share (the config, variants, simulated devices) and hf.py the Hugging Face side of `--hf`."""
+recovery.py; common.py is what they share (the config, variants, simulated devices), hf.py the Hugging Face side of `--hf`,
+and study_section.py report.py's section of a saved study (`--study-json`)."""

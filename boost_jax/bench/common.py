@@ -81,9 +81,9 @@ def config_of(args: Sequence[str], *more: str, decoding: bool = False) -> Config
 
 
 def train_to_end(cfg: Config, devices: Sequence[jax.Device] | None = None) -> dict:
-    """`train.train` for a benchmark of several runs: a run that SIGTERM or SIGINT stopped (its step
-    saved) stops the benchmark too, instead of the next run starting."""
-    from boost_jax.train import train
+    """`training.run.train` for a benchmark of several runs: a run that SIGTERM or SIGINT stopped (its
+    step saved) stops the benchmark too, instead of the next run starting."""
+    from boost_jax.training.run import train  # the loop's modules (Orbax, the loader) load for a benchmark that trains
 
     summary = train(cfg, None if devices is None else list(devices))
     if summary.get("stopped_by"):

@@ -37,11 +37,11 @@ import numpy as np
 from flax import nnx
 
 from boost_jax import api
-from boost_jax.analysis.flops import measure_read_bandwidth
 from boost_jax.bench import hf
 from boost_jax.bench.common import add_vary, config_of, parse, parser, seconds, variants
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.archs import ARCHS
+from boost_jax.launch.peaks import measure_read_bandwidth
 from boost_jax.layers.kv_cache import CACHES, KVCache
 from boost_jax.model import Model
 from boost_jax.model.decode import COMPILER_OPTIONS, Decoder, cache_bytes_per_token

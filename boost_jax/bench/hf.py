@@ -14,10 +14,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from boost_jax.analysis.flops import count
 from boost_jax.bench.common import seconds
 from boost_jax.config import Config, ConfigError
 from boost_jax.model import Model
+from boost_jax.model.counts import count
 from boost_jax.model.hf import export_model, is_hf_llama
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.errors import PackageError

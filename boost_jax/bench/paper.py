@@ -36,7 +36,6 @@ import jax.numpy as jnp
 
 from boost_jax.analysis.comm import forward, layer_split, pipeline_comm
 from boost_jax.analysis.compiled import custom_calls
-from boost_jax.analysis.flops import count
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.memory_model import breakdown, layer_bytes_on
 from boost_jax.analysis.perf_model import Work, collective_seconds, predict
@@ -46,6 +45,7 @@ from boost_jax.bench.common import parse, parser
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.config.hardware import HARDWARE_FILE, Hardware, one_machine, select_hardware
 from boost_jax.launch.gpu_target import gpu_devices, no_persistent_cache, target_config
+from boost_jax.model.counts import count
 from boost_jax.parallel.context import query_group
 from boost_jax.runtime.units import GIB, MIB
 

@@ -38,7 +38,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from boost_jax.analysis.flops import measure_matmul_peak, measure_read_bandwidth
 from boost_jax.analysis.timeline import (
     CATEGORIES,
     Op,
@@ -54,6 +53,7 @@ from boost_jax.bench import hf
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.step import Runner
 from boost_jax.config import Config
+from boost_jax.launch.peaks import measure_matmul_peak, measure_read_bandwidth
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.context import query_group
 from boost_jax.parallel.mesh import mesh_devices

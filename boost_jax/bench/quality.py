@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from boost_jax.analysis.flops import count
 from boost_jax.bench.common import parse, parser, train_to_end
 from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.model.counts import count
 
 ARCHS = ("dense", "svd", "cola", "lax")
 MATCHED = ("svd", "cola")  # trained again at dense's FLOPs
@@ -51,7 +51,7 @@ def curve(run_dir: Path, flops_per_token: float, tokens_per_step: int) -> list[d
 
 
 def final_eval(run_dir: Path, max_tokens: int) -> dict:
-    from boost_jax.model.evaluate import evaluate
+    from boost_jax.training.evaluate import evaluate
 
     r = evaluate(run_dir, max_tokens=max_tokens)
     return {k: r[k] for k in ("step", "loss", "perplexity", "bits_per_byte", "tokens")}
@@ -82,7 +82,7 @@ def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, m
     import jax
 
     from boost_jax.data.build import build_data
-    from boost_jax.model.importer import convert
+    from boost_jax.training.importer import convert
 
     run_dir = work / f"dense-to-svd-{method}"
     base = from_args(run_args(args, "dense", dense["steps"], Path(dense["run_dir"])))

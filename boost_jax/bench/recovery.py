@@ -9,7 +9,10 @@ as --survivors processes on the same run dir. Once with the persistent tier alon
 once with two tiers (checkpoint.local_every too); each time it prints the step killed at and resumed
 from, the steps recomputed, the seconds lost (the lost run's last logged step to the first step after
 the restart), the seconds from the restart command to that step, the goodput so far, and the largest
-relative difference of the losses after the restart from an uninterrupted --processes run's.
+relative difference of the losses after the restart from an uninterrupted --processes run's; then
+where the seconds lost went: the last step to the kill, the kill to the survivors' end (their
+lost-peer verdict, parallel.heartbeat_timeout_s), and the restart's start-up by phase (`train
+--timings`: import, data, restore, compile, run).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from boost_jax.bench.common import child_failed, parse, parser
 from boost_jax.config import ConfigError, from_args
+from boost_jax.launch.startup import PHASES, parse_line
 from boost_jax.runtime.cli import at_least
 
 DEFAULTS = ["model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "data.max_bytes=300000",
@@ -110,9 +114,11 @@ def uninterrupted(config: list[str], processes: int, steps: int, every: int, wor
 
 
 def trial(config: list[str], processes: int, survivors: int, steps: int, kill_at: int, every: int, local_every: int,
-          work: Path, before_restart: Callable[[], None] | None = None) -> dict:
+          work: Path, before_restart: Callable[[], None] | None = None, restart_overrides: tuple[str, ...] = ()
+          ) -> dict:
     """Kill the last process once step `kill_at` is logged, delete its local tier, restart on `survivors`
-    (after `before_restart`, a test's probe of the stopped run)."""
+    (after `before_restart`, a test's probe of the stopped run; with `restart_overrides`, e.g. a mesh
+    the survivors' devices can form)."""
     run_dir, local = work / "run", work / "local"
     argv = command(config, steps, every, local_every, run_dir, local)
     first = Launch(argv, processes, work / "logs-before")
@@ -122,21 +128,28 @@ def trial(config: list[str], processes: int, survivors: int, steps: int, kill_at
                 raise child_failed("bench recovery: the run before the kill", 1, first.stderr())
             time.sleep(0.05)
         first.procs[-1].send_signal(signal.SIGKILL)
+        t_kill = time.time()
         shutil.rmtree(local / str(processes - 1), ignore_errors=True)  # its disk went with it
         first.wait(timeout=120)  # the survivors see the lost peer and end
+        t_ended = time.time()
     finally:
         first.end()
-    killed_at = max(rows(run_dir))  # the last step logged before the loss (a step in flight may log after the kill)
+    before = rows(run_dir)
+    killed_at = max(before)  # the last step logged before the loss (a step in flight may log after the kill)
     if before_restart is not None:
         before_restart()
     t_restart = time.time()
-    second = Launch(argv, survivors, work / "logs-after")
+    second = Launch([*argv, *restart_overrides, "--timings"], survivors, work / "logs-after")
     if (rc := second.wait(timeout=60 * steps)) != [0] * survivors:
         raise child_failed("bench recovery: the restart", max(rc, key=abs), second.stderr())
     after = rows(run_dir)
     restart = next(r for r in after.values() if "restart_from" in r)
     return {"killed_at": killed_at, "resumed_from": restart["restart_from"],
             "steps_recomputed": restart["steps_recomputed"], "seconds_lost": restart["seconds_lost"],
+            # Where seconds_lost went: the last step logged to the kill, the kill to the survivors'
+            # end (their lost-peer verdict), then the restart command to its first step, by phase.
+            "last_step_to_kill_s": t_kill - before[killed_at]["time"], "survivors_end_s": t_ended - t_kill,
+            "start_up": parse_line(second.stderr()),
             "restart_to_first_step_s": restart["time"] - t_restart, "goodput": restart["goodput"],
             "losses": {s: r["loss"] for s, r in after.items()},
             "resumed_line": next((line for line in second.stderr().splitlines() if line.startswith("resumed from")), "")}
@@ -193,3 +206,6 @@ def main(argv: list[str]) -> None:
               f"{t['steps_recomputed']:3d} steps recomputed | {t['seconds_lost']:6.1f} s lost "
               f"({t['restart_to_first_step_s']:.1f} s restart -> first step) | goodput {100 * t['goodput']:5.1f}% | "
               f"max rel loss diff {t['max_rel_loss_diff']:.1e}")
+        phases = " + ".join(f"{k} {t['start_up'][k]:.1f}" for k in PHASES) if t["start_up"] else "not logged"
+        print(f"  {'':32s} lost = last step to kill {t['last_step_to_kill_s']:.1f} + survivors' end "
+              f"{t['survivors_end_s']:.1f} + restart start-up ({phases}) + the rest")

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import jax
 
-from boost_jax.analysis.flops import PEAK_BF16_FLOPS, count
-from boost_jax.bench import paper, planner
+from boost_jax.bench import paper, planner, study_section
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.profile import profile
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.config import ConfigError
+from boost_jax.launch.peaks import PEAK_BF16_FLOPS
+from boost_jax.model.counts import count
 from boost_jax.runtime.units import GIB, MIB
 
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
@@ -219,6 +220,8 @@ def plot(result: dict, out: Path) -> list[str]:
         a2.set_title("and against compute")
         fig.tight_layout()
         files.append(_save(fig, out / "quality.png"))
+    if "study" in result:
+        files.append(_save(study_section.plot(result["study"]), out / study_section.IMAGE))
     return files
 
 
@@ -279,7 +282,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         "bf16 payload per device; backward = gradient program minus forward. The op count is after XLA combines independent "
         "all-reduces (vanilla issues 7 per layer forward, XLA merges them into 4 with the same bytes).",
         "- **GEMM FLOPs** are the compiled `dot`s with their loop trip counts (`analysis/work.py`), next to "
-        "6 x matmul parameters x tokens / TP (`analysis/flops.py`). **Attention** FLOPs in the HLO are the full S x S score and value "
+        "6 x matmul parameters x tokens / TP (`model/counts.py`). **Attention** FLOPs in the HLO are the full S x S score and value "
         "matmuls including the backward's recompute of the scores (7 matmuls, as FlashAttention-2 does), against the analytic "
         "causal count (3 x 2 matmuls x half the square). Vanilla TP runs attention replicated on every rank: its HLO attention "
         "FLOPs are TP times those of the other schemes.",
@@ -382,7 +385,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     for r in sd["rows"]:
         L.append(f"| {r['model']} | {r['arch']} | {1e3 * r['median_step_s']:.0f} | {r['tokens_per_s']:,.0f} | "
                  f"{r['model_flops_per_s'] / 1e9:.1f} | {100 * r['fraction_of_matmul_peak']:.0f}% |")
-    L += ["", "Model FLOPs are the analytic training count (`analysis/flops.py`: 6 per matmul parameter per token plus causal "
+    L += ["", "Model FLOPs are the analytic training count (`model/counts.py`: 6 per matmul parameter per token plus causal "
           "attention), so recomputation and elementwise work are not credited.", ""]
     if "profile" in result:
         L += profile_section(result["profile"])
@@ -392,6 +395,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         L += quality_section(result["quality"])
     if "optimizers" in result:
         L += optimizers_section(result["optimizers"])
+    if "study" in result:
+        L += study_section.section(result["study"])
     if "startup" in result:
         L += startup_section(result["startup"])
     if "gpu_paper" in result:
@@ -743,6 +748,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
     p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6")
     p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b")
+    p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hours of training) for section 6c")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
     p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
@@ -772,7 +778,8 @@ def main(argv: list[str]) -> None:
         ("--planner-json", a.planner_json, ("settings", "rows")),
         ("--quality-json", a.quality_json, ("runs", "recovery")),
         ("--optimizers-json", a.optimizers_json, ("optimizers", "command")),
-        ("--startup-json", a.startup_json, ("rows", "command"))) if path}
+        ("--startup-json", a.startup_json, ("rows", "command")),
+        ("--study-json", a.study_json, study_section.KEYS)) if path}
     result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
     images = plot(result, out / "img")
     (out / "results.md").write_text(page(result, images, "img"))
@@ -838,7 +845,8 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
                  + (" --api" if arch == "dense" else "") + (" --hf" if arch == "dense" and dec["runs"][0].get("hf") else "")
                  for arch in ("dense", "cola")]
     kept = {section: saved[flag] for section, flag in (("quality", "--quality-json"), ("optimizers", "--optimizers-json"),
-                                                       ("startup", "--startup-json")) if flag in saved}
+                                                       ("startup", "--startup-json"), ("study", "--study-json"))
+            if flag in saved}
     commands += [s["command"] for s in kept.values()]
     return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
             "single_device": sd, "profile": prof, "decode": dec, **kept}

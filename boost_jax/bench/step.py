@@ -24,11 +24,12 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from boost_jax.analysis.flops import count, datasheet_peak_flops, measure_matmul_peak
 from boost_jax.analysis.program import peak_bytes
 from boost_jax.bench import hf
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.config import Config, ConfigError
+from boost_jax.launch.peaks import datasheet_peak_flops, measure_matmul_peak
+from boost_jax.model.counts import count
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.units import MIB
@@ -70,7 +71,7 @@ class Runner:
                 "fsdp": mesh["fsdp"], "pp": mesh["pp"], "cp": mesh["cp"],
                 "batch": self.cfg.train.batch_size, "seq": self.cfg.train.seq_len, "dtype": m.dtype,
                 "median_step_s": med, "step_times_s": self.times, "tokens_per_s": self.tokens / med,
-                "model_flops_per_s": flops / med,  # analytic training FLOPs (analysis/flops.py), all devices together
+                "model_flops_per_s": flops / med,  # analytic training FLOPs (model/counts.py), all devices together
                 "peak_bytes_per_device": self.peak, "first_loss": self.first_loss,
                 "last_loss": float(self.metrics["loss"]), "optimizer": self.cfg.train.optimizer,
                 "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state["params"])}

@@ -11,6 +11,18 @@ The compute multiplier of curve X against curve Y at loss L* is C_Y(L*) / C_X(L*
 compute Y needs to reach the loss X reaches (> 1: X is cheaper). L* is the higher of the two curves'
 losses at their largest measured compute, a loss both reach inside their data; it is fixed at the
 point fit, so every resample measures the same quantity.
+
+Early in training (`early`): a curve's law is set by its cells of most compute, the fewest the
+saturating form needs (SATURATING_POINTS); from there down, each next cell is tested against the
+law fitted on the cells above it that passed: it is early when its mean loss lies above that law's
+EARLY_QUANTILE bootstrap bound at its compute by more than EARLY_Z standard errors of its mean (the
+seeds' standard deviation pooled over the curve's cells, / sqrt(n): one cell's 3 seeds alone often
+show a tenth of the noise they have). The bound is wide on purpose: extrapolated from 4 points, the
+study's 90% interval made 4 of 20 synthetic draws flag a cell on the law. The first early cell ends
+the walk: it and every cell of less compute have not come down to the law the larger budgets
+follow. Only the saturating form tests (a line in log-log through fewer points lies below a
+saturating law off its ends, so every smaller cell would look early); a curve of fewer than
+SATURATING_POINTS + 1 computes is untested, and the report says so.
 """
 
 from __future__ import annotations
@@ -22,6 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 SATURATING, POWER = "L = E + A*C^-alpha", "L = A*C^-alpha"
+SATURATING_POINTS = 4  # distinct computes the saturating form needs
+EARLY_QUANTILE = 0.99  # the bootstrap bound of the curve above a cell that the cell's loss is tested against
+EARLY_Z = 3.0  # standard errors of a cell's mean past that bound that make it early
 ALPHAS = np.geomspace(1e-3, 3.0, 400)  # the saturating form's search over alpha, refined around its best
 
 
@@ -48,7 +63,7 @@ def fit(compute: Sequence[float], loss: Sequence[float]) -> Curve | None:
     c, y = np.asarray(compute, float), np.asarray(loss, float)
     if len(set(c.tolist())) < 2 or not np.all(np.isfinite(y)) or np.any(y <= 0):
         return None
-    if len(set(c.tolist())) >= 4:
+    if len(set(c.tolist())) >= SATURATING_POINTS:
         ref = float(np.exp(np.mean(np.log(c))))  # compute in units of its geometric mean: no overflow
         grid, best = ALPHAS, None
         for _ in range(2):  # the log grid, then a finer one between the best's neighbours
@@ -127,6 +142,49 @@ def compare(x: Points, y: Points, n: int, coverage: float) -> dict | None:
     value = multiplier(fx, fy, at)  # None where a point fit never reaches L* (JSON has no nan)
     return {"value": value if math.isfinite(value) else None, "interval": interval, "at_loss": at,
             "resamples": len(boots)}
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Which of a curve's cells are early (the module's docstring), and why."""
+
+    reasons: tuple[str | None, ...]  # per cell, in the Points' order: None where in the regime
+    tested: bool  # whether any cell had enough cells of more compute to be tested
+
+
+def early(points: Points, n: int) -> Regime:
+    """The cells of `points` that are early in training (the module's docstring)."""
+    order = sorted(range(len(points.compute)), key=lambda i: -points.compute[i])  # most compute first
+    reasons: list[str | None] = [None] * len(order)
+    tested = False
+    sd = pooled_sd(points.seeds)
+    k = SATURATING_POINTS
+    while k < len(order) and len({points.compute[j] for j in order[:k]}) < SATURATING_POINTS:
+        k += 1  # equal computes: the law needs SATURATING_POINTS distinct ones
+    for depth, i in enumerate(order[k:], start=k):
+        above = Points(tuple(points.compute[j] for j in order[:depth]), tuple(points.seeds[j] for j in order[:depth]))
+        curve = fit(above.compute, above.means())
+        if curve is None or curve.form != SATURATING:
+            break
+        tested = True
+        c, seeds = points.compute[i], np.asarray(points.seeds[i], float)
+        boots = [b.loss(c) for b in bootstrap_curves(above, n) if b is not None]
+        top = float(np.quantile(boots, EARLY_QUANTILE))
+        se = sd / math.sqrt(len(seeds))
+        if seeds.mean() - EARLY_Z * se > top:
+            why = (f"mean {seeds.mean():.4f} above the fit of the {depth} cells of more compute (upper bound "
+                   f"{top:.4f} at {c:.3g} FLOPs, + {EARLY_Z:g} standard errors of {se:.4f})")
+            for j in order[depth:]:
+                reasons[j] = why if j == i else f"less compute than an early cell ({why})"
+            break
+    return Regime(tuple(reasons), tested)
+
+
+def pooled_sd(seeds: Sequence[Sequence[float]]) -> float:
+    """The seeds' standard deviation pooled over cells (each cell's squared deviations from its own
+    mean over their degrees of freedom); 0 where no cell has two seeds."""
+    dof = sum(len(s) - 1 for s in seeds)
+    return math.sqrt(sum(float(np.sum((np.asarray(s) - np.mean(s)) ** 2)) for s in seeds) / dof) if dof else 0.0
 
 
 def describe(points: Points, n: int, coverage: float) -> dict | None:

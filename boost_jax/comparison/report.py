@@ -27,26 +27,53 @@ def cell_row(cell: Cell, s: Search, seeds: list[dict], early_below: float) -> di
             "spectra": [r.get("spectra", {}) for r in seeds],  # each seed's final factor health (log.health)
             "mean": float(np.mean(ok)) if ok else None, "spread": float(np.std(ok, ddof=1)) if len(ok) > 1 else 0.0,
             "bpb_mean": float(np.mean(bpb)) if bpb else None, "diverged_seeds": len(losses) - len(ok),
-            "early": cell.tokens_per_param < early_below}
+            **floor(cell.tokens_per_param, early_below)}
+
+
+def floor(tokens_per_param: float, early_below: float) -> dict:
+    """The user's floor on training: a cell under study.early_below tokens per parameter is early."""
+    below = tokens_per_param < early_below
+    return {"early": below, "early_reason": f"{tokens_per_param:.1f} tokens per non-embedding parameter < "
+                                            f"study.early_below={early_below:g}" if below else None}
+
+
+def flag_early(rows: list[dict], n: int) -> tuple[list[dict], dict[str, bool]]:
+    """The rows with every cell the data shows early flagged (fit.early, per arch/optimizer curve, on
+    the cells past the floor), and per curve whether its regime could be tested."""
+    rows = [dict(r) for r in rows]
+    tested = {}
+    for key, (points, members) in _curves(rows).items():
+        regime = fit.early(points, n)
+        tested[key] = regime.tested
+        for i, reason in zip(members, regime.reasons):
+            if reason is not None:
+                rows[i].update(early=True, early_reason=reason)
+    return rows, tested
 
 
 def curves(rows: list[dict]) -> dict[str, fit.Points]:
     """`arch/optimizer` -> its non-early cells with at least one finished seed."""
-    out: dict[str, list[dict]] = {}
-    for r in rows:
+    return {k: points for k, (points, _) in _curves(rows).items()}
+
+
+def _curves(rows: list[dict]) -> dict[str, tuple[fit.Points, list[int]]]:
+    """`arch/optimizer` -> (its non-early cells with a finished seed, their indices in `rows`)."""
+    out: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
         if not r["early"] and r["mean"] is not None:
-            out.setdefault(f"{r['arch']}/{r['optimizer']}", []).append(r)
-    return {k: fit.Points(tuple(r["train_flops"] for r in v), tuple(tuple(x for x in r["seeds"] if x is not None)
-                                                                    for r in v)) for k, v in out.items()}
+            out.setdefault(f"{r['arch']}/{r['optimizer']}", []).append(i)
+    return {k: (fit.Points(tuple(rows[i]["train_flops"] for i in v),
+                           tuple(tuple(x for x in rows[i]["seeds"] if x is not None) for i in v)), v)
+            for k, v in out.items()}
 
 
 def analyse(rows: list[dict], n: int, coverage: float) -> tuple[list[dict], list[dict]]:
-    """(fits, multipliers): each curve's fit, then each low-rank arch against dense (same optimizer)
-    and each optimizer against adamw (same arch)."""
+    """(fits, multipliers) of rows already flagged (flag_early): each curve's fit, then each low-rank
+    arch against dense (same optimizer) and each optimizer against adamw (same arch)."""
     points = curves(rows)
     fits = [{"curve": k, **d} for k, p in points.items() if (d := fit.describe(p, n, coverage)) is not None]
     fits += [{"curve": k, "form": None, "points": len(p.compute),
-              "note": "fewer than 2 budgets past study.early_below: no fit"} for k, p in points.items()
+              "note": "fewer than 2 computes in the regime: no fit"} for k, p in points.items()
              if fit.fit(p.compute, p.means()) is None]
     pairs = []
     for key in points:
@@ -61,7 +88,9 @@ def analyse(rows: list[dict], n: int, coverage: float) -> tuple[list[dict], list
 
 def report(spec: Spec, rows: list[dict], command: str) -> dict:
     s = spec.study
+    rows, tested = flag_early(rows, s.bootstrap)
     fits, mults = analyse(rows, s.bootstrap, s.interval)
+    fits = [{**f, "regime_tested": tested[f["curve"]]} for f in fits]
     return {"cells": rows, "fits": fits, "multipliers": mults, "skipped": list(spec.skipped),
             "eval_tokens": s.eval_tokens, "interval": s.interval, "early_below": s.early_below, "command": command}
 
@@ -77,10 +106,19 @@ def table(r: dict) -> list[str]:
         lines.append(f"| {c['preset']} | {c['arch']} | {c['optimizer']} | {c['tokens']:,} | {c['tokens_per_param']:.1f} "
                      f"| {grid} | {c['best_lr']:g}{edge} | {' / '.join(f(x) for x in c['seeds'])} | {f(c['mean'])} "
                      f"| {f(c['spread'])} | {f(c['bpb_mean'])} | {'early' if c['early'] else ''} |")
-    lines += ["", "| curve | form | E | A | alpha | points |", "|---|---|---|---|---|---|"]
+    lines += [f"early: {c['preset']}/{c['arch']}-{c['optimizer']}: {c['early_reason']}" for c in r["cells"] if c["early"]]
+    scored = [(c, t, m, v) for c in r["cells"] for t, ms in c.get("tasks", {}).items() for m, v in ms.items()]
+    if scored:
+        lines += ["", "| preset | arch | optimizer | task | metric | seeds | mean |", "|---|---|---|---|---|---|---|"]
+        for c, t, m, v in scored:
+            done = [x for x in v if x is not None]
+            lines.append(f"| {c['preset']} | {c['arch']} | {c['optimizer']} | {t} | {m} | {' / '.join(f(x) for x in v)} "
+                         f"| {f(float(np.mean(done)) if done else None)} |")
+    lines += ["", "| curve | form | E | A | alpha | points | regime |", "|---|---|---|---|---|---|---|"]
     for c in r["fits"]:
+        regime = "tested" if c["regime_tested"] else f"untested (< {fit.SATURATING_POINTS + 1} computes)"
         lines.append(f"| {c['curve']} | {c['form'] or c['note']} | {f(c.get('E'))} | {f(c.get('A'), '.4g')} | "
-                     f"{f(c.get('alpha'))} | {c['points']} |")
+                     f"{f(c.get('alpha'))} | {c['points']} | {regime} |")
     pct = round(100 * r["interval"])
     lines += ["", f"| compute multiplier of | against | value | {pct}% interval | at loss |", "|---|---|---|---|---|"]
     for m in r["multipliers"]:

@@ -1,4 +1,4 @@
-"""One run of a study: an ordinary run dir, trained by `train.train` (which resumes from its newest
+"""One run of a study: an ordinary run dir, trained by `training.run.train` (which resumes from its newest
 checkpoint), then evaluated on study.eval_tokens held-out tokens by `python -m boost_jax.eval`'s
 evaluator; the figures go to <run_dir>/study_result.json, whose presence is what makes a run finished."""
 
@@ -20,8 +20,8 @@ def result(cfg: Config, eval_tokens: int, log=print) -> dict:
     A run that diverges is finished too, with loss None."""
     import jax
 
-    from boost_jax.model.evaluate import evaluate
-    from boost_jax.train import train
+    from boost_jax.training.evaluate import evaluate
+    from boost_jax.training.run import train
 
     path = Path(cfg.run_dir) / RESULT
     if path.is_file():

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from boost_jax.analysis.flops import count
 from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.study import StudyConfig
+from boost_jax.model.counts import count
 
 SPEC_FILE = "study.json"
 # Keys the study sets per run: a command line or recipe that sets them is refused.
@@ -22,6 +22,8 @@ PER_RUN = ("model.preset", "model.arch", "train.optimizer", "train.lr", "train.s
            "train.warmup_steps", "train.eval_every", "run_dir", "parallel.dp")
 # Where caches live: no run's numbers depend on them, so a study resumes with them changed.
 UNRECORDED_DATA = ("cache_dir", "compile_cache", "compile_cache_dir")
+# The study keys no run's training depends on: a study resumes with them changed (tasks scored later).
+UNRECORDED_STUDY = ("dir", "tasks", "tasks_path", "tasks_limit")
 # Optimizers that update factor pairs: a dense cell has none, so the study skips it (said in the report).
 FACTOR_ONLY = ("spectron", "invariant_muon")
 
@@ -73,12 +75,12 @@ class Spec:
                            / f"lr{lr:g}-seed{seed}")}))
 
     def record(self) -> dict[str, Any]:
-        """What study.json holds: everything that decides a run's numbers (not the dir itself, the log,
-        or where caches live)."""
+        """What study.json holds: everything that decides a run's numbers (not the dir itself, the
+        downstream tasks, the log, or where caches live)."""
         run = {k: v for k, v in self.base.items() if k != "log"}
         if "data" in run:
             run["data"] = {k: v for k, v in run["data"].items() if k not in UNRECORDED_DATA}
-        study = {k: v for k, v in dataclasses.asdict(self.study).items() if k != "dir"}
+        study = {k: v for k, v in dataclasses.asdict(self.study).items() if k not in UNRECORDED_STUDY}
         return json.loads(json.dumps({"study": study, "run": run}))  # as study.json reads back (tuples as lists)
 
 

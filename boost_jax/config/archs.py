@@ -8,7 +8,7 @@
 | lax   | (h + h_prev) @ B, h as cola     | silu(x @ A)    | yes       |
 
 Adding an arch is one entry in `ARCHS` (plus a preset if it needs one, and its tests): the layers
-(`layers/lowrank.py`), parameter counts (`analysis/flops.py`), config validation, the TP schemes' arch lists
+(`layers/lowrank.py`), parameter counts (`model/counts.py`), config validation, the TP schemes' arch lists
 and export all read this table. It imports no JAX (the config validates against it in processes
 that never start JAX), so the latent function is named: an activation of `jax.nn`.
 """

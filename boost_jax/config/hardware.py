@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from boost_jax import configs
-from boost_jax.config import ConfigError, load_yaml
+from boost_jax.config.config import load_yaml
+from boost_jax.runtime.errors import ConfigError
 
 HARDWARE_FILE = configs.HARDWARE
 

@@ -61,7 +61,7 @@ ACTIVATION_AXES = ("batch", "seq", "act_embed", "act_heads", "act_kv_heads", "ac
 LOGICAL_AXES = frozenset(PARAM_AXES + ACTIVATION_AXES)
 
 # `model.*` knobs of BOOST's optimizations and their defaults; a scheme lists those it acts on, and
-# a non-default value under a scheme that ignores it is refused (config/__init__.py).
+# a non-default value under a scheme that ignores it is refused (config/config.py).
 KNOB_DEFAULTS = {"norm": "online", "grouping": True, "kernels": "xla"}
 
 

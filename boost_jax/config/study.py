@@ -29,9 +29,14 @@ class StudyConfig:
     seeds: int = 3  # the best rate's runs (seed 0 is the grid's)
     eval_tokens: int = 200_000  # held-out tokens of every final eval (refused before training if the split holds fewer)
     # Cells below this many tokens per non-embedding parameter are "early in training": left out of the fits
+    # (cells above the law of the cells of more compute are too: comparison/fit.early)
     early_below: float = 10.0
     bootstrap: int = 1000  # resamples of the seeds behind each interval
     interval: float = 0.9  # the intervals' coverage
+    # lm-eval tasks scored on each seed of each cell's best rate, from study.tasks_path's YAML files or lm-eval's
+    tasks: tuple[str, ...] = ()
+    tasks_path: str | None = None
+    tasks_limit: int = 0  # documents per task (0: all)
     dir: str = "runs/study"
 
 
@@ -59,6 +64,10 @@ def validate_study(s: StudyConfig, optimizers: tuple[str, ...]) -> None:
     for key in ("seeds", "eval_tokens", "bootstrap"):
         if getattr(s, key) < 1:
             raise ConfigError(f"study.{key}: must be >= 1, got {getattr(s, key)}")
+    if len(set(s.tasks)) != len(s.tasks):
+        raise ConfigError(f"study.tasks: {list(s.tasks)} names a task twice")
+    if s.tasks_limit < 0:
+        raise ConfigError(f"study.tasks_limit: must be >= 0 documents per task (0: all), got {s.tasks_limit}")
     if s.max_extensions < 0:
         raise ConfigError(f"study.max_extensions: must be >= 0, got {s.max_extensions}")
     if s.early_below < 0:

@@ -72,10 +72,6 @@ class _LayerCache:
         """Positions each row can hold."""
         return self.k.shape[-2]
 
-    def positions(self) -> jax.Array:
-        """The position of every slot, [1, T] (the same in every row)."""
-        return jnp.arange(self.length)[None]
-
     def write(self, k: jax.Array, v: jax.Array, start: jax.Array):
         """This layer's cache with k, v [B, S, ...] (token-major, as projected) written at slots
         start[b] .. start[b] + S - 1."""

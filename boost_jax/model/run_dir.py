@@ -22,11 +22,11 @@ from boost_jax.config import Config, ConfigError, from_dict, load_config, load_y
 from boost_jax.data.tokenizer import eos_id, load_tokenizer
 from boost_jax.launch.prepare import prepare_jax
 from boost_jax.model import Model
+from boost_jax.model.checkpoint import COMPUTE_ONLY, changed_keys, model_identity
 from boost_jax.model.decode import DECODING_LAYOUT
 from boost_jax.model.weights import abstract_model, restore_params
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.training.checkpoint import COMPUTE_ONLY, changed_keys, model_identity
 
 
 def open_run(run_dir: str | Path, overrides: Sequence[str] = (), *, decoding: bool = False, prepare: bool = False,

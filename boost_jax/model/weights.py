@@ -25,9 +25,9 @@ from flax import nnx
 
 from boost_jax.config import Config, ModelConfig
 from boost_jax.model import Model
+from boost_jax.model.checkpoint import Checkpointer, model_identity
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
-from boost_jax.training.checkpoint import Checkpointer, model_identity
 
 
 def abstract_model(cfg: Config) -> tuple[nnx.GraphDef, nnx.State]:

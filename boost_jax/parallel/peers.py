@@ -9,8 +9,9 @@ coordination service that has not answered for as long, is lost: one line on std
 JAX's own heartbeat (`backstop_s`, kept longer) is the backstop: it reports a loss as a fatal log
 with a C++ stack, and its callback cannot be a Python function (jaxlib cannot pass it the status).
 A collective that fails first (a peer killed mid-step resets its connections: gloo raises at once)
-waits for the watchdog to name the lost process (`watch`). Orbax commits a checkpoint by renaming
-its finished folder, so the newest committed one is untouched and a rerun resumes from it.
+waits for the watchdog to name the lost process (`watch`), which then takes a peer silent for
+SILENT_AFTER_FAILURE_S as lost rather than waiting out the whole timeout. Orbax commits a checkpoint
+by renaming its finished folder, so the newest committed one is untouched and a rerun resumes from it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from collections.abc import Iterator
 
 PERIOD_S = 1.0
 KEY = "boost_jax/peers"
+# Once a collective has failed here the run cannot go on, and a live peer beats every PERIOD_S: a
+# peer silent for this long is the lost one, without waiting out heartbeat_timeout_s (at most that).
+SILENT_AFTER_FAILURE_S = 4 * PERIOD_S
 
 
 def backstop_s(timeout_s: int) -> int:
@@ -41,6 +45,7 @@ class Watchdog:
         self.done: set[int] = set()
         self.answered = now  # the coordination service's last answer
         self.stopping = threading.Event()
+        self.collective_failed = threading.Event()  # set by `watch`: judge by SILENT_AFTER_FAILURE_S
         self.threads = [threading.Thread(target=f, name=f"boost_jax-peers-{f.__name__}", daemon=True)
                         for f in (self._beat, self._judge)]
         for t in self.threads:
@@ -78,8 +83,9 @@ class Watchdog:
 
     def _judge(self) -> None:
         while not self.stopping.wait(PERIOD_S):
-            now = time.monotonic()
-            silent = sorted(p for p, (_, at) in self.seen.items() if p not in self.done and now - at > self.timeout_s)
+            now, failed = time.monotonic(), self.collective_failed.is_set()
+            window = min(self.timeout_s, SILENT_AFTER_FAILURE_S) if failed else self.timeout_s
+            silent = sorted(p for p, (_, at) in self.seen.items() if p not in self.done and now - at > window)
             if self.stopping.is_set():
                 return
             if now - self.answered > self.timeout_s:
@@ -88,9 +94,11 @@ class Watchdog:
                 lost = f"{', '.join(f'process {p}' for p in silent)}: no heartbeat"
             else:
                 continue
-            end(f"lost peer: {lost} for parallel.heartbeat_timeout_s={self.timeout_s} s (killed, stopped or cut "
-                f"off); process {self.process_id} stops too. The newest committed checkpoint is kept: rerun every "
-                "process to resume from it")
+            shortened = failed and silent and window < self.timeout_s
+            over = (f"{window:.0f} s after a collective with it failed" if shortened
+                    else f"parallel.heartbeat_timeout_s={self.timeout_s} s")
+            end(f"lost peer: {lost} for {over} (killed, stopped or cut off); process {self.process_id} stops too. "
+                "The newest committed checkpoint is kept: rerun every process to resume from it")
 
 
 @contextlib.contextmanager
@@ -111,6 +119,7 @@ def watch(timeout_s: int) -> Iterator[None]:
         if not is_collective_failure(e):
             dog.stopping.set()  # not `stop`: the others must find this process gone, not done
             raise
+        dog.collective_failed.set()
         time.sleep(timeout_s + 10 * PERIOD_S)  # the watchdog ends the process meanwhile
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         end(f"lost peer: a collective failed ({first[:300]}) and no process was found lost within "

@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.analysis.comm import pipeline_carry_width
-from boost_jax.analysis.flops import count
 from boost_jax.analysis.hlo import Collective, collectives
 from boost_jax.analysis.memory_model import ANALYSIS_COMPILER_OPTIONS, LayerBytes, measure_layer
 from boost_jax.analysis.perf_model import ADAMW_BYTES_PER_PARAM, Work, collective_seconds, gemm_seconds, predict
@@ -32,6 +31,7 @@ from boost_jax.analysis.program import build
 from boost_jax.analysis.work import Gemm, Traffic, analyze
 from boost_jax.config import Config
 from boost_jax.config.hardware import Hardware, ring_seconds
+from boost_jax.model.counts import count
 from boost_jax.parallel import abstract_plan
 from boost_jax.parallel.context import query_group
 from boost_jax.planner.workers import Workers

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from boost_jax.analysis.flops import count
 from boost_jax.analysis.memory_model import breakdown, one_layer_config
 from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.config.hardware import Hardware
+from boost_jax.model.counts import count
 from boost_jax.parallel.remat import SLOWER_THAN
 from boost_jax.planner.layouts import Layout, Space, enumerate_layouts, raw_layout_config
 from boost_jax.planner.price import DiskCache, Layers, compile_programs, lower_bound, program_key, step_seconds

@@ -4,8 +4,9 @@ Every `checkpoint.local_every` steps each process keeps a whole copy of the trai
 gathered first where the state is sharded over processes) with its JSON record, through an Orbax
 CheckpointManager of its own (active_processes = this process: no barrier with a peer, so a lost
 peer's folder is never waited for). Every host holding the whole state is the replication: any one
-survivor's folder restores the run, on any number of processes and any mesh. The process holding the
-newest local step reads it and broadcasts it to the others (jax.experimental.multihost_utils).
+survivor's folder restores the run, on any number of processes and any mesh. The lowest process holding
+the newest local step reads it and broadcasts it to the others (jax.experimental.multihost_utils); a
+copy it cannot read gives way to the next process's copy of that step, then to older steps.
 
 Why not Orbax's own emergency CheckpointManager: docs/design.md, "Two checkpoint tiers".
 """
@@ -25,12 +26,21 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from boost_jax.config import Config
+from boost_jax.model.checkpoint import _first_line, changed_keys, listed
 from boost_jax.runtime.errors import CheckpointError, ConfigError
 from boost_jax.runtime.paths import check_writable_dir, is_disk_full, refused_write
-from boost_jax.training.checkpoint import _first_line, changed_keys, listed
 
 # The step being written and the newest committed one: a kill mid-save leaves the older one whole.
 LOCAL_KEEP = 2
+
+# Orbax writes a numpy array from process 0 only (NumpyHandler: "replicated numpy arrays"), which left
+# every other process's local step without its arrays, and refuses an array on one process's device
+# alone. An array replicated on a CPU device of each process, written with no primary host and no
+# replica choice (the handler Orbax's emergency manager gives its local tier), puts this process's copy
+# in this process's folder; numpy's handler reads it back to the host.
+EVERY_PROCESS = ocp.type_handlers.create_type_handler_registry(
+    (jax.Array, ocp.type_handlers.ArrayHandler(primary_host=None, replica_id=None, use_replica_parallel=False)),
+    (np.ndarray, ocp.type_handlers.NumpyHandler()))
 
 
 def local_path(template: str) -> Path:
@@ -48,11 +58,16 @@ class LocalTier:
         self.path.mkdir(parents=True, exist_ok=True)
         check_not_shared(self.path)
         me = jax.process_index()
+        self.cpus = {d.process_index: d for d in reversed(jax.devices("cpu"))}  # the first CPU device of each
+        self.replicated = jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array([self.cpus[p] for p in sorted(self.cpus)]), ("process",)),
+            jax.sharding.PartitionSpec())
         alone = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
                                                    barrier_sync_key_prefix=f"local-tier-{me}")
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         for item, handler, args in (
-                ("state", ocp.PyTreeCheckpointHandler(multiprocessing_options=alone),
+                ("state", ocp.PyTreeCheckpointHandler(multiprocessing_options=alone,
+                                                      type_handler_registry=EVERY_PROCESS),
                  (ocp.args.PyTreeSave, ocp.args.PyTreeRestore)),
                 ("meta", ocp.JsonCheckpointHandler(multiprocessing_options=alone),
                  (ocp.args.JsonSave, ocp.args.JsonRestore))):
@@ -81,40 +96,51 @@ class LocalTier:
     def save(self, step: int, state: Any, meta: dict) -> None:
         """Keep step `step`: the state copied to this host (a collective where it is sharded over
         processes), written in the background."""
-        host = jax.tree.map(to_host, state)
+        host = jax.tree.map(lambda x: self._copy(to_host(x)), state)
         with self._writes():
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.PyTreeSave(host),
                 meta=ocp.args.JsonSave({**meta, "run_dir": self.run_dir, "state_keys": sorted(state)})))
 
+    def _copy(self, host: np.ndarray) -> jax.Array:
+        """`host` as one array replicated on a CPU device of each process, this process's copy its own:
+        Orbax writes that copy here (a host-local array it refuses under several processes)."""
+        local = jax.device_put(host, self.cpus[jax.process_index()])
+        return jax.make_array_from_single_device_arrays(host.shape, self.replicated, [local])
+
     def restore(self, like: dict, newer_than: int | None, run_identity: dict, optimizer: str
                 ) -> tuple[dict, dict, str] | None:
-        """(state laid out like `like`, its record, where it came from) of the newest local step of
-        any process, if newer than `newer_than` (the persistent tier's newest) and made by this run's
-        setup; else None, after a line on stderr saying why a newer one was passed over."""
-        newest = self.manager.latest_step()
-        steps = all_processes(-1 if newest is None else newest)
-        best = max(steps)
-        if best < 0 or best <= (newer_than if newer_than is not None else -1):
-            return None
-        source = int(np.argmax(steps))  # the lowest process index holding it
+        """(state laid out like `like`, its record, where it came from) of the newest local step that
+        any process can restore whole and this run's setup made, if newer than `newer_than` (the
+        persistent tier's newest: it wins a tie); else None. A copy that cannot be read (damaged, cut
+        short) or is another setup's gives way, with a line on stderr, to the same step in the next
+        process's folder, then to older steps, then to the persistent tier."""
+        floor = newer_than if newer_than is not None else -1
+        held = all_processes_steps([s for s in self.manager.all_steps() if s > floor])
+        # Newest step first, and of a step the lowest process index holding it.
+        candidates = sorted(((s, p) for p, steps in enumerate(held) for s in steps), key=lambda sp: (-sp[0], sp[1]))
         zeros = {k: jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), v) for k, v in like.items()}
-        host, meta = zeros, None
-        if jax.process_index() == source:  # read whole before the others hear of it: a failure is told to all
-            meta = self._read_record(best)
-            if _unusable(meta, like, run_identity, optimizer) is None:
-                try:
-                    host = self._read_state(best, zeros)
-                except Exception as e:  # noqa: BLE001 (as _read_record)
-                    meta = {"error": f"cannot be read ({type(e).__name__}: {_first_line(e)})"}
-        meta = broadcast_json(meta, source)
-        if why := _unusable(meta, like, run_identity, optimizer):
-            _note(f"local checkpoint step {best} of process {source} {why}: resuming from the persistent tier")
-            return None
-        host = multihost_utils.broadcast_one_to_all(host, is_source=jax.process_index() == source)
-        state = jax.tree.map(lambda h, x: jax.make_array_from_callback(x.shape, x.sharding, lambda i: np.asarray(h)[i]),
-                             host, like)
-        return state, meta, f"local tier of process {source}, {meta.get('local_dir', self.path)}"
+        for i, (step, source) in enumerate(candidates):
+            host, meta = zeros, None
+            if jax.process_index() == source:  # read whole before the others hear of it: a failure is told to all
+                meta = self._read_record(step)
+                if _unusable(meta, like, run_identity, optimizer) is None:
+                    try:
+                        host = self._read_state(step, zeros)
+                    except Exception as e:  # noqa: BLE001 (as _read_record)
+                        meta = {"error": f"cannot be read ({type(e).__name__}: {_first_line(e)})"}
+            meta = broadcast_json(meta, source)
+            if why := _unusable(meta, like, run_identity, optimizer):
+                after = (f"trying step {candidates[i + 1][0]} of process {candidates[i + 1][1]}"
+                         if i + 1 < len(candidates) else "resuming from the persistent tier"
+                         if newer_than is not None else "starting from step 0")
+                _note(f"local checkpoint step {step} of process {source} {why}: {after}")
+                continue
+            host = multihost_utils.broadcast_one_to_all(host, is_source=jax.process_index() == source)
+            state = jax.tree.map(lambda h, x: jax.make_array_from_callback(
+                x.shape, x.sharding, lambda idx: np.asarray(h)[idx]), host, like)
+            return state, meta, f"local tier of process {source}, {meta.get('local_dir', self.path)}"
+        return None
 
     def _read_record(self, step: int) -> dict:
         """The record of `step`, or {"error": ...} where it cannot be read (the others learn it too)."""
@@ -179,6 +205,19 @@ def all_processes(value: int) -> list[int]:
     if jax.process_count() == 1:
         return [value]
     return [int(v) for v in np.ravel(multihost_utils.process_allgather(np.int32(value)))]
+
+
+def all_processes_steps(steps: list[int]) -> list[list[int]]:
+    """`steps` of every process, by process index (a collective)."""
+    if jax.process_count() == 1:
+        return [list(steps)]
+    width = max(all_processes(len(steps)))
+    if width == 0:
+        return [[] for _ in range(jax.process_count())]
+    padded = np.full(width, -1, np.int32)
+    padded[:len(steps)] = steps
+    gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(-1, width)
+    return [[int(s) for s in row if s >= 0] for row in gathered]
 
 
 def broadcast_json(value: dict | None, source: int) -> dict:

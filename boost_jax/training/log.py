@@ -33,6 +33,7 @@ class RunLog:
             self._truncate_after(start_step)  # a resumed run rewrites the steps it repeats
         self.file = self.path.open("a") if primary else open(os.devnull, "w")
         self.row_bytes, self.rows_left = 0, total_steps - start_step  # what the rest of the run appends
+        self.every, self.total_steps = cfg.every, total_steps
         self.tb, self.tb_failure, self.excepthook = None, None, threading.excepthook
         if cfg.tensorboard and primary:
             self.tb = summary_writer_class()(str(run_dir / "tensorboard"), purge_step=start_step + 1)
@@ -68,6 +69,10 @@ class RunLog:
             self.tb_failure, self.failed = self.tb_failure or args.exc_value, True
         else:
             self.excepthook(args)
+
+    def due(self, step: int) -> bool:
+        """A log line after step `step`: every `log.every` steps and at the end."""
+        return step % self.every == 0 or step == self.total_steps
 
     def record(self, row: dict) -> None:
         line = json.dumps(row) + "\n"

@@ -134,7 +134,10 @@ def chosen_ways(cfg: Config, plan: Plan, gpus_per_node: int | None) -> dict[tupl
             for path, (shape, spec) in layer_matrices(cfg, plan).items()}
 
 
-def placements(cfg: Config, plan: Plan) -> dict[tuple[str, ...], tuple[NamedSharding, NamedSharding]]:
+Placements = dict[tuple[str, ...], tuple[NamedSharding, NamedSharding]]
+
+
+def placements(cfg: Config, plan: Plan) -> Placements:
     """{path: (where its Newton-Schulz runs, the parameter's own sharding)} of each split decoder
     matrix whose way moves it (gather, distribute); gram and unsplit matrices stay where they are."""
     if cfg.train.optimizer == "adamw":

@@ -16,6 +16,7 @@ and spectron's Newton-Schulz runs where training/muon_layout.py places each spli
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, get_args
 
 import jax
@@ -28,7 +29,7 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 # optax.contrib.muon's own shape scale and Newton-Schulz (not re-exported in 0.2.8)
 from optax.contrib._muon import orthogonalize_via_newton_schulz, scale_by_shape
 
-from boost_jax.config import MuonConfig, OptimizerName, TrainConfig
+from boost_jax.config import ModelConfig, MuonConfig, OptimizerName, TrainConfig
 from boost_jax.runtime.errors import ConfigError
 
 OPTIMIZERS = get_args(OptimizerName)
@@ -48,19 +49,32 @@ def lr_schedule(t: TrainConfig) -> optax.Schedule:
 
 # {parameter path: (where its Newton-Schulz runs, its own sharding)}: training/muon_layout.placements
 Placements = dict[tuple[str, ...], tuple[NamedSharding, NamedSharding]]
+# {parameter path: rows of one block} of each stacked [L, r, n] that holds the blocks [r / g, n] of a
+# block-diagonal [r, g n] matrix (latent heads: `latent_head_blocks`)
+Blocks = dict[tuple[str, ...], int]
+
+
+def latent_head_blocks(model: ModelConfig) -> Blocks:
+    """k's and v's B with `model.attn_latent_heads` = g > 1: each is the block-diagonal matrix of its g
+    stacked blocks of r / g rows (layers/lowrank.py), whose polar factor is its blocks' own polar
+    factors (a block-diagonal matrix's SVD is its blocks'): Muon orthogonalises each block, Spectron
+    takes the largest block's spectral norm. None at g = 1."""
+    g = model.attn_latent_heads
+    return {} if g == 1 else {("layers", "attn", name, "b"): model.attn_rank // g for name in ("k", "v")}
 
 
 def make_optimizer(t: TrainConfig, params: dict, placements: Placements | None = None,
-                   split: bool = False) -> optax.GradientTransformation:
+                   split: bool = False, blocks: Blocks | None = None) -> optax.GradientTransformation:
     """`t.optimizer` after the global-norm clip (`params`: the model's pure dict, for its structure;
     `placements`: where the split decoder matrices are orthogonalised, none on one device; `split`:
-    whether the parameters are laid out over more than one device)."""
+    whether the parameters are laid out over more than one device; `blocks`: the block-diagonal
+    matrices, `latent_head_blocks` of the model)."""
     clip = optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity()
     if t.optimizer == "adamw":
         return optax.chain(clip, adamw(t))
     if t.optimizer not in ("muon", "spectron", "invariant_muon"):
         raise ValueError(f"train.optimizer: unknown optimizer {t.optimizer!r}; choose one of {OPTIMIZERS}")
-    matrix = orthogonalised(t, placements or {}, split)
+    matrix = orthogonalised(t, placements or {}, split, blocks or {})
     return optax.chain(clip, optax.partition({"matrix": matrix, "adamw": adamw(t)}, labels(params)))
 
 
@@ -81,21 +95,22 @@ def labels(params: dict) -> dict:
         lambda path, x: "matrix" if is_layer_matrix(path, x) else "adamw", params)
 
 
-def orthogonalised(t: TrainConfig, placements: Placements, split: bool = False) -> optax.GradientTransformation:
-    """The decoder matrices' side: optax's Muon momentum, its Newton-Schulz per layer where
-    `placements` put each matrix, then Muon's shape scale (muon) or the factor pairs'
+def orthogonalised(t: TrainConfig, placements: Placements, split: bool = False,
+                   blocks: Blocks | None = None) -> optax.GradientTransformation:
+    """The decoder matrices' side: optax's Muon momentum, its Newton-Schulz per layer (per block of
+    the `blocks` matrices) where `placements` put each matrix, then Muon's shape scale (muon) or the factor pairs'
     renormalisation (spectron), decoupled weight decay, the learning rate."""
     m = t.muon
     dims = lambda tree: jax.tree.map(lambda _: LAYER_MATRIX, tree)
     if t.optimizer == "invariant_muon":
-        if split:  # its r x r eigendecompositions have no placed form (training/muon_layout.py) yet
-            raise ConfigError("train.optimizer=invariant_muon runs on one device (parameters not split over devices); "
-                              "use muon or spectron under a layout")
+        if split or blocks:  # its r x r eigendecompositions have no placed form (training/muon_layout.py) yet
+            raise ConfigError("train.optimizer=invariant_muon runs on one device (parameters not split over devices) "
+                              "and without latent heads (model.attn_latent_heads=1); use muon or spectron")
         steps = [invariant_factor_steps(m, t.weight_decay)]  # its weight decay is its own (split per pair)
     else:
-        steps = [newton_schulz(m, placements),
+        steps = [newton_schulz(m, placements, blocks),
                  scale_by_shape(dims, m.consistent_rms) if t.optimizer == "muon"
-                 else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps, unroll=split),
+                 else scale_by_factor_pairs(m.consistent_rms, t.spectron.power_steps, unroll=split, blocks=blocks),
                  optax.add_decayed_weights(t.weight_decay)]
     return optax.chain(
         # optax's Muon with no Newton-Schulz iteration is its momentum and Nesterov step alone ("aol"
@@ -107,15 +122,17 @@ def orthogonalised(t: TrainConfig, placements: Placements, split: bool = False) 
     )
 
 
-def newton_schulz(m: MuonConfig, placements: Placements) -> optax.GradientTransformation:
+def newton_schulz(m: MuonConfig, placements: Placements, blocks: Blocks | None = None) -> optax.GradientTransformation:
     """optax's Newton-Schulz (Frobenius pre-scaling, `m.ns_steps` iterations of `m.ns_coeffs`) on each
-    layer of each stacked matrix, constrained to run where `placements` says and to return to the
-    parameter's sharding (training/muon_layout.py); a matrix not in `placements` stays where it is."""
+    layer of each stacked matrix (each block of a `blocks` one), constrained to run where `placements`
+    says and to return to the parameter's sharding (training/muon_layout.py); a matrix not in
+    `placements` stays where it is."""
     coeffs = jnp.asarray(m.ns_coeffs if len(m.ns_coeffs) == 3 else np.reshape(m.ns_coeffs, (-1, 3)))
-    orthogonalise = lambda x: orthogonalize_via_newton_schulz(x, coeffs, m.ns_steps, dimension_numbers=LAYER_MATRIX)
+    blocks = blocks or {}
 
     def one(path, x):
         keys = tuple(str(getattr(k, "key", k)) for k in path)
+        orthogonalise = partial(_orthogonalise, coeffs=coeffs, steps=m.ns_steps, rows=blocks.get(keys))
         if keys not in placements:
             return orthogonalise(x)
         # A shard_map, so every iteration runs on the blocks `at` gives each device, with no collective
@@ -127,6 +144,19 @@ def newton_schulz(m: MuonConfig, placements: Placements) -> optax.GradientTransf
         return jax.lax.with_sharding_constraint(x, home)
 
     return optax.stateless(lambda updates, _: jax.tree_util.tree_map_with_path(one, updates))
+
+
+def _orthogonalise(x: jax.Array, *, coeffs: jax.Array, steps: int, rows: int | None) -> jax.Array:
+    """Newton-Schulz of each layer of x [L, m, n], or (`rows`) of each block [rows, n] of its m rows:
+    a device's share of a block-diagonal B holds whole blocks, so the same reshape serves it."""
+    if rows is None:
+        return orthogonalize_via_newton_schulz(x, coeffs, steps, dimension_numbers=LAYER_MATRIX)
+    # [blocks, L, rows, n]: the blocks outermost, so that where tp splits B's rows (whole blocks per
+    # device) the batch optax flattens stays split as they are, with no collective to regroup it.
+    per_block = jnp.moveaxis(x.reshape(x.shape[0], -1, rows, x.shape[-1]), 1, 0)
+    dims = MuonDimensionNumbers(reduction_axis=2, output_axis=3)
+    out = orthogonalize_via_newton_schulz(per_block, coeffs, steps, dimension_numbers=dims)
+    return jnp.moveaxis(out, 0, 1).reshape(x.shape)
 
 
 def newton_schulz_flops(t: TrainConfig, params: dict) -> float:
@@ -204,12 +234,14 @@ def _nested(flat: dict[tuple, Any]) -> dict:
     return out
 
 
-def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int,
-                          unroll: bool = False) -> optax.GradientTransformation:
+def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int, unroll: bool = False,
+                          blocks: Blocks | None = None) -> optax.GradientTransformation:
     """Spectron's renormalisation of orthogonalised factor updates (O_A, O_B) of each pair W = A B:
     both times s = c(d_in, d_out) / (sigma(A) + sigma(B)), so that
         ||dA B + A dB||_2 <= s (||O_A|| sigma(B) + sigma(A) ||O_B||) <= c max(||O_A||, ||O_B||),
     the spectral norm Muon gives a dense d_in x d_out update (c: `shape_scale` of the product).
+    A block-diagonal B (`blocks`) has its largest block's spectral norm, each block's power iteration
+    its own (its vector is that block's rows of B^T's [L, r] vector).
 
     `unroll`: the power iterations as straight-line code, for factors split over devices. Each
     iteration all-reduces there, and a while loop of collectives runs asynchronously on XLA's CPU
@@ -234,7 +266,7 @@ def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int,
             v = _at(state.vectors, path)
             a, b = pair["a"], pair["b"]
             sigma_a, va = top_singular(a, v["a"], power_steps, unroll)
-            sigma_b, vb = top_singular(jnp.swapaxes(b, 1, 2), v["b"], power_steps, unroll)
+            sigma_b, vb = _top_singular_of_b(b, v["b"], power_steps, unroll, (blocks or {}).get((*path, "b")))
             s = shape_scale(a.shape[1], b.shape[2], consistent_rms) / (sigma_a + sigma_b + 1e-12)
             node = _at(scaled, path)
             for k in ("a", "b"):
@@ -243,6 +275,18 @@ def scale_by_factor_pairs(consistent_rms: float | None, power_steps: int,
         return scaled, FactorPairState(_nested(vectors))
 
     return optax.GradientTransformation(init, update)
+
+
+def _top_singular_of_b(b: jax.Array, v: jax.Array, steps: int, unroll: bool,
+                       rows: int | None) -> tuple[jax.Array, jax.Array]:
+    """`top_singular` of B^T for b [L, r, n]; with `rows`, of the block-diagonal matrix whose blocks
+    [rows, n] b stacks: each block's, the largest per layer."""
+    if rows is None:
+        return top_singular(jnp.swapaxes(b, 1, 2), v, steps, unroll)
+    layers, r, n = b.shape
+    per_block = jnp.swapaxes(b.reshape(-1, rows, n), 1, 2)  # [L r / rows, n, rows]
+    sigma, v = top_singular(per_block, v.reshape(-1, rows), steps, unroll)
+    return sigma.reshape(layers, -1).max(axis=-1), v.reshape(layers, r)
 
 
 def _at(tree: dict, path: tuple) -> Any:

@@ -1,4 +1,5 @@
-"""The named parts of a training run, each with one job; `train.train` is the loop over them.
+"""The named parts of a training run, each with one job and deciding for itself when it acts;
+`training.run.train` is the loop over them.
 
     RunDir          checks the run dir before any work (resume compatibility, writable folders),
                     holds it against a second run, and claims it once a step has run (config.yaml,
@@ -31,12 +32,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from boost_jax.analysis.flops import remeasured_cpu_peak
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
+from boost_jax.launch.peaks import remeasured_cpu_peak
+from boost_jax.model.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import DivergenceError
 from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir, refused_write
-from boost_jax.training.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
 from boost_jax.training.local_tier import LocalTier, local_path
 
 
@@ -58,7 +59,7 @@ class RunDir:
         if cfg.checkpoint.local_dir:
             check_writable_dir(local_path(cfg.checkpoint.local_dir), "checkpoint.local_dir")
         self.lock = lock_dir(self.path, "run_dir") if primary else None  # one writer: before anything is written
-        self.claimed = False
+        self.primary, self.claimed = primary, False
 
     def release(self) -> None:
         """Let another run have the run dir."""
@@ -66,10 +67,12 @@ class RunDir:
             self.lock.close()
             self.lock = None
 
-    def claim(self, tokenizer) -> None:
-        """Write config.yaml and the tokenizer: only a run that got through one step claims the run dir,
-        so a failed start leaves no config.yaml to refuse the corrected command."""
-        if not self.claimed:
+    def claim(self, tokenizer, first_step) -> None:
+        """Write config.yaml and the tokenizer once the first step (`first_step`: its metrics) has run:
+        only a run that got through one step claims the run dir, so a failed start leaves no
+        config.yaml to refuse the corrected command."""
+        if self.primary and not self.claimed:
+            jax.block_until_ready(first_step)
             self.cfg.dump(self.path / "config.yaml")
             tokenizer.save(str(self.path / "tokenizer.json"))  # travels with the run (and its export)
             self.claimed = True
@@ -142,7 +145,7 @@ class Checkpoints:
         self.last_save = time.monotonic()
 
     def resume(self, state):
-        """(state, step, the checkpoint's recorded loss) from the newest checkpoint of either tier
+        """(state, step) from the newest checkpoint of either tier
         (the persistent one on a tie; step 0: an import's, `python -m boost_jax.convert`), or the
         fresh state at step 0. The checkpoint's record stays in `meta`, where it came from in
         `source`; parts of the state a persistent one lacks (`OPTIONAL_STATE`, e.g. the spike window
@@ -153,7 +156,7 @@ class Checkpoints:
             state, meta, self.source = local
             start = meta["step"]
         elif start is None:
-            return state, 0, None
+            return state, 0
         else:
             state, meta = self._restore(state, start)
             self.source = str(self.ckpt.directory)
@@ -165,7 +168,7 @@ class Checkpoints:
             raise CheckpointError(f"checkpoint step {start} in {self.source} records data position "
                                   f"{meta.get('data_position')}, expected {expected}")
         self.saved_step, self.restored, self.meta = start, True, meta
-        return state, start, meta.get("loss")
+        return state, start
 
     def _restore(self, state, start: int):
         """(state, record) of persistent checkpoint `start`."""
@@ -183,6 +186,23 @@ class Checkpoints:
             state, meta = self.ckpt.restore(start, state, self.identity, optional=OPTIONAL_STATE)
         return state, meta
 
+    def resume_notes(self, fit_note: str | None) -> list[str]:
+        """The log lines of the resume: the step and where it came from, with `fit_note` (the
+        micro-batches a resume on fewer devices added, analysis/microbatch_fit.py), and the state
+        that starts fresh."""
+        if not self.restored:  # a run dir with a config but no checkpoint starts at step 0
+            return [fit_note] if fit_note else []
+        loss = self.meta.get("loss")
+        notes = [f"resumed from step {self.saved_step} ({self.source}"
+                 + (f", loss {loss:.4f})" if loss is not None else ")") + (f"; {fit_note}" if fit_note else "")]
+        if fresh := self.meta.get("fresh_state"):
+            notes.append(f"the checkpoint holds no {', '.join(fresh)} state: it starts fresh")
+        if before := self.meta.get("optimizer_reset"):
+            t = self.cfg.train
+            notes.append(f"train.optimizer {before} -> {t.optimizer} (train.reset_optimizer=true): the parameters "
+                         f"resume, the {t.optimizer} state starts fresh")
+        return notes
+
     def due(self, done: int) -> bool:
         """A save after step `done` by the step count: every `checkpoint.every` steps (if > 0) and at the end."""
         every = self.cfg.checkpoint.every
@@ -196,6 +216,11 @@ class Checkpoints:
         """`checkpoint.every_minutes` have passed since the last save (or the start)."""
         minutes = self.cfg.checkpoint.every_minutes
         return self.ckpt is not None and minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
+
+    def asked(self, stopped: str | None) -> bool:
+        """A save the clock asks for on any process (a collective: called by all at the same step), or
+        the run's stop (`stopped`: what stopped it) where checkpointing is on."""
+        return any_process(self.overdue()) or (stopped is not None and self.enabled)
 
     def save(self, done: int, state, loss: float | None, record: dict | None = None) -> None:
         """Save the state after step `done` with its record (data position, layer order, loss,
@@ -305,6 +330,19 @@ class Preemption:
         print(f"{name}: saving the current step and stopping (send it again to exit at once)", file=sys.stderr,
               flush=True)
 
+    def stop(self) -> str | None:
+        """What stops the run at this step: the signal this process received, or another process's
+        (a collective: all processes call it at the same step, and all stop alike); None to go on."""
+        if any_process(self.received is not None):
+            return self.received or "a signal to another process"
+        return None
+
+    @staticmethod
+    def line(stopped: str, done: int, directory: Path | None) -> str:
+        """The log line of a run `stopped` after step `done`, saved in `directory` (None: checkpointing is off)."""
+        saved = f"saved step {done} in {directory}" if directory else "checkpointing is off: not saved"
+        return f"stopped by {stopped} after step {done}: {saved}; rerun the same command to resume"
+
     def close(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
@@ -335,27 +373,27 @@ class Meter:
         self.peak = self.hosts * peak_flops
         remeasure = lambda: remeasured_cpu_peak(cfg.model.dtype, cache_root(cfg.data.cache_dir), peak_flops)
         self.remeasure = remeasure if on_cpu else None
-        self.tick, self.tick_step, self.paused = time.perf_counter(), start, 0.0
+        self.tick, self.tick_step, self.paused_s = time.perf_counter(), start, 0.0
 
-    def pause(self, state) -> float:
-        """Wait for the steps in flight (time spent next is not charged to training); returns the time."""
+    @contextlib.contextmanager
+    def paused(self, state):
+        """Wait for the steps in flight (computing `state`), then charge the time inside to the pause,
+        not to training."""
         jax.block_until_ready(state)
-        return time.perf_counter()
-
-    def resume(self, since: float) -> None:
-        """Charge the time since `pause` returned to the pause, not to training."""
-        self.paused += time.perf_counter() - since
+        since = time.perf_counter()
+        yield
+        self.paused_s += time.perf_counter() - since
 
     def read(self, done: int) -> dict:
         """The throughput of the steps since the last reading, up to step `done`."""
         now = time.perf_counter()
-        step_time = (now - self.tick - self.paused) / (done - self.tick_step)
+        step_time = (now - self.tick - self.paused_s) / (done - self.tick_step)
         tok_s = self.tokens_per_step / step_time
         flops_s = tok_s * self.flops_per_token
         if flops_s > self.peak and self.remeasure is not None:
             self.peak, self.remeasure = self.hosts * self.remeasure(), None
             now = time.perf_counter()  # measuring is not training
-        self.tick, self.tick_step, self.paused = now, done, 0.0
+        self.tick, self.tick_step, self.paused_s = now, done, 0.0
         mfu = {"mfu": flops_s / self.peak} if flops_s <= self.peak else {}
         return {"tokens_per_s": tok_s, "step_time_s": step_time, "tflops_per_s": flops_s / 1e12, **mfu}
 

@@ -33,8 +33,8 @@ from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
 from boost_jax.training.health import health_norms
-from boost_jax.training.muon_layout import placements
-from boost_jax.training.optimizers import lr_schedule, make_optimizer
+from boost_jax.training.muon_layout import Placements, placements
+from boost_jax.training.optimizers import latent_head_blocks, lr_schedule, make_optimizer
 
 TrainState = dict[str, Any]
 # Parts of the state that exist under some settings only: a checkpoint without one resumes with it
@@ -71,11 +71,12 @@ class Setup:
         return {"layer_order": self.layer_order.tolist()}
 
 
-def setup(cfg: Config, plan: Plan, params: dict | None = None) -> tuple[Setup, TrainState]:
-    """The train and eval steps of `cfg` under `plan` (`build`) and the seed's train state laid out
-    for them (or one around `params`, host arrays in the model's layer order and dtypes, with a fresh
-    optimizer: an import)."""
-    run = build(cfg, plan)
+def setup(cfg: Config, plan: Plan, params: dict | None = None, moved: Placements | None = None
+          ) -> tuple[Setup, TrainState]:
+    """The train and eval steps of `cfg` under `plan` (`build`, with `moved`) and the seed's train
+    state laid out for them (or one around `params`, host arrays in the model's layer order and
+    dtypes, with a fresh optimizer: an import)."""
+    run = build(cfg, plan, moved)
     return run, init_state(cfg, plan, run, params)
 
 
@@ -130,12 +131,16 @@ def abstract_batch(cfg: Config, plan: Plan) -> dict:
     return dict.fromkeys(batch_keys(cfg), rows)
 
 
-def build(cfg: Config, plan: Plan) -> Setup:
+def build(cfg: Config, plan: Plan, moved: Placements | None = None) -> Setup:
     """The jitted train and eval steps of `cfg` under `plan`, from abstract shapes alone (no array is
-    made): what `train` runs, and what `python -m boost_jax.compile` compiles for GPUs it does not have."""
+    made): what `train` runs, what `bench step` times, and what `python -m boost_jax.compile` compiles
+    for GPUs it does not have. `moved`: the Muon placements (training/muon_layout.py) where the
+    caller has them already (`train` checks them before the run dir is locked); else computed here."""
     graphdef, abstract = abstract_model(cfg)
     pspecs = plan.param_specs(abstract)
-    tx = make_optimizer(cfg.train, nnx.to_pure_dict(abstract), placements(cfg, plan), split=plan.mesh.size > 1)
+    moved = placements(cfg, plan) if moved is None else moved
+    tx = make_optimizer(cfg.train, nnx.to_pure_dict(abstract), moved, split=plan.mesh.size > 1,
+                        blocks=latent_head_blocks(cfg.model))
     replicated = NamedSharding(plan.mesh, P())
     state = abstract_state(cfg, plan, tx)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)

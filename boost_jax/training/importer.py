@@ -16,16 +16,16 @@ import numpy as np
 import optax
 from flax import nnx
 
-from boost_jax import api
 from boost_jax.config import DataConfig, from_dict, load_yaml, raw_args
 from boost_jax.data.build import build_data, check_run_tokenizer
 from boost_jax.data.tokenizer import load_tokenizer
 from boost_jax.model import Model, compress, latent_heads
+from boost_jax.model.checkpoint import Checkpointer, identity
 from boost_jax.model.hf import load_exported
+from boost_jax.model.run_dir import open_run
 from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import single_device_plan
 from boost_jax.runtime.errors import ConfigError
-from boost_jax.training.checkpoint import Checkpointer, identity
 from boost_jax.training.step import setup
 
 
@@ -34,9 +34,10 @@ def read_source(src: Path, step: int | None):
     if not src.is_dir():
         raise ConfigError(f"{src} is not a folder: give a Hugging Face LLaMA folder, an export or a run dir")
     if (src / "config.yaml").is_file():  # a run dir
-        cfg, model, _ = api.restore(src, step)
+        run = open_run(src)
+        model, _ = run.model(step, single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
         params = jax_to_numpy(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-        model_cfg = cfg.model
+        model_cfg = run.cfg.model
     else:
         if step is not None:
             raise ConfigError("--step applies to a run dir as SRC")

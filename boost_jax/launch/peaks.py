@@ -1,9 +1,5 @@
-"""Exact parameter counts, analytic model FLOPs per token, and the device peaks behind MFU.
-
-Model FLOPs follow the usual convention (PaLM / MaxText): 2 FLOPs per multiply-add of every
-matmul, training = 3x forward (no remat recompute counted), causal attention counts half of the
-full S x S score and value matmuls, and the embedding gather is free.
-"""
+"""The device peaks behind MFU: a table of datasheet peaks, and the matmul peak and read bandwidth
+measured on the device (cached on CPU). The model FLOPs they divide are model/counts.py's."""
 
 from __future__ import annotations
 
@@ -12,55 +8,12 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from boost_jax.config import ModelConfig
-from boost_jax.config.archs import ARCHS
 from boost_jax.runtime.cache import atomic_write
-
-
-@dataclass(frozen=True)
-class Counts:
-    params: int  # every trainable parameter
-    matmul_params: int  # weights that take part in a matmul per token (layers + LM head)
-    forward_flops_per_token: float
-    train_flops_per_token: float
-
-
-def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
-    """(d_in, d_out, rank) of each projection of one decoder layer."""
-    d, f, dq, dkv = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    ra, rm = cfg.attn_rank, cfg.mlp_rank
-    return {"q": (d, dq, ra), "k": (d, dkv, ra), "v": (d, dkv, ra), "o": (dq, d, ra),
-            "gate": (d, f, rm), "up": (d, f, rm), "down": (f, d, rm)}
-
-
-def layer_linear_groups(cfg: ModelConfig) -> dict[str, int]:
-    """The latent heads of each projection of one decoder layer: k's and v's B are block-diagonal in
-    `model.attn_latent_heads` groups, every other B (and dense W) one block."""
-    return {name: cfg.attn_latent_heads if name in ("k", "v") else 1 for name in layer_linear_shapes(cfg)}
-
-
-def count(cfg: ModelConfig, seq_len: int) -> Counts:
-    """Parameters and FLOPs of a resolved model config at a sequence length (a block-diagonal B
-    counted by its blocks: latent heads hold and multiply r d_out / g of its r d_out)."""
-    cfg.require_resolved("flops.count")
-    d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
-    groups = layer_linear_groups(cfg)
-    per_layer = sum(ARCHS[cfg.arch].linear_params(*s, groups=groups[name]) for name, s in layer_linear_shapes(cfg).items())
-    head = d * v
-    params = v * d + n * (per_layer + 2 * d) + d + (0 if cfg.tie_embeddings else head)
-    matmul_params = n * per_layer + head
-    attention = n * 2 * cfg.n_heads * cfg.head_dim * seq_len  # causal QK^T and AV, per token
-    forward = 2.0 * matmul_params + attention
-    return Counts(params, matmul_params, forward, 3.0 * forward)
-
-
-# ----------------------------------------------------------------------------- peaks
 
 # Dense bf16 tensor-core peak per device (vendor datasheets, no sparsity).
 PEAK_BF16_FLOPS = {

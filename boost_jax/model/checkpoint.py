@@ -4,6 +4,7 @@ Saves are asynchronous and atomic (Orbax commits a finished step directory by re
 interrupted save never hides the previous checkpoint. Restoring takes the target's shardings,
 so a checkpoint loads onto any mesh. Each checkpoint carries its run's identity (the frozen config
 keys) and restoring checks it, so no edited or missing config.yaml can pair it with another model.
+It sits beside the model, below training/: every inference command reads checkpoints through it.
 """
 
 from __future__ import annotations
