@@ -10,6 +10,7 @@ The run itself is boost_jax/training/run.py's `train`.
 from __future__ import annotations
 
 from boost_jax.config import from_args
+from boost_jax.config.packages import check_packages
 from boost_jax.configs import BASE
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
 from boost_jax.runtime.errors import DiskFullError
@@ -36,6 +37,7 @@ def _main(args: list[str]) -> None:
     else:
         startup = None
     cfg = from_args([a for a in args if a != TIMINGS])
+    check_packages(cfg)  # before the loop's modules import them
     from boost_jax.launch.prepare import prepare_jax
     from boost_jax.parallel import init_distributed
     from boost_jax.parallel.peers import watch

@@ -2,7 +2,8 @@
 its sections, `load_config`, `from_args`, ...). Beside it, the tables it validates against: archs.py
 (the archs), schemes.py (the TP schemes and mesh axes), presets.py (the model presets) and study.py
 (the `study` section's checks); hardware.py reads the GPUs of `boost_jax/configs/hardware.yaml` and
-prices their collectives. Nothing here imports JAX.
+prices their collectives; packages.py names the optional packages a config needs and lacks. Nothing
+here imports JAX.
 """
 
 from boost_jax.config.config import (

@@ -9,7 +9,6 @@ identical to an uninterrupted run on CPU.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,13 +16,14 @@ from dataclasses import dataclass
 import jax
 
 from boost_jax.config import Config
+from boost_jax.config.packages import check_packages
 from boost_jax.data.build import Data, build_data, check_run_tokenizer
 from boost_jax.launch.peaks import device_peak_flops
 from boost_jax.launch.startup import Startup, line as startup_line
 from boost_jax.model.counts import Counts, count
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.runtime.cache import cache_root
-from boost_jax.runtime.errors import ConfigError, PackageError
+from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_writable_dir
 from boost_jax.training.log import RunLog
 from boost_jax.training.metrics import Metrics
@@ -190,19 +190,3 @@ def banner(cfg: Config, plan: Plan, counts: Counts, train_tokens: int, peak: flo
             f"ranks={m.attn_rank}/{m.mlp_rank} params={counts.params / 1e6:.2f}M "
             f"| {cfg.parallel.scheme} on mesh {dict(plan.mesh.shape)} of {plan.mesh.size} x {kind} "
             f"| data {train_tokens:,} train tokens | peak {peak / 1e12:.2f} TFLOP/s per {per} ({peak_source})")
-
-
-def check_packages(cfg: Config) -> None:
-    """Name, before any work, the optional packages this run needs and lacks (importing the
-    package does not need them: a GPU machine's own Python stack may have neither)."""
-    need = {"grain": "the data loader (boost_jax/data/loader.py)"}
-    if cfg.log.tensorboard:
-        need["tensorboardX"] = "log.tensorboard=true (or set log.tensorboard=false)"
-    if cfg.data.tokenizer == "sentencepiece" and cfg.data.source in ("stdlib", "files") and not cfg.data.tokenizer_path:
-        need["sentencepiece"] = "data.tokenizer=sentencepiece (pip install 'boost_jax[sentencepiece]')"
-    if cfg.log.wandb:
-        need["wandb"] = "log.wandb=true (pip install 'boost_jax[wandb]', or set log.wandb=false)"
-    # Found, not imported: tensorboardX would import torch where it is installed (training/log.py).
-    missing = [f"{package}, for {why}" for package, why in need.items() if importlib.util.find_spec(package) is None]
-    if missing:
-        raise PackageError("not installed: " + "; ".join(missing) + ". pip install what is missing")
