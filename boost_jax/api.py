@@ -23,7 +23,9 @@ from flax import nnx
 
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.config.presets import PRESETS
+from boost_jax.data.tokenizer import eos_id as eos_id_of  # `generate` has an argument eos_id
 from boost_jax.model import Model
+from boost_jax.model.decode import Decoder, Sampling
 from boost_jax.model.run_dir import open_run, read_config
 from boost_jax.parallel import Plan, single_device_plan
 from boost_jax.runtime.errors import (  # noqa: F401 -- the errors a caller catches, importable from here
@@ -112,8 +114,6 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     its programs and lays out a copy of its parameters at the compute dtype; both are kept with the
     model until it is garbage-collected, so later calls compile only for a new shape bucket or
     sampling mode, and a parameter replaced since (`nnx.update`, an optimizer step) is laid out again."""
-    from boost_jax.model.decode import Decoder, Sampling
-
     _check_model(model, "api.generate")
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or any(
             isinstance(p, (str, bytes)) or not isinstance(p, Sequence) for p in prompts):
@@ -143,14 +143,12 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
 def generate_text(model: Model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, **kwargs) -> list[str]:
     """`generate` on texts: each prompt encoded by the (Hugging Face `tokenizers`) tokenizer, each
     continuation decoded; it stops at the tokenizer's end-of-document token."""
-    from boost_jax.data.tokenizer import eos_id
-
     if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
         raise ConfigError("api.generate_text: prompts is a list of strings; for token ids use api.generate")
     if not hasattr(tokenizer, "encode") or not hasattr(tokenizer, "decode"):
         raise ConfigError("api.generate_text: tokenizer must be a tokenizers.Tokenizer (a run dir's tokenizer.json)")
     ids = [tokenizer.encode(p).ids for p in prompts]
-    out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=eos_id(tokenizer), **kwargs)
+    out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=eos_id_of(tokenizer), **kwargs)
     return [tokenizer.decode(o) for o in out]
 
 

@@ -19,14 +19,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pickle
 import sys
 from pathlib import Path
 
-from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, refuse_retired_flags, run_main
+from boost_jax.config import from_args
+from boost_jax.config.archs import AUTO_CACHE, CACHE_KINDS
+from boost_jax.config.hardware import one_machine
+from boost_jax.runtime.cli import config_parser, refuse_retired_flags, run_main
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.units import GIB, MIB
-
-CACHES = ("auto", "full", "latent_v", "latent")  # layers/kv_cache.py's (and auto), named here before JAX starts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,14 +36,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m boost_jax.compile", description=__doc__, epilog=DEBUG_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]", help=CONFIG_HELP)
+    p = config_parser("python -m boost_jax.compile", __doc__)
     p.add_argument("--hardware", required=True, help="one machine of the hardware file (a100-80gb, h100-80gb, ...)")
     p.add_argument("--hardware-file", default=None, help="default: boost_jax/configs/hardware.yaml")
     p.add_argument("--nodes", type=int, default=1, help="nodes of the machine's gpus_per_node GPUs (default 1)")
     p.add_argument("--gpus", type=int, default=0, help="fewer GPUs of one node (default 0: whole nodes)")
-    p.add_argument("--cache", default="auto", choices=CACHES,
+    p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
                    help="the KV cache of the decoding programs (auto: as generate, the fewest bytes per device)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", type=Path, default=None, help="write the serialised executables here")
@@ -56,16 +56,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
-    from boost_jax.config import from_args
-    from boost_jax.config.hardware import one_machine
-
     hw = one_machine(a.hardware_file, a.hardware)
     cfg = from_args(a.config)
-    from boost_jax.launch.gpu_target import target_config, use_cpu_backend
+    from boost_jax.launch.gpu_target import target_config, use_cpu_backend  # lazy: keeps --help free of JAX
 
     target_config(hw)  # a machine without a compile target is refused before JAX starts
     use_cpu_backend()
-    from boost_jax.launch.prepare import prepare_jax
+    from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
 
     prepare_jax(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, compile_cache=False)), reuse_memory=False)
     result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus)
@@ -86,8 +83,8 @@ def compile_run(cfg, hw, nodes: int, cache: str = "auto", gpus: int = 0) -> dict
     """Every program of `cfg`'s run compiled for `nodes` nodes of `hw`, or `gpus` GPUs of one (JAX on the
     CPU, the CUDA plugin installed): one report each (analysis/compiled.py), the memory model's figure beside the train
     step's, and the executables themselves under "_compiled" (for --save)."""
-    from boost_jax.analysis.compiled import compile_all
-    from boost_jax.launch.gpu_target import gpu_devices
+    from boost_jax.analysis.compiled import compile_all  # lazy: keeps --help free of JAX
+    from boost_jax.launch.gpu_target import gpu_devices  # lazy: keeps --help free of JAX
 
     devices = gpu_devices(hw, nodes, gpus)
     plan, programs, compiled = compile_all(cfg, devices, cache)
@@ -131,9 +128,7 @@ def save(folder: Path, result: dict, compiled: dict) -> None:
     result trees as <program>.trees (pickled: a PyTreeDef has no other form); manifest.json is this
     command's report with, per program, the executable's file or why there is none. A program with
     cuDNN's attention has none today: its custom partitioner's callbacks cannot be pickled."""
-    import pickle
-
-    from jax.experimental.serialize_executable import serialize
+    from jax.experimental.serialize_executable import serialize  # lazy: keeps --help free of JAX
 
     folder.mkdir(parents=True, exist_ok=True)
     for report in result["programs"]:

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
+from boost_jax.config import from_dict, raw_args
 from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, run_main
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_writable_dir
@@ -76,9 +78,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
-    from boost_jax.config import from_dict, raw_args
-    from boost_jax.launch.prepare import prepare_jax
-    from boost_jax.training.importer import convert
+    from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
+    from boost_jax.training.importer import convert  # lazy: keeps --help free of JAX
 
     # the command's data.* keys (its model is on one device; its parallel.* keys are the new run's)
     prepare_jax(from_dict({"data": raw_args(a.config).get("data", {})}), reuse_memory=False)
@@ -89,8 +90,6 @@ def _main(argv: list[str]) -> None:
     print(f"imported {r['source']} into {r['run_dir']} ({r['arch']}); continue with: "
           f"python -m boost_jax.train {r['run_dir']}/config.yaml")
     if c := r.get("compression"):
-        import math
-
         for i, layer in enumerate(c["layers"]):
             print(f"  layer {i}: " + ", ".join(f"{name} {100 * e['weight']:.1f}%"
                                                 + (f" (output {100 * e['output']:.1f}%)" if "output" in e else "")

@@ -39,11 +39,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> None:
-    from boost_jax.launch.startup import Startup, line
-
-    startup = Startup()
     a = parse(argv)
-    from boost_jax.training.evaluate import evaluate
+    from boost_jax.launch.startup import Startup, line  # lazy: keeps --help free of JAX
+
+    startup = Startup()  # its import phase is the process's age: the flags' checks count in it
+    from boost_jax.training.evaluate import evaluate  # lazy: keeps --help free of JAX
 
     r = evaluate(a.run_dir, a.config, a.step, a.split, a.max_tokens, startup, prepare=True)
     seconds = startup.seconds()

@@ -69,7 +69,7 @@ def _main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.step is not None and args.step < 0:
         raise ExportError(f"--step must be a checkpoint's step (>= 0), got {args.step}")
-    from boost_jax.model.run_dir import open_run  # Orbax kept out of --help
+    from boost_jax.model.run_dir import open_run  # lazy: keeps Orbax out of --help
 
     run = open_run(args.run_dir, prepare=True, reuse_memory=False)  # no training-sized steps
     step = export(run, args.out_dir, args.step, args.force)

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from boost_jax.layers.kv_cache import AUTO, CACHES
+from boost_jax.config.archs import AUTO_CACHE, CACHE_KINDS
 from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.runtime.errors import ConfigError
 
@@ -40,14 +40,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timings", action="store_true", help="print on stderr the seconds to the first token, by "
                    "phase: import, data, restore, compile, run (--json has them always)")
-    p.add_argument("--cache", default=AUTO, choices=[AUTO, *CACHES],
+    p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
                    help="auto (default): the kind with the fewest bytes per device for this model and layout; "
                         "full: keys and values; latent_v: keys and v's rank-r latent; latent: both latents "
                         "(low-rank archs; layers/kv_cache.py)")
     a = run_dir_args(p, argv)
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
-    from boost_jax.model.decode import Sampling
+    from boost_jax.model.decode import Sampling  # lazy: keeps --help free of JAX
 
     a.sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)  # checks --temperature, --top-k, --top-p
     return a
@@ -75,13 +75,13 @@ def read_prompts(a: argparse.Namespace) -> list[str]:
 
 
 def _main(argv: list[str]) -> None:
-    from boost_jax.launch.startup import Startup, line
-
-    startup = Startup()
     a = parse(argv)
     prompts = read_prompts(a)
-    from boost_jax.model.decode import Decoder, choose_cache
-    from boost_jax.model.run_dir import open_run
+    from boost_jax.launch.startup import Startup, line  # lazy: keeps --help free of JAX
+
+    startup = Startup()  # its import phase is the process's age: the flags' checks count in it
+    from boost_jax.model.decode import Decoder, choose_cache  # lazy: keeps --help free of JAX
+    from boost_jax.model.run_dir import open_run  # lazy: keeps --help free of JAX
 
     startup.lap("import")
     # The run dir and its config.yaml first: what a damaged one names. Decoding keeps glibc's
@@ -99,8 +99,8 @@ def _main(argv: list[str]) -> None:
     model, step = run.model(a.step)
     decoder = Decoder(model, plan, cache=a.cache, eos_id=run.eos)
     del model
-    cache = {"cache": decoder.cache_name, "cache_auto": a.cache == AUTO}
-    if a.cache == AUTO:  # one line saying what auto chose and why
+    cache = {"cache": decoder.cache_name, "cache_auto": a.cache == AUTO_CACHE}
+    if a.cache == AUTO_CACHE:  # one line saying what auto chose and why
         cache["cache_bytes_per_token"] = choose_cache(cfg.model, plan)[1]
         sizes = ", ".join(f"{k} {v:,}" for k, v in cache["cache_bytes_per_token"].items())
         print(f"cache: {decoder.cache_name} (auto: the fewest bytes per cached token per device here: {sizes})",

@@ -27,6 +27,7 @@ is an `lm_eval.api.model.LM` registered as "boost_jax".
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -40,7 +41,10 @@ import numpy as np
 from flax import nnx
 
 from boost_jax.config import Config
-from boost_jax.runtime.errors import ConfigError
+from boost_jax.model.decode import Decoder, Sampling, bucket
+from boost_jax.model.run_dir import open_run, read_config
+from boost_jax.runtime.cli import DEBUG_HELP, run_main
+from boost_jax.runtime.errors import ConfigError, PackageError
 
 try:  # the harness is an optional extra
     from lm_eval.api.model import LM as _Harness
@@ -66,9 +70,6 @@ class BoostLM(_Harness):
                               "batch_size, overrides)")
         batch_size = positive_batch_size(batch_size)
         super().__init__()
-        from boost_jax.model.decode import Decoder
-        from boost_jax.model.run_dir import open_run
-
         overrides = overrides.split() if isinstance(overrides, str) else list(overrides)
         # decoding's scoring: glibc's defaults
         run = open_run(run_dir, overrides, decoding=True, prepare=True, reuse_memory=False)
@@ -97,8 +98,6 @@ class BoostLM(_Harness):
         """(sum of log-probs, all greedy) of the last `n` tokens of each token sequence, each predicted
         from the tokens before it (sequences cut to the model's context + 1, padded to a bucket).
         Scored on the devices (`scores`): two numbers per row come back."""
-        from boost_jax.model.decode import bucket
-
         out = []
         for lo in range(0, len(sequences), self.rows):
             part = [(ids[-(self.context + 1):], n) for ids, n in sequences[lo:lo + self.rows]]
@@ -141,8 +140,6 @@ class BoostLM(_Harness):
         Requests asking alike (stop strings, max_gen_toks, temperature) decode together, `rows` at a
         time, longest first; a row's tokens never depend on the others in its batch, so each answer is
         the one it gets alone. A sampled request decodes alone: its draw would depend on its slot."""
-        from boost_jax.model.decode import Sampling
-
         out, asks = [""] * len(requests), {}
         for i, request in enumerate(requests):
             context, kwargs = request.args
@@ -197,8 +194,6 @@ def check_harness_args(harness_args: Sequence[str]) -> None:
     """lm-eval's flags that would end in a traceback of its own, named before the harness starts:
     --tasks missing (unless a --config file gives them), an --include_path that is not a folder, a
     --limit that is not a count or a fraction of the examples, a --batch_size that is not a row count."""
-    import argparse
-
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--tasks", "-t", nargs="+")
     p.add_argument("--config", "-C")
@@ -230,7 +225,7 @@ def check_limit(text: str) -> None:
 
 def run_harness(argv: list[str]) -> None:
     """lm-eval's own command line on `argv`; a task it does not know named in one message."""
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.__main__ import cli_evaluate  # optional: lm_eval (the eval extra)
 
     saved, sys.argv = sys.argv, argv
     try:
@@ -250,18 +245,10 @@ SECTIONS = {f.name for f in dataclasses.fields(Config)}  # what starts a `sectio
 
 def main(argv: list[str] | None = None) -> None:
     """The command line (one message and exit 1 on a user error)."""
-    from boost_jax.runtime.cli import run_main
-
     run_main(_main, argv)
 
 
 def _main(argv: list[str]) -> None:
-    import argparse
-
-    from boost_jax.model.run_dir import read_config
-    from boost_jax.runtime.cli import DEBUG_HELP
-    from boost_jax.runtime.errors import PackageError
-
     p = argparse.ArgumentParser(prog="python -m boost_jax.lm_eval", description=__doc__, epilog=DEBUG_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)

@@ -15,12 +15,12 @@ against adamw, with bootstrap intervals over seeds. --json prints it as one obje
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from boost_jax.comparison import grid, report, runs, spec as specs, tasks
-from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_HELP, refuse_retired_flags, run_main
+from boost_jax.launch.prepare import prepare_jax
+from boost_jax.runtime.cli import config_parser, refuse_retired_flags, run_main
 
 PROG = "python -m boost_jax.study"
 
@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=DEBUG_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", nargs="*", metavar="[study.yaml] [section.key=value ...]", help=CONFIG_HELP)
+    p = config_parser(PROG, __doc__, "[study.yaml] [section.key=value ...]")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     refuse_retired_flags(argv)
     a = p.parse_intermixed_args(argv)
@@ -42,8 +40,6 @@ def _main(argv: list[str]) -> None:
 
 def study(args: list[str], log=print) -> dict:
     """Run (or resume) the study of a command line's config and return its report."""
-    from boost_jax.launch.prepare import prepare_jax
-
     spec = specs.load(args)
     s = spec.study
     prepare_jax(spec.run_config(spec.cells[0], s.lrs[0], 0))

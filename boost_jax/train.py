@@ -31,21 +31,21 @@ def _main(args: list[str]) -> None:
         return
     # JAX is imported past the help and the config's checks, so both answer at once.
     if TIMINGS in args:
-        from boost_jax.launch.startup import Startup
+        from boost_jax.launch.startup import Startup  # lazy: keeps --help free of JAX
 
         startup = Startup()
     else:
         startup = None
     cfg = from_args([a for a in args if a != TIMINGS])
     check_packages(cfg)  # before the loop's modules import them
-    from boost_jax.launch.prepare import prepare_jax
-    from boost_jax.parallel import init_distributed
-    from boost_jax.parallel.peers import watch
+    from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
+    from boost_jax.parallel import init_distributed  # lazy: keeps --help free of JAX
+    from boost_jax.parallel.peers import watch  # lazy: keeps --help free of JAX
 
     prepare_jax(cfg)  # before any module below compiles or places an array
     init_distributed(cfg.parallel)
-    from boost_jax.analysis.microbatch_fit import fit_resume
-    from boost_jax.training.run import train
+    from boost_jax.analysis.microbatch_fit import fit_resume  # lazy: keeps --help free of JAX
+    from boost_jax.training.run import train  # lazy: keeps --help free of JAX (and grain, named missing above)
 
     try:
         with watch(cfg.parallel.heartbeat_timeout_s):  # a lost peer ends this process with one message

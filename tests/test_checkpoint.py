@@ -7,7 +7,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from boost_jax.model.checkpoint import MIN_REPLICA_SLICE_BYTES, Checkpointer
+from boost_jax.model.checkpoint import MIN_REPLICA_SLICE_BYTES, CheckpointStore
 from boost_jax.runtime.errors import CheckpointError
 
 IDENTITY = {"model.preset": "llama-tiny"}
@@ -27,7 +27,7 @@ def state_on(mesh_shape, big_spec):
 @pytest.mark.parametrize("src, dst", [(((4, 2), P("b")), ((2, 4), P(None, "b"))), (((8, 1), P()), ((1, 8), P("b")))])
 def test_state_round_trips_onto_another_mesh(tmp_path, src, dst):
     saved = state_on(*src)
-    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt = CheckpointStore(tmp_path, keep=2)
     ckpt.save(3, saved, {"identity": IDENTITY})
     ckpt.wait()
     like = state_on(*dst)
@@ -47,7 +47,7 @@ def test_checkpoints_of_earlier_versions_restore(tmp_path):
                                             meta=ocp.args.JsonSave({"identity": IDENTITY})))
     manager.wait_until_finished()
     manager.close()
-    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt = CheckpointStore(tmp_path, keep=2)
     assert ckpt.latest_step() == 5
     restored, _ = ckpt.restore(5, state_on((2, 4), P(None, "b")), IDENTITY)
     for key in saved:

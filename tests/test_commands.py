@@ -15,7 +15,7 @@ import yaml
 from boost_jax.bench import comm, step
 from boost_jax.config import ConfigError, from_args
 from boost_jax.launch.startup import PHASES, Startup
-from boost_jax.planner.__main__ import parse as parse_plan
+from boost_jax.plan import parse as parse_plan
 
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
 
@@ -133,7 +133,7 @@ def test_python_m_boost_jax_lists_every_command_in_one_line_each(capsys, monkeyp
 
     root = Path(commands.__file__).parent
     runnable = {p.stem for p in root.glob("*.py") if 'if __name__ == "__main__":' in p.read_text()} - {"__main__"}
-    runnable |= {p.parent.name for p in root.glob("*/__main__.py")} - {"planner"}  # its command is boost_jax.plan
+    runnable |= {p.parent.name for p in root.glob("*/__main__.py")}
     assert set(commands.COMMANDS) == runnable
     out = subprocess.run([sys.executable, "-m", "boost_jax"], capture_output=True, text=True, check=True, cwd=root.parent)
     listed = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]

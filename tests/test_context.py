@@ -186,11 +186,11 @@ def test_the_planner_splits_a_sequence_only_where_the_batch_cannot_be(tmp_path):
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.planner.layouts import Space
     from boost_jax.planner.price import DiskCache
-    from boost_jax.planner.search import plan
+    from boost_jax.planner.search import rank_layouts
 
     args = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=64", "model.dtype=bfloat16"]
     space = Space(schemes=("btp",), tp=(1,), pp=(1,), remat=("none",))
-    run = lambda rows: plan([*args, f"train.batch_size={rows}"], gpus=2, hw=paper_hardware(), space=space,
+    run = lambda rows: rank_layouts([*args, f"train.batch_size={rows}"], gpus=2, hw=paper_hardware(), space=space,
                             headroom=0.1, cache=DiskCache(tmp_path))
     [only] = [c for c in run(1) if c.step]
     assert (only.layout.cp, only.layout.dp) == (2, 1) and only.step["seconds"] > 0 and only.memory["total"] > 0

@@ -74,7 +74,7 @@ def test_prepare_refuses_values_by_flag(argv, needle, tmp_path):
     (["--gpus", "3", "--tp", "1", "--pp", "1", "--cp", "1"], "train.batch_size=8 does not divide"),
 ])
 def test_plan_refuses_searches_that_cannot_give_a_layout(argv, needle):
-    from boost_jax.planner.__main__ import main
+    from boost_jax.plan import main
 
     args = ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=8", "train.seq_len=64", *argv]
     assert needle in command_error(main, args)

@@ -19,7 +19,7 @@ from boost_jax import api
 from boost_jax.config import ConfigError, LogConfig, load_config
 from boost_jax.export import export
 from boost_jax.launch import peaks
-from boost_jax.model.checkpoint import Checkpointer
+from boost_jax.model.checkpoint import CheckpointStore
 from boost_jax.model.hf import ExportError
 from boost_jax.model.run_dir import open_run
 from boost_jax.runtime.errors import CheckpointError, DivergenceError
@@ -231,7 +231,7 @@ def test_metrics_reach_disk_before_each_checkpoint(run_copy, tiny_overrides, mon
     class Crash(Exception):
         pass
 
-    on_disk, save = {}, Checkpointer.save
+    on_disk, save = {}, CheckpointStore.save
 
     def save_then_crash(self, step, state, meta):
         on_disk[step] = metric_steps(run_copy)  # what a kill during this save would leave
@@ -239,7 +239,7 @@ def test_metrics_reach_disk_before_each_checkpoint(run_copy, tiny_overrides, mon
         if step == 8:
             raise Crash
 
-    monkeypatch.setattr(Checkpointer, "save", save_then_crash)
+    monkeypatch.setattr(CheckpointStore, "save", save_then_crash)
     # log.every > checkpoint.every: before, rows waited for the log interval and a crash lost them.
     with pytest.raises(Crash):
         train(load_config(None, [*tiny_overrides, f"run_dir={run_copy}", "train.eval_every=0", "train.steps=10",
@@ -342,19 +342,19 @@ def test_eval_max_tokens_is_clamped_to_the_split_and_says_so(run_copy, capsys):
 def test_a_step_deleted_by_a_live_runs_retention_is_no_damage(run_copy, monkeypatch, capsys):
     """eval, generate and export read through weights.restore_params: the step they chose vanishes under
     them (a live run's checkpoint.keep) -> the newest step left, named; asked by number -> named as deleted."""
-    restore = Checkpointer._restore
+    restore = CheckpointStore._restore
 
     def deleted_by_retention(self, step, **items):
         if step == 4:
             shutil.rmtree(self.directory / "4")
         return restore(self, step, **items)
 
-    monkeypatch.setattr(Checkpointer, "_restore", deleted_by_retention)
+    monkeypatch.setattr(CheckpointStore, "_restore", deleted_by_retention)
     cfg, model, step = api.restore(run_copy)
     assert step == 2
     assert ("note: checkpoint step 4 in" in (err := capsys.readouterr().err) and "was deleted by its run's retention"
             in err and "reading step 2, the newest now" in err)
-    monkeypatch.setattr(Checkpointer, "_restore", lambda self, step, **items: (
+    monkeypatch.setattr(CheckpointStore, "_restore", lambda self, step, **items: (
         shutil.rmtree(self.directory / str(step)), restore(self, step, **items))[1])
     with pytest.raises(CheckpointError, match=r"step 2 in .* was deleted by its run's retention .* holds steps \[\]"):
         api.restore(run_copy, step=2)
@@ -366,7 +366,7 @@ def test_a_step_retention_is_deleting_is_no_damage(run_copy, monkeypatch, capsys
     the step is given checkpoint.DELETING_S to vanish; one that stays is damaged."""
     from boost_jax.model import checkpoint, weights
 
-    restore = Checkpointer._restore
+    restore = CheckpointStore._restore
     monkeypatch.setattr(checkpoint, "DELETING_S", 0.5)
     monkeypatch.setattr(weights, "checkpoint_step", lambda run_dir, ckpt, step: 2)  # listed when 2 was the newest
     damaged = shutil.copytree(run_copy, run_copy.parent / "damaged")
@@ -380,7 +380,7 @@ def test_a_step_retention_is_deleting_is_no_damage(run_copy, monkeypatch, capsys
             threading.Timer(0.2, shutil.rmtree, [self.directory / "2"]).start()
         return restore(self, step, **items)
 
-    monkeypatch.setattr(Checkpointer, "_restore", deleting)
+    monkeypatch.setattr(CheckpointStore, "_restore", deleting)
     assert api.restore(run_copy)[2] == 4
     assert "note: checkpoint step 2 in" in capsys.readouterr().err
 

@@ -158,11 +158,20 @@ def test_each_row_stops_at_its_end_of_document_token():
         assert row == (full[:full.index(eos)] if eos in full else full)
 
 
-def test_a_decode_step_never_moves_the_cache(monkeypatch):
+@pytest.mark.parametrize("arch, cache, tp, model_kw", [("dense", "full", 1, {}),
+                                             ("cola", "latent", 2, {"attn_latent_heads": 2, "n_kv_heads": 2})])
+def test_a_decode_step_never_moves_the_cache(monkeypatch, arch, cache, tp, model_kw):
     """The loop's program writes each layer's cache in place and reads it where it lies: no
-    transpose or copy of a cache-sized buffer (a token-major cache was transposed whole at every step)."""
-    model = model_of("dense")
-    decoder = Decoder(model, single_device_plan(model.cfg))
+    transpose or copy of a cache-sized buffer (a token-major cache was transposed whole at every step;
+    the split latent cache of latent heads, each device's values [B, T, r / tp], was copied to
+    [B, r / tp, T] at every step)."""
+    model = model_of(arch, **model_kw)
+    plan = single_device_plan(model.cfg)
+    if tp > 1:
+        cfg = load_config(None, ["model.preset=llama-tiny", f"model.arch={arch}", "parallel.dp=1", f"parallel.tp={tp}",
+                                 "train.batch_size=8", *(f"model.{k}={v}" for k, v in model_kw.items())])
+        plan = make_plan(cfg, jax.devices()[:tp])
+    decoder = Decoder(model, plan, cache=cache)
     chunk, calls = decoder._chunk, []
 
     def record(*args, **kw):
@@ -173,7 +182,7 @@ def test_a_decode_step_never_moves_the_cache(monkeypatch):
     monkeypatch.setattr(Decoder, "programs", property(lambda self: {}))
     decoder.generate(np.arange(3, 3 + 8 * 20).reshape(8, 20).tolist(), 4)
     args, kw = calls[0]
-    cache_elems = math.prod(args[1][0].k.shape)
+    cache_elems = math.prod(args[1][0].k.sharding.shard_shape(args[1][0].k.shape))  # per device, as the HLO's
     text = chunk.lower(*args, **kw).compile().as_text()
     moved = [line.strip()[:120] for line in text.splitlines()
              if (m := re.search(r"= \w+\[([\d,]+)\]\{[^}]*\} (transpose|copy|fusion)\(", line))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[1]
 # modules has an entry of its own: `config` is config/__init__.py and config/config.py, the config's
 # tables sit below it.
 FLOORS = [
-    {"runtime", "config.presets", "config.archs", "config.schemes", "config.study", "configs", "pallas_kernels"},
+    {"runtime", "config.presets", "config.archs", "config.schemes", "config.study", "configs", "pallas_kernels", "ops"},
     {"config"},
     {"data", "parallel", "launch", "training.optimizers", "training.health"},
     {"layers"},
@@ -31,7 +31,7 @@ FLOORS = [
 # The folders, lowest first: a module imports from no folder above its own (a module at the package
 # root counts as a folder of its own, on its floor in FLOORS).
 FOLDER_FLOORS = [
-    {"runtime", "configs", "pallas_kernels"},
+    {"runtime", "configs", "pallas_kernels", "ops"},
     {"config"},
     {"data", "parallel", "launch"},
     {"layers"},
@@ -203,13 +203,21 @@ def test_no_import_circles():
     assert circles == []
 
 
-def test_attention_knows_no_scheme():
-    """layers/attention.py is handed what it attends over by the plan's projections (parallel/): it
-    imports nothing from parallel/ and reads no mesh split, scheme, collective or low-rank factor."""
-    path = ROOT / "boost_jax" / "layers" / "attention.py"
+@pytest.mark.parametrize("path", ["layers/attention.py", "ops/attention.py", "ops/ring.py"])
+def test_attention_knows_no_scheme(path):
+    """The attention layer is handed what it attends over by the plan's projections (parallel/), and
+    the attention op (ops/) sits below both: neither imports from parallel/ or reads a mesh split,
+    scheme, all-reduce or low-rank factor (the ring's permutes name the axis they are given)."""
+    path = ROOT / "boost_jax" / path
     assert sorted(m for m in imports(path) if m.startswith("boost_jax.parallel")) == []
     source = path.read_text()
     assert [w for w in (".size(", ".axis(", ".scheme", ".mesh", "cp_attention", "psum", ".b[", ".a[") if w in source] == []
+
+
+@pytest.mark.parametrize("path", ["ops/attention.py", "ops/ring.py"])
+def test_the_attention_op_imports_nothing_of_the_package(path):
+    """The op is math on arrays: the layer and the strategies call it, it calls neither."""
+    assert imports(ROOT / "boost_jax" / path) == set()
 
 
 @pytest.mark.parametrize("module", ["boost_jax.config", "boost_jax.config.schemes", "boost_jax.config.archs", "boost_jax.runtime.cache",

@@ -21,13 +21,13 @@ BOUND_S = HEARTBEAT_S + 15  # detection, then the exit; the default (20 s) keeps
 # Process 1 waits in its save of step 8 (the survivor is then mid-save) until it is killed.
 SLOW_SAVE = ("import time, pathlib, sys\n"
              "import boost_jax.model.checkpoint as c\n"
-             "save = c.Checkpointer.save\n"
+             "save = c.CheckpointStore.save\n"
              "def slow(self, step, state, meta):\n"
              "    if step == 8:\n"
              "        (self.directory.parent / 'process_1_saving').touch()\n"
              "        time.sleep(600)\n"
              "    save(self, step, state, meta)\n"
-             "c.Checkpointer.save = slow\n"
+             "c.CheckpointStore.save = slow\n"
              "from boost_jax.train import main\n"
              "main(sys.argv[1:])\n")
 

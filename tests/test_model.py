@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.attention import Positions, causal_attention, rope
 from boost_jax.layers.lowrank import cola_init_std
 from boost_jax.model import Model, loss_fn
+from boost_jax.ops.attention import Positions, causal_attention, rope
 from boost_jax.parallel import single_device_plan
 
 ARCHS = ("dense", "svd", "cola", "lax")
@@ -161,7 +161,7 @@ def test_blocked_attention_equals_whole_attention(dtype, rtol, seq, head_dim, qu
     """The CPU paths of attention against the written-out attention in fp32, with grouped-query
     heads: outputs and the gradients of a random cotangent, relative to each tensor's largest entry
     (measured: ~2e-7 in fp32, ~7e-3 in bf16)."""
-    from boost_jax.layers.attention import causal_blocks, query_rows
+    from boost_jax.ops.attention import causal_blocks, query_rows
 
     assert (query_rows(seq, query_block), causal_blocks(seq)) in ((8, 1), (384, 3))
     keys = jax.random.split(jax.random.key(6), 4)

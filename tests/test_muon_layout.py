@@ -14,6 +14,7 @@ from boost_jax.config import ConfigError, load_config
 from boost_jax.config.hardware import one_machine
 from boost_jax.parallel import abstract_plan
 from boost_jax.training.muon_layout import chosen_ways, layer_matrices, way_seconds, ways
+from boost_jax.training.optimizers import matrix_ns_flops
 from boost_jax.training.run import train
 
 LAYOUTS = {"tp2": ["parallel.tp=2"], "fsdp2": ["parallel.fsdp=2"]}  # btp: tp splits d, fsdp splits r
@@ -62,6 +63,49 @@ def test_auto_takes_the_cheapest_way_of_each_matrix():
             assert set(totals) == {"gram", "gather", "distribute"}
         else:  # tiny matrices: one gather is cheaper than the calls of the other two
             assert {w.name for w in chosen.values()} == {"gather"}
+
+
+def test_a_latent_heads_b_is_priced_per_block():
+    """Latent heads' k and v B (block-diagonal, `optimizers.latent_head_blocks`): under gram each device's
+    whole blocks are orthogonalised where they lie, so the formula, as the compiled update, has no Gram
+    all-reduce for them; every way's FLOPs are the blocks', not the stacked matrix's."""
+    cfg = tiny("parallel.tp=2", "model.attn_latent_heads=2", "model.n_kv_heads=2", "train.muon.comm=gram")
+    r = optimizer_comm(build(cfg), one_machine(None, "h100-80gb"))
+    steps = cfg.train.muon.ns_steps
+    assert r["ways"] == {"gram": 14}
+    assert sum(r["measured"].values()) == sum(r["formula"].values()) == (14 - 2) * steps
+    big = tiny("parallel.tp=8", "model.attn_latent_heads=8", preset="llama-7b")
+    plan = abstract_plan(big)
+    (shape, spec), mesh = layer_matrices(big, plan)[("layers", "attn", "k", "b")], dict(plan.mesh.shape)
+    assert shape == (32, 1024, 512)  # [L, r, H_kv d_h / g]: 8 blocks [128, 512]
+    per_block = ways(shape, spec, mesh, steps, block_rows=128)
+    stacked = ways(shape, spec, mesh, steps)
+    assert per_block["gather"].flops == 32 * 8 * matrix_ns_flops(128, 512, steps)  # 1.5 GFLOP per layer
+    assert stacked["gather"].flops == 32 * matrix_ns_flops(512, 1024, steps)  # 6.7: 4.4x the blocks'
+    assert per_block["gram"].collectives == () and per_block["gram"].flops == per_block["gather"].flops / 8
+    assert chosen_ways(big, plan, None)[("layers", "attn", "k", "b")].flops < stacked["gather"].flops / 4
+
+
+@pytest.mark.slow  # one more compile of the update
+def test_a_latent_heads_b_split_on_its_columns_all_reduces_each_blocks_gram_matrix():
+    """fsdp splits B's columns, so each block's Gram matrix is a sum over its shards: left in place,
+    the compiled update all-reduces [L g, r/g, r/g] fp32 once per iteration, as `ways` prices it."""
+    from collections import Counter
+
+    from boost_jax.analysis.hlo import collectives
+    from boost_jax.analysis.program import optimizer_state
+    from boost_jax.training.optimizers import latent_head_blocks, make_optimizer
+
+    cfg = tiny("parallel.fsdp=2", "model.attn_latent_heads=2", "model.n_kv_heads=2")
+    prog, plan, blocks = build(cfg), abstract_plan(cfg), latent_head_blocks(cfg.model)
+    tx = make_optimizer(cfg.train, prog.params, {}, split=True, blocks=blocks)  # every matrix where it lies
+    found = collectives(jax.jit(tx.update).lower(prog.params, optimizer_state(prog, tx), prog.params).compile().as_text())
+    layers, rows, steps = cfg.model.n_layers, blocks[("layers", "attn", "k", "b")], cfg.train.muon.ns_steps
+    grams = Counter(c.kind for c in found if c.shape == (layers * 2, rows, rows))
+    shape, spec = layer_matrices(cfg, plan)[("layers", "attn", "k", "b")]
+    assert ways(shape, spec, dict(plan.mesh.shape), steps, block_rows=rows)["gram"].collectives == (
+        ("all-reduce", 4 * layers * 2 * rows * rows, steps),)
+    assert grams == {"all-reduce": 2 * steps}  # k's and v's B
 
 
 @pytest.mark.parametrize("overrides, needle", [

@@ -325,6 +325,35 @@ def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
     assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
 
 
+def test_health_takes_a_latent_heads_b_as_its_block_diagonal_matrix():
+    """k's and v's B with latent heads: the spectra and the stable rank are those of the dense
+    block-diagonal B the stacked blocks stand for (the stacked matrix's sigma only bounds its largest
+    block's from above, and its B B^T holds cross terms that are no part of the matrix)."""
+    from boost_jax.model.latent_heads import dense_b
+    from boost_jax.training.health import health_norms
+    from boost_jax.training.optimizers import latent_head_blocks
+
+    cfg = tiny("model.arch=cola", "model.attn_latent_heads=2", "model.n_kv_heads=2")
+    params, blocks = init_params(cfg), latent_head_blocks(cfg.model)
+    updates = fake_grads(params, 3)
+    got = {name: jax.jit(lambda p, u, b=b: health_norms(u, p, u, [0, 1], b))(params, updates)
+           for name, b in (("blocks", blocks), ("stacked", {}))}
+    spectral = lambda x: np.linalg.norm(np.asarray(x, np.float64), 2)
+    dense = lambda b, name: dense_b(np.asarray(b, np.float64), 2) if name in "kv" else np.asarray(b, np.float64)
+    pairs = {n: params["layers"]["attn"][n] for n in "qkvo"}
+    steps = {n: updates["layers"]["attn"][n] for n in "qkvo"}
+    for layer in (0, 1):
+        want = {"spectral_b": max(spectral(dense(p["b"][layer], n)) for n, p in pairs.items()),
+                "update_spectral_b": max(spectral(dense(u["b"][layer], n)) for n, u in steps.items()),
+                "stable_rank": min(np.linalg.norm(w := np.asarray(p["a"][layer], np.float64) @ dense(p["b"][layer], n))
+                                   ** 2 / spectral(w) ** 2 for n, p in pairs.items())}
+        for kind, value in want.items():
+            assert float(got["blocks"][f"{kind}/layer_{layer:02d}/attn"]) == pytest.approx(value, rel=1e-3), kind
+        # the stacked matrices' figures are not the block-diagonal B's
+        assert any(float(got["stacked"][f"{kind}/layer_{layer:02d}/attn"]) != pytest.approx(value, rel=1e-3)
+                   for kind, value in want.items())
+
+
 @pytest.mark.slow  # a training process; the health norms stay in the inner loop in-process above
 def test_training_on_a_tp_mesh_with_health_ends(tmp_path, tiny_overrides):
     """`train` of 4 layers under tp=4 with the health metrics (the factor spectra included, in the

@@ -106,7 +106,7 @@ def test_causal_blocks_are_attention_priced_as_one_causal_kernel(a100):
 
     from boost_jax.analysis.perf_model import attention_seconds
     from boost_jax.analysis.work import analyze
-    from boost_jax.layers.attention import causal_attention
+    from boost_jax.ops.attention import causal_attention
 
     q = jax.ShapeDtypeStruct((2, 256, 4, 16), jnp.float32)
     def whole(q, k, v):  # one masked S x S block, under the name scope the analysis reads
@@ -359,6 +359,19 @@ def test_the_shipped_page_is_rendered_from_the_shipped_measurements(tmp_path):
     report.main(["--rerender", str(docs / "results.json"), "--out", str(tmp_path)])
     assert (tmp_path / "results.md").read_text() == (docs / "results.md").read_text()
     assert sorted(p.name for p in (tmp_path / "img").iterdir()) == sorted(p.name for p in (docs / "img").iterdir())
+
+
+def test_the_results_page_template_is_all_rendered_and_has_no_holes():
+    """bench/results_page.md holds no part bench/report.py never renders; a table fills its own lines (an
+    empty one none), and a slot left unfilled or a part the template lacks is a KeyError, not a page with a hole."""
+    source = Path(report.__file__).read_text()
+    assert set(report.parts()) == set(re.findall(r'(?:render|phrase)\("(\w+)"', source))
+    lines = report.render("fit", hw="a100-80gb", table=["| a |", "|---|"])
+    assert lines[0] == "### Which reading fits the paper (a100-80gb, model / paper)" and lines[4:] == ["| a |", "|---|", ""]
+    assert report.render("fit", hw="a100-80gb", table=[]) == lines[:4] + [""]
+    for part, slots, missing in [("fit", {"table": []}, "hw"), ("fit", {"hw": "a100-80gb"}, "table"), ("nope", {}, "nope")]:
+        with pytest.raises(KeyError, match=missing):
+            report.render(part, **slots)
 
 
 def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch):

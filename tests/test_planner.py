@@ -119,7 +119,7 @@ def test_workers_plan_the_same_and_compile_only_what_is_sized():
     from boost_jax.bench.planner import paper_hardware
     from boost_jax.planner.layouts import Space
     from boost_jax.planner.price import DiskCache, Layers, program_key
-    from boost_jax.planner.search import plan
+    from boost_jax.planner.search import rank_layouts
     from boost_jax.planner.workers import Workers
 
     args = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=64", "train.batch_size=4"]
@@ -127,7 +127,7 @@ def test_workers_plan_the_same_and_compile_only_what_is_sized():
 
     def run(workers):
         cache = DiskCache(None)
-        cands = plan(args, gpus=4, hw=paper_hardware(), space=space, headroom=0.1, cache=cache, workers=workers)
+        cands = rank_layouts(args, gpus=4, hw=paper_hardware(), space=space, headroom=0.1, cache=cache, workers=workers)
         return cands, cache
 
     serial, cache = run(None)

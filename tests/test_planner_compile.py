@@ -71,11 +71,11 @@ def test_the_chosen_layout_is_priced_and_sized_as_its_default_compile(monkeypatc
     from boost_jax.config.hardware import one_machine
     from boost_jax.planner.layouts import Space
     from boost_jax.planner.price import DiskCache, step_seconds
-    from boost_jax.planner.search import plan
+    from boost_jax.planner.search import rank_layouts
 
     hw = one_machine(None, "a100-80gb")
     space = Space(schemes=("btp",), tp=(1, 2), pp=(1,), remat=("none",))
-    best = plan(TINY, gpus=4, hw=hw, space=space, headroom=0.1, cache=DiskCache(None))[0]
+    best = rank_layouts(TINY, gpus=4, hw=hw, space=space, headroom=0.1, cache=DiskCache(None))[0]
     _at(monkeypatch, DEFAULT)
     memory = breakdown(best.cfg, layer_bytes, compiler="gpu")
     assert memory == best.memory

@@ -13,10 +13,10 @@ from flax import nnx
 
 from boost_jax.config import ConfigError, ModelConfig, load_config
 from boost_jax.data.loader import segment_ids
-from boost_jax.layers.attention import Positions
 from boost_jax.layers.kv_cache import empty
 from boost_jax.model import Model
 from boost_jax.model.weights import abstract_model, place_params, relayout_layers
+from boost_jax.ops.attention import Positions
 from boost_jax.parallel import make_plan, single_device_plan
 
 EOS = 2

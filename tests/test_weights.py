@@ -14,7 +14,7 @@ import yaml
 from flax import nnx
 
 from boost_jax import api, eval as boost_eval, generate
-from boost_jax.model.checkpoint import Checkpointer
+from boost_jax.model.checkpoint import CheckpointStore
 from boost_jax.model.weights import param_shardings, restore_params
 from boost_jax.parallel import make_plan
 from boost_jax.runtime.errors import CheckpointError
@@ -40,7 +40,7 @@ def test_restoring_reads_the_parameters_alone_into_the_plans_shardings(run_dir, 
     plan = make_plan(cfg, jax.devices()[:2])
     params, step = restore_params(run_dir, cfg, plan)
     # The checkpoint holds the optimizer's moments (twice the parameters' bytes in AdamW) ...
-    ckpt = Checkpointer(run_dir / "checkpoints", 1, read_only=True)
+    ckpt = CheckpointStore(run_dir / "checkpoints", 1, read_only=True)
     saved = ckpt.manager.item_metadata(4)["state"].tree
     ckpt.close()
     assert step == 4 and jax.tree.leaves(saved["opt_state"])
@@ -66,7 +66,7 @@ def snapshot(path):
 
 def no_params_at_newest(run):
     """A newer checkpoint (step 6) whose state holds the step counter alone: no parameters."""
-    ckpt = Checkpointer(run / "checkpoints", 3)
+    ckpt = CheckpointStore(run / "checkpoints", 3)
     meta = ckpt.manager.restore(4, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     ckpt.save(6, {"step": jax.numpy.asarray(6, jax.numpy.int32)}, {**meta, "step": 6})
     ckpt.wait()

@@ -35,6 +35,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -342,6 +343,4 @@ def summarize(cols: list[Collective], *, in_loop: bool | None = None) -> dict:
 
 def audit(fn, *args, **kwargs) -> list[Collective]:
     """Collectives of `jax.jit(fn)` compiled for these arguments (arrays or ShapeDtypeStructs)."""
-    import jax
-
     return collectives(jax.jit(fn).lower(*args, **kwargs).compile().as_text())

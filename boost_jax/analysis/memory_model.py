@@ -24,9 +24,19 @@ Parts (docs/design.md, "Memory model"):
                     weights (picked by a traced index: under FSDP gathered by XLA:CPU, the device's
                     shard by XLA:GPU) and what is computed from them; one iteration's residuals are
                     copied once more beside the loop's stacks.
-  pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop (input, inbox and
-                    outbox, merged output, cotangents) as 3.5 x M full-width [rows, seq / cp, d] values:
-                    a fitted constant (the update's working set on XLA:GPU is the other)
+  pipeline_buffers  the M micro-batches' hidden states around the pipeline's loop: on XLA:CPU 3.5 x M
+                    full-width [rows, seq / cp, d] values, a fitted constant (input, inbox and outbox,
+                    merged output, cotangents); on XLA:GPU counted in its buffer report: 4 x M of the
+                    device's [rows, seq / cp, d / tp] (the backward loop's two cotangent carries, its
+                    body's updated copy of one, the merged output the head's weight gradient reads
+                    after the loop), and the loop's `jnp.where` predicates, which its backward stacks
+                    per iteration broadcast to that shape, one byte an element (3 a stage-iteration in
+                    parallel/pipeline.py: `valid` and the inbox's and outbox's puts; `stage == 0` is
+                    loop-invariant)
+  pipeline_backward on XLA:GPU, what a pipeline's backward holds beside its loop: the chunk's gradients
+                    ([Lc, ...] out of its layer scan, beside the loop's accumulator of the stage's)
+                    and the logits' cotangent at the compute dtype, which the head's weight gradient
+                    reads after the loop
   loss              the fp32 logits [rows, seq (or train.loss_chunk) / cp, V / (tp pp)] and their cotangent
                     (XLA:GPU writes one over the other: `COMPILERS`; rows:
                     one micro-batch's, or under a pipeline all M, which the head sees merged)
@@ -88,12 +98,18 @@ class CompilerMemory:
     # constant (docs/design.md section 15 says where); it sets the peak of a step whose activations
     # are small (full remat).
     update_temporaries: float
+    # A pipeline's loop: counted from the compiler's buffer report (XLA:GPU), or XLA:CPU's fitted
+    # 3.5 x M full-width values ("pipeline_buffers" in the module docstring)
+    counts_pipeline_loop: bool
 
 
 COMPILERS = {
-    "cpu": CompilerMemory(gathers_stack=True, loss_beside_grads=True, loss_buffers=2, update_temporaries=0.0),
-    "gpu": CompilerMemory(gathers_stack=False, loss_beside_grads=False, loss_buffers=1, update_temporaries=1.5),
+    "cpu": CompilerMemory(gathers_stack=True, loss_beside_grads=True, loss_buffers=2, update_temporaries=0.0,
+                          counts_pipeline_loop=False),
+    "gpu": CompilerMemory(gathers_stack=False, loss_beside_grads=False, loss_buffers=1, update_temporaries=1.5,
+                          counts_pipeline_loop=True),
 }
+PIPELINE_PREDICATES = 3  # the `jnp.where` masks per stage-iteration that parallel/pipeline.py's backward keeps
 
 
 def _shard_bytes(a: jax.ShapeDtypeStruct) -> int:
@@ -229,7 +245,7 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes,
     pipe = plan.pipeline
     layers_per_stage = m.n_layers // mesh["pp"]
     if pipe is None:  # the layer scan reads each layer's weights from the stack; its casts are kept per layer
-        activations, buffers = layers_per_stage * (one.activations + one.invariant), 0
+        activations = layers_per_stage * (one.activations + one.invariant)
     else:  # every iteration runs one chunk of layers_per_stage / R layers, and keeps its residuals
         chunk = layers_per_stage // pipe.repeats
         if pipe.repeats == 1:  # the chunk is the whole stage, the same every iteration: the loop's
@@ -243,29 +259,27 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes,
             activations = pipe.iterations * chunk * kept
         if chunk > 1:  # one iteration's [Lc, ...] residuals (with R > 1 its picked weights too), copied
             activations += chunk * kept  # between the loop's [T, ...] stacks and the chunk's layer scan
-        # The M micro-batches' hidden states around the loop (embedded input, inbox and outbox, the
-        # merged output the final norm reads, their cotangents): 3.5 x M full-width [rows, seq, d]
-        # values, a one-constant fit (bench/memory.py VALIDATION says where it was fitted).
-        buffers = int(3.5 * t.microbatches * rows * t.seq_len // cp * m.d_model * jnp.dtype(m.dtype).itemsize)
     # Gradient accumulation sums the micro-batches' gradients in fp32 beside each one's own.
     accum = elems * FP32 if (t.microbatches > 1 and pipe is None) else 0
     # The head and loss run once per micro-batch under accumulation, but once on all M merged
     # micro-batches after a pipeline (model/transformer.py); train.loss_chunk: one chunk's logits (and
     # cotangent) at a time; under context parallelism, the device's 1/cp of those positions.
     loss_rows = rows * (t.microbatches if pipe is not None else 1)
-    logits = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab") * FP32
+    logit_elems = loss_rows * (t.loss_chunk or t.seq_len) // cp * m.vocab_size // plan.size("act_vocab")
+    buffers, backward_extra = (0, 0) if pipe is None else \
+        _pipeline_loop_bytes(cfg, plan, xla, chunk * one.weights, pipe.iterations, rows, logit_elems)
     parts = {
         "params": pbytes, "grads": pbytes + accum, "optimizer": optimizer_bytes(cfg, plan),
         # Under FSDP, the rest of each tp shard, of the whole stack or of one layer (see COMPILERS).
         "fsdp_gathered": pbytes * (mesh["fsdp"] - 1) // (1 if xla.gathers_stack else m.n_layers),
         "tokens": 2 * t.batch_size // shards * t.seq_len * 4,  # inputs and targets, int32 (whole rows under cp)
-        "activations": activations, "pipeline_buffers": buffers,
-        "loss": xla.loss_buffers * logits,  # the softmax fuses into the loss
+        "activations": activations, "pipeline_buffers": buffers, "pipeline_backward": backward_extra,
+        "loss": xla.loss_buffers * logit_elems * FP32,  # the softmax fuses into the loss
         "transient": one.transient,
         "param_elems": elems,  # a count, not bytes: the optimizer's work per device
     }
     held = sum(parts[k] for k in ("params", "tokens", "activations", "pipeline_buffers"))
-    backward = held + parts["grads"] + parts["fsdp_gathered"] + parts["transient"]
+    backward = held + parts["grads"] + parts["fsdp_gathered"] + parts["transient"] + parts["pipeline_backward"]
     if xla.loss_beside_grads:  # the loss's working set is freed before the first layer's backward starts
         parts["step"] = backward - parts["transient"] + max(parts["loss"], parts["transient"])
     else:  # the layers' gradients are allocated after the loss's working set is freed
@@ -274,3 +288,18 @@ def breakdown(cfg: Config, layer: Callable[[Config], LayerBytes] = layer_bytes,
     update = parts["params"] + parts["grads"] + int(xla.update_temporaries * pbytes)
     parts["total"] = max(parts["step"], update) + parts["optimizer"]
     return parts
+
+
+def _pipeline_loop_bytes(cfg: Config, plan: Plan, xla: CompilerMemory, chunk_weights: int, iterations: int,
+                         rows: int, logit_elems: int) -> tuple[int, int]:
+    """A pipeline's bytes around its loop (module docstring): what the step holds from the forward
+    loop on ("pipeline_buffers") and what its backward holds on top ("pipeline_backward"). `rows`: of
+    one micro-batch per device; `chunk_weights`: a chunk's layers' weights on its tp devices."""
+    m, t, mesh = cfg.model, cfg.train, plan.mesh.shape
+    dtype = jnp.dtype(m.dtype).itemsize
+    if not xla.counts_pipeline_loop:  # XLA:CPU: a one-constant fit (bench/memory.py VALIDATION says where)
+        return int(3.5 * t.microbatches * rows * t.seq_len // mesh["cp"] * m.d_model * dtype), 0
+    hidden = rows * t.seq_len // mesh["cp"] * m.d_model // plan.size("act_embed")  # one micro-batch's, per device
+    predicates = PIPELINE_PREDICATES * iterations * hidden  # bool, one byte each
+    chunk_grads = chunk_weights // mesh["fsdp"]  # the device's FSDP shard (XLA:GPU gathers per layer)
+    return 4 * t.microbatches * hidden * dtype + predicates, chunk_grads + logit_elems * dtype

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from boost_jax.analysis.hlo import KINDS, arrays, attr, callees, loop_contexts, nbytes, op_name, parse_module, users
-from boost_jax.layers.attention import causal_blocks, query_rows
+from boost_jax.ops.attention import causal_blocks, query_rows
 
 # Instructions that move no data of their own (or whose cost is accounted elsewhere).
 # `copy` is a layout change or a copy XLA:CPU inserts around loop-carried scan stacks; a GPU's
@@ -41,8 +41,8 @@ _FREE = {"copy", "parameter", "constant", "get-tuple-element", "tuple", "bitcast
 _DTYPE_AND_FILL = {"convert", "bitcast", "broadcast", "constant", "reshape"}
 SLICES = ("dynamic-slice", "slice", "gather")  # ops that read only the part of an operand they return
 _COLLECTIVE_OPS = {f"{k}{s}" for k in KINDS for s in ("", "-start", "-done")}
-# In an op_name: attention's name scope (`jax.named_scope("attention")` in layers/attention.py and
-# parallel/context.py), under autodiff's jvp(...) and in names XLA merged (`a;b`); timeline.py reads it too.
+# In an op_name: attention's name scope (`jax.named_scope("attention")` in ops/attention.py and
+# ops/ring.py), under autodiff's jvp(...) and in names XLA merged (`a;b`); timeline.py reads it too.
 ATTENTION_SCOPE = re.compile(r"(?:^|[/(;])attention[/)]")
 _ATTENTION_LOOP = re.compile(r'op_name="[^"]*/attention/while"')  # its loop over query blocks
 # cuDNN's fused attention on GPUs (model.attention=cudnn): one custom call per pass, whose matmuls are
@@ -148,7 +148,7 @@ def operand_bytes(comp, ins, body, index: int, value_bytes: Callable) -> int | N
 
 
 def attention_blocks(seq: int, query_block: int, cp: int = 1, group: int = 1) -> dict[tuple[int, int], float]:
-    """The (rows, keys) of attention's score blocks as layers/attention.py runs them, each with the
+    """The (rows, keys) of attention's score blocks as ops/attention.py runs them, each with the
     share of its FLOPs a causal flash kernel does: a block of `query_rows` queries against every key
     (or round a ring, 1/cp of them) half; plain causal block i of `causal_blocks`, against the keys
     up to its end, all but its diagonal square's upper half. `group`: a device's query heads per kv

@@ -5,7 +5,9 @@ Every benchmark reads the train config (an optional YAML file, then `section.key
 """
 
 import sys
+from importlib import import_module
 
+from boost_jax.config import Config, ParallelConfig
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
 
 COMMANDS = ("comm", "step", "profile", "memory", "kernels", "decode", "quality", "paper", "planner", "report", "data",
@@ -28,19 +30,16 @@ def _main(args: list[str]) -> None:
         unknown = f"unknown command {args[0]!r}; " if args and not args[0].startswith("-") else ""
         sys.exit(f"{unknown}usage: python -m boost_jax.bench {{{','.join(COMMANDS)}}} --help\n{DEBUG_HELP}")
     cmd, argv = args[0], args[1:]
-    from boost_jax.config import Config, ParallelConfig
-    from boost_jax.launch.prepare import prepare_jax
+    from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
 
     if any(a.split("=")[0] == GPU_COMPILE for a in argv):  # a deviceless GPU compile: JAX on the CPU alone (launch/gpu_target.py)
-        from boost_jax.launch.gpu_target import use_cpu_backend
+        from boost_jax.launch.gpu_target import use_cpu_backend  # lazy: keeps --help free of JAX
 
         use_cpu_backend()
 
     # The defaults (compilation cache, a sweep's devices); a command reading a config then prepares
     # for it (bench/common.config_of), host memory included.
     prepare_jax(Config(parallel=ParallelConfig(cpu_reuse_memory=False)), devices=SWEEP_CPU_DEVICES.get(cmd, 0))
-    from importlib import import_module
-
     import_module(f"boost_jax.bench.{cmd}").main(argv)
 
 

@@ -13,6 +13,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import jax
+
 from boost_jax.bench.common import config_of, parse, parser, train_to_end
 from boost_jax.config import ConfigError
 
@@ -21,8 +23,6 @@ QUIET = ["log.progress=false", "log.tensorboard=false", "train.eval_every=0", "p
 
 
 def measure(args: list[str], steps: int, every: int, reps: int) -> dict:
-    import jax
-
     per_step: dict[str, list[float]] = {"async": [], "sync": []}
     with tempfile.TemporaryDirectory(prefix="boost_jax_bench_ckpt_") as tmp:
         for rep in range(reps):

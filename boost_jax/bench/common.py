@@ -14,7 +14,7 @@ import jax
 from boost_jax.config import Config, ConfigError, from_args
 from boost_jax.config.schemes import MESH_AXES
 from boost_jax.launch.prepare import prepare_jax
-from boost_jax.runtime.cli import CONFIG_HELP, DEBUG_FLAG, refuse_retired_flags
+from boost_jax.runtime.cli import DEBUG_FLAG, config_parser, refuse_retired_flags
 from boost_jax.runtime.errors import BoostJaxError
 
 
@@ -37,8 +37,7 @@ def child_failed(what: str, returncode: int, stderr: str) -> Exception:
 
 def parser(prog: str, doc: str, retired_kept: Sequence[str] = ()) -> argparse.ArgumentParser:
     """An argument parser whose positional arguments are the config; `--json` prints JSON."""
-    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]", help=CONFIG_HELP)
+    p = config_parser(prog, doc)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(retired_kept=tuple(retired_kept))
     return p
@@ -83,7 +82,7 @@ def config_of(args: Sequence[str], *more: str, decoding: bool = False) -> Config
 def train_to_end(cfg: Config, devices: Sequence[jax.Device] | None = None) -> dict:
     """`training.run.train` for a benchmark of several runs: a run that SIGTERM or SIGINT stopped (its
     step saved) stops the benchmark too, instead of the next run starting."""
-    from boost_jax.training.run import train  # the loop's modules (Orbax, the loader) load for a benchmark that trains
+    from boost_jax.training.run import train  # optional: grain (the loop's loader); bench step imports without it
 
     summary = train(cfg, None if devices is None else list(devices))
     if summary.get("stopped_by"):

@@ -145,7 +145,7 @@ def hf_generate(cfg: Config, batches: list[int], prompt_len: int, new_tokens: in
     """Hugging Face `generate` (greedy, its KV cache) on the same dense LLaMA, exported by boost_jax;
     per batch also a decode step's matmuls alone, one after another, in PyTorch and in XLA: how much
     of the difference is the two GEMM libraries' at a step's few rows."""
-    import torch
+    import torch  # optional: torch
 
     hf_model = hf.load_llama(cfg).eval()
     weights = hf.step_weights(hf_model)

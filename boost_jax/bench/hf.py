@@ -53,8 +53,8 @@ def load_llama(cfg: Config):
     """cfg's model at its seed's initial weights (those `weights.init_params` makes), as a
     `transformers.LlamaForCausalLM` in fp32 on the CPU, with torch using every core here."""
     check_llama(cfg)
-    import torch
-    from transformers import LlamaForCausalLM
+    import torch  # optional: torch
+    from transformers import LlamaForCausalLM  # optional: transformers
 
     torch.set_num_threads(jax.local_device_count() if jax.devices()[0].platform != "cpu" else cores())
     model = Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
@@ -78,7 +78,7 @@ def step_weights(hf_model) -> list[np.ndarray]:
 def gemm_chain_seconds(weights: list[np.ndarray], batch: int, reps: int) -> float:
     """Seconds PyTorch takes for `weights`' matmuls of `batch` rows one after another (each waits for
     the last, as a step's do), as torch's Linear runs them: the median of `reps`."""
-    import torch
+    import torch  # optional: torch
 
     chain = [torch.from_numpy(w) for w in weights]
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1], generator=torch.Generator().manual_seed(0)) for w in weights}
@@ -100,8 +100,8 @@ def cores() -> int:
 
 
 def versions() -> dict:
-    import torch
-    import transformers
+    import torch  # optional: torch
+    import transformers  # optional: transformers
 
     return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads()}
 
@@ -115,7 +115,7 @@ class TrainStep:
 
     def __init__(self, cfg: Config, inputs: np.ndarray, targets: np.ndarray):
         check_train(cfg)
-        import torch
+        import torch  # optional: torch
 
         t, m = cfg.train, cfg.model
         self.torch, self.cfg, self.mesh_shape = torch, cfg, {}

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import jax
+from flax import nnx
 
 from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.program import build, config_for, optimizer_state, peak_bytes
@@ -42,6 +43,10 @@ from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
 from boost_jax.config import Config, ConfigError
 from boost_jax.layers.kv_cache import CACHES
+from boost_jax.model.decode import Decoder
+from boost_jax.model.weights import abstract_model
+from boost_jax.parallel import make_plan
+from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.units import GIB, MIB
 from boost_jax.training.optimizers import make_optimizer
 from boost_jax.training.step import accumulated_grad
@@ -229,13 +234,6 @@ def title(cfg: Config) -> str:
 def inference(cfg: Config, cache: str) -> dict:
     """Per-device bytes of the weights and cache of a generation at cfg's batch and context, and of
     its prefill and decode programs (compiled on abstract inputs: nothing allocated)."""
-    from flax import nnx
-
-    from boost_jax.model.decode import Decoder
-    from boost_jax.model.weights import abstract_model
-    from boost_jax.parallel import make_plan
-    from boost_jax.parallel.mesh import mesh_devices
-
     graphdef, abstract = abstract_model(cfg)
     decoder = Decoder(nnx.merge(graphdef, abstract), make_plan(cfg, mesh_devices(cfg.parallel)), cache=cache)
     t = cfg.train

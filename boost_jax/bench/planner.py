@@ -20,9 +20,18 @@ import json
 import sys
 import time
 
+import jax
+
+from boost_jax.analysis.compiled import compile_all
 from boost_jax.bench.common import parse, parser
-from boost_jax.bench.paper import PAPER, row_config
+from boost_jax.bench.paper import PAPER, gpu_topology, row_config
 from boost_jax.config.hardware import HARDWARE_FILE, Hardware, one_machine
+from boost_jax.launch.gpu_target import gpu_devices, target_config
+from boost_jax.planner.layouts import Space
+from boost_jax.planner.price import DiskCache
+from boost_jax.planner.search import rank_layouts
+from boost_jax.planner.workers import Workers, default_workers
+from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.cli import int_list
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.units import GIB
@@ -57,10 +66,6 @@ def gpu_check(cfg, hw: Hardware, gpus: int) -> dict:
     """A layout's train step compiled by XLA:GPU for its `gpus` GPUs of `hw` (deviceless:
     launch/gpu_target.py): its peak per GPU from the real compiler, whether that fits the GPU, and the
     memory model's total (its layer term measured by the same compiler) beside it."""
-    from boost_jax.analysis.compiled import compile_all
-    from boost_jax.bench.paper import gpu_topology
-    from boost_jax.launch.gpu_target import gpu_devices
-
     t0 = time.perf_counter()
     _, (report,), _ = compile_all(cfg, gpu_devices(hw, *gpu_topology(gpus, hw)), only=("train_step",))
     peak = report["memory"]["peak"]
@@ -74,14 +79,11 @@ def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tu
             gpu_compile: Hardware | None = None) -> dict:
     """The planner's choice and the paper's layout for one row of the paper's table; with `gpu_compile`,
     each compiled by XLA:GPU for that GPU (`gpu_check`)."""
-    from boost_jax.planner.layouts import Space
-    from boost_jax.planner.search import plan
-
     setting = PAPER[model]
     gpus = setting["tp"] * setting["pp"]
     t0 = time.perf_counter()
     base = row_overrides(model, overrides)
-    cands = plan(base, gpus=gpus, hw=hw,
+    cands = rank_layouts(base, gpus=gpus, hw=hw,
                  space=Space(schemes=schemes, pp_repeats=pp_repeats), headroom=headroom, cache=cache, log=log,
                  must_price=lambda layout: is_paper_layout(layout, model), max_priced=max_priced, workers=workers)
     priced = [c for c in cands if c.step]
@@ -112,12 +114,6 @@ def compare(model: str, hw: Hardware, *, overrides: tuple[str, ...], schemes: tu
 def run(models: list[str], hw: Hardware, *, overrides: tuple[str, ...] = (), schemes: tuple[str, ...] = (SCHEME,),
         pp_repeats: tuple[int, ...] = (1, 2), headroom: float = 0.0, max_priced: int | None = MAX_PRICED,
         log=print, gpu_compile: Hardware | None = None) -> dict:
-    import jax
-
-    from boost_jax.planner.price import DiskCache
-    from boost_jax.planner.workers import Workers, default_workers
-    from boost_jax.runtime.cache import cache_root
-
     first = row_config(models[0], f"{ARCH}/{SCHEME}", overrides)
     cache = DiskCache(cache_root(first.data.cache_dir) / "plan")
     cold = not any(cache.root.glob("*.json"))  # the rows' wall times then include every compile
@@ -206,8 +202,6 @@ def main(argv: list[str]) -> None:
     hw = one_machine(a.hardware_file, a.hardware)
     gpu = one_machine(a.hardware_file, a.gpu_compile) if a.gpu_compile else None
     if gpu is not None:
-        from boost_jax.launch.gpu_target import target_config
-
         target_config(gpu)  # a machine without a compile target, or a missing extra, before any work
     log = lambda s: print(s, file=sys.stderr, flush=True)
     result = run(models, hw, overrides=tuple(a.config), schemes=tuple(a.schemes.split(",")),

@@ -21,16 +21,23 @@ cola with each number of k/v latent heads at equal tokens, the protocol's learni
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from typing import get_args
+
+import jax
 
 from boost_jax.bench.common import parse, parser, train_to_end
-from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.config import Config, ConfigError, OptimizerName, from_args
+from boost_jax.data.build import build_data
 from boost_jax.model.counts import count
+from boost_jax.training.evaluate import evaluate
+from boost_jax.training.importer import convert
 
-ARCHS = ("dense", "svd", "cola", "lax")
+TRAINED_ARCHS = ("dense", "svd", "cola", "lax")  # from scratch at equal tokens (config.archs.ARCHS: every arch)
 MATCHED = ("svd", "cola")  # trained again at dense's FLOPs
 # What the quality runs share unless the config says otherwise: the quickstart's model and corpus at
 # sequence 256, evaluated on 8 validation batches ~10 times per run.
@@ -51,15 +58,11 @@ def curve(run_dir: Path, flops_per_token: float, tokens_per_step: int) -> list[d
 
 
 def final_eval(run_dir: Path, max_tokens: int) -> dict:
-    from boost_jax.training.evaluate import evaluate
-
     r = evaluate(run_dir, max_tokens=max_tokens)
     return {k: r[k] for k in ("step", "loss", "perplexity", "bits_per_byte", "tokens")}
 
 
 def train_run(args: list[str], arch: str, steps: int, run_dir: Path, max_tokens: int, log) -> dict:
-    import jax
-
     cfg = from_args(run_args(args, arch, steps, run_dir))
     t0 = time.perf_counter()
     summary = train_to_end(cfg, jax.devices()[:1])
@@ -77,13 +80,6 @@ def train_run(args: list[str], arch: str, steps: int, run_dir: Path, max_tokens:
 
 def recover(args: list[str], dense: dict, method: str, steps: int, work: Path, max_tokens: int, log) -> dict:
     """The trained dense model factored to svd at rank d/4 by `method`, evaluated, trained on `steps`."""
-    import argparse
-
-    import jax
-
-    from boost_jax.data.build import build_data
-    from boost_jax.training.importer import convert
-
     run_dir = work / f"dense-to-svd-{method}"
     base = from_args(run_args(args, "dense", dense["steps"], Path(dense["run_dir"])))
     rank = base.model.d_model // 4
@@ -189,9 +185,9 @@ def measure(args: list[str], tokens: int, recover_steps: int, work: Path, max_to
     base = from_args([*PROTOCOL, *args, "parallel.dp=1"])
     steps, per_step = steps_for(base, tokens)
     flops = {arch: count(from_args([*PROTOCOL, *args, f"model.arch={arch}"]).model, base.train.seq_len).train_flops_per_token
-             for arch in ARCHS}
+             for arch in TRAINED_ARCHS}
     runs = []
-    for arch in ARCHS:
+    for arch in TRAINED_ARCHS:
         log(f"{arch}: {steps} steps of {per_step} tokens")
         runs.append({**train_run(args, arch, steps, work / arch, max_tokens, log), "budget": "tokens"})
     for arch in MATCHED:
@@ -247,10 +243,6 @@ def main(argv: list[str]) -> None:
 
 def vary_optimizers(vary: str, lrs: str, config: list[str]) -> tuple[list[str], list[float]]:
     """The optimizers of `--vary train.optimizer=...` and the --lrs grid, each checked by name."""
-    from typing import get_args
-
-    from boost_jax.config import OptimizerName
-
     key, _, values = vary.partition("=")
     if key != "train.optimizer" or not values:
         raise ConfigError(f"--vary {vary!r}: bench quality varies train.optimizer=A,B,... only")

@@ -4,30 +4,43 @@ It runs `bench paper` (abstract compiles of the paper's settings + the performan
 `bench step --compare` on a 4-way TP simulated mesh (dense/megatron, cola/vanilla, cola/btp
 interleaved over several repetitions), and the single-device training throughput against the
 matmul peak measured in the same run; then writes the page and the PNGs. Every number on the page
-comes from this run (or from `--paper-json`, a saved `bench paper --json`).
+comes from this run (or from `--paper-json`, a saved `bench paper --json`). The page's text is the
+template results_page.md beside this file; the code here computes the numbers and tables it holds.
+Section 9 (latent heads) draws saved `bench decode`, `bench comm` and `bench quality` outputs given by
+`--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
+with `--rerender` they are added to the saved results, and results.json is written with them.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from string import Template
 
+import flax
 import jax
+import jaxlib
+import numpy as np
+import optax
 
-from boost_jax.bench import paper, planner, study_section
+from boost_jax.bench import decode, latent_section, paper, planner, quality, startup, study_section
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.profile import profile
 from boost_jax.bench.step import Runner, compare_configs, measure_with_peak, time_runners
 from boost_jax.config import ConfigError
+from boost_jax.config.presets import PRESETS
 from boost_jax.launch.peaks import PEAK_BF16_FLOPS
 from boost_jax.model.counts import count
+from boost_jax.runtime.paths import check_writable_dir
 from boost_jax.runtime.units import GIB, MIB
 
 A100_PEAK = PEAK_BF16_FLOPS["A100"]
@@ -89,10 +102,6 @@ def machine() -> dict:
                                 cwd=Path(__file__).parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    import flax
-    import jaxlib
-    import optax
-
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version(),
             "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "backend": jax.default_backend(), "devices": jax.device_count(), "commit": commit,
@@ -103,20 +112,42 @@ def machine() -> dict:
 
 
 def plot(result: dict, out: Path) -> list[str]:
-    import matplotlib
+    """Every figure `result` holds the data for, drawn into `out`: their file names, in FIGURES' order."""
+    files = []
+    for name, draw in FIGURES:
+        if (fig := draw(result)) is not None:
+            files.append(_save(fig, out / name))
+    return files
+
+
+def pyplot():
+    """matplotlib.pyplot drawing into files (the Agg backend), whatever display the host has."""
+    import matplotlib  # optional: matplotlib is a dev extra, needed by `bench report` alone
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # optional: as above, and only after the backend is chosen
 
-    pr = result["paper"]
+    return plt
+
+
+def _save(fig, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path.name
+
+
+def _paper_rows(pr: dict):
+    """The paper's models in order, the protocol the plots read (the first), and its row finder."""
+    protocol = pr["settings"]["protocols"][0]
+    return list(dict.fromkeys(r["model"] for r in pr["rows"])), protocol, lambda m, v: paper.find_row(pr, m, v, protocol)
+
+
+def paper_vs_model(result: dict):
+    """Seconds per iteration: the model on each GPU beside the paper (A100)."""
+    pr, plt = result["paper"], pyplot()
     hw_names = list(pr["hardware"])
-    models = list(dict.fromkeys(r["model"] for r in pr["rows"]))
-    protocol = pr["settings"]["protocols"][0]  # the plots show the first protocol's reading
-    row = lambda m, v: paper.find_row(pr, m, v, protocol)
-    files = []
-
-    # 1. seconds per iteration: the model on each GPU beside the paper (A100).
+    models, protocol, row = _paper_rows(pr)
     fig, axes = plt.subplots(1, len(TRIO), figsize=(5 * len(TRIO), 4), sharey=True)
     x = np.arange(len(models))
     for ax, v in zip(np.atleast_1d(axes), TRIO):
@@ -131,10 +162,14 @@ def plot(result: dict, out: Path) -> list[str]:
     np.atleast_1d(axes)[0].set_ylabel(f"seconds ({protocol} protocol)")
     np.atleast_1d(axes)[0].legend(fontsize=8)
     fig.tight_layout()
-    files.append(_save(fig, out / "paper_vs_model.png"))
+    return fig
 
-    # 2. communication per decoder layer (fwd + bwd), measured on the compiled HLO.
-    fig, ax = plt.subplots(figsize=(7, 4))
+
+def layer_comm(result: dict):
+    """Communication per decoder layer (fwd + bwd), measured on the compiled HLO."""
+    models, protocol, row = _paper_rows(result["paper"])
+    fig, ax = pyplot().subplots(figsize=(7, 4))
+    x = np.arange(len(models))
     for i, v in enumerate(TRIO):
         rows = [row(m, v) for m in models]
         ax.bar(x + (i - 1) * 0.27, [(r["layer_forward_bytes"] + r["layer_backward_bytes"]) / GIB for r in rows], 0.27, label=LABELS[v])
@@ -143,30 +178,38 @@ def plot(result: dict, out: Path) -> list[str]:
     ax.set_title(f"Collectives per decoder layer, compiled HLO ({protocol} protocol)")
     ax.legend()
     fig.tight_layout()
-    files.append(_save(fig, out / "layer_comm.png"))
+    return fig
 
-    # 3. where llama-7b's time goes on the first GPU of the hardware file (the paper's A100).
+
+def breakdown_7b(result: dict):
+    """Where llama-7b's time goes on the first GPU of the hardware file (the paper's A100); None
+    without a llama-7b row."""
+    pr = result["paper"]
+    _, protocol, _ = _paper_rows(pr)
     seven = [r for r in pr["rows"] if r["model"] == "llama-7b" and r["protocol"] == protocol]
-    if seven:
-        hw = hw_names[0]
-        parts = list(seven[0]["predicted"][hw]["parts"])
-        fig, ax = plt.subplots(figsize=(9.5, 4))
-        bottom = np.zeros(len(seven))
-        for part in parts:
-            vals = np.array([r["predicted"][hw]["parts"][part] for r in seven])
-            ax.bar(range(len(seven)), vals, bottom=bottom, label=part)
-            bottom += vals
-        ax.plot(range(len(seven)), [r["paper_seconds"] or np.nan for r in seven], "ko", ms=8, label="paper")
-        ax.set_xticks(range(len(seven)), [r["variant"] for r in seven], rotation=20)
-        ax.set_ylabel("seconds per iteration")
-        ax.set_title(f"llama-7b, TP=4, {hw}: predicted time by part")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        fig.tight_layout()
-        files.append(_save(fig, out / "breakdown_7b.png"))
+    if not seven:
+        return None
+    hw = next(iter(pr["hardware"]))
+    fig, ax = pyplot().subplots(figsize=(9.5, 4))
+    bottom = np.zeros(len(seven))
+    for part in seven[0]["predicted"][hw]["parts"]:
+        vals = np.array([r["predicted"][hw]["parts"][part] for r in seven])
+        ax.bar(range(len(seven)), vals, bottom=bottom, label=part)
+        bottom += vals
+    ax.plot(range(len(seven)), [r["paper_seconds"] or np.nan for r in seven], "ko", ms=8, label="paper")
+    ax.set_xticks(range(len(seven)), [r["variant"] for r in seven], rotation=20)
+    ax.set_ylabel("seconds per iteration")
+    ax.set_title(f"llama-7b, TP=4, {hw}: predicted time by part")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
 
-    # 4. measured on this machine.
+
+def cpu_measured(result: dict):
+    """Measured on this machine: the TP=4 step compare with its repetitions, and one device's
+    training FLOP/s over the matmul peak."""
     sc, sd = result["step_compare"], result["single_device"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(10, 4))
     med = [1e3 * sc["rows"][v]["median_step_s"] for v in TRIO]
     a1.bar([LABELS[v] for v in TRIO], med, color=["C0", "C1", "C2"])
     for v, i in zip(TRIO, range(3)):
@@ -179,504 +222,153 @@ def plot(result: dict, out: Path) -> list[str]:
     a2.set_ylabel("% of measured fp32 matmul peak")
     a2.set_title("one device: model FLOP/s / matmul peak")
     fig.tight_layout()
-    files.append(_save(fig, out / "cpu_measured.png"))
-
-    # 5. decoding on this machine: tokens/s per batch size beside the memory-bound ceiling.
-    if "decode" in result:
-        runs = result["decode"]["runs"]
-        fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), sharey=True)
-        for ax, run in zip(np.atleast_1d(axes), runs):
-            for cache in dict.fromkeys(r["cache"] for r in run["rows"]):
-                rows = [r for r in run["rows"] if r["cache"] == cache]
-                batches = [r["batch"] for r in rows]
-                line, = ax.plot(batches, [r["decode_tokens_per_s"] for r in rows], "o-", label=f"{cache} cache")
-                ax.plot(batches, [r["batch"] / r["floor_s"] for r in rows], "--", color=line.get_color(),
-                        label=f"{cache}: memory-bound ceiling")
-            if hf := run.get("hf"):
-                ax.plot([r["batch"] for r in hf["rows"]], [r["end_to_end_tokens_per_s"] for r in hf["rows"]], "ks",
-                        label="Hugging Face generate (end to end)")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("batch (rows decoded together)")
-            ax.set_title(f"{run['model']} {run['arch']} {run['dtype']}")
-        np.atleast_1d(axes)[0].set_ylabel("new tokens per second")
-        np.atleast_1d(axes)[0].legend(fontsize=8)
-        fig.tight_layout()
-        files.append(_save(fig, out / "decode.png"))
-
-    # 6. the quality runs: validation loss against tokens and against training FLOPs.
-    if "quality" in result:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for run in result["quality"]["runs"]:
-            style = "-" if run["budget"] == "tokens" else "--"
-            label = f"{run['arch']}" + (" (dense's FLOPs)" if run["budget"] == "flops" else "")
-            line, = a1.plot([c["tokens"] for c in run["curve"]], [c["eval_loss"] for c in run["curve"]], style, label=label)
-            a2.plot([c["flops"] for c in run["curve"]], [c["eval_loss"] for c in run["curve"]], style, color=line.get_color())
-        a1.set_xlabel("training tokens")
-        a2.set_xlabel("training FLOPs")
-        a1.set_ylabel("validation loss")
-        a1.legend(fontsize=8)
-        a1.set_title(f"{result['quality']['model']}: loss against tokens")
-        a2.set_title("and against compute")
-        fig.tight_layout()
-        files.append(_save(fig, out / "quality.png"))
-    if "study" in result:
-        files.append(_save(study_section.plot(result["study"]), out / study_section.IMAGE))
-    return files
+    return fig
 
 
-def _save(fig, path: Path) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
+def decode_figure(result: dict):
+    """Decoding on this machine: tokens/s per batch size beside the memory-bound ceiling; None
+    without a decode section."""
+    if "decode" not in result:
+        return None
+    runs = result["decode"]["runs"]
+    fig, axes = pyplot().subplots(1, len(runs), figsize=(5 * len(runs), 4), sharey=True)
+    for ax, run in zip(np.atleast_1d(axes), runs):
+        for cache in dict.fromkeys(r["cache"] for r in run["rows"]):
+            rows = [r for r in run["rows"] if r["cache"] == cache]
+            batches = [r["batch"] for r in rows]
+            line, = ax.plot(batches, [r["decode_tokens_per_s"] for r in rows], "o-", label=f"{cache} cache")
+            ax.plot(batches, [r["batch"] / r["floor_s"] for r in rows], "--", color=line.get_color(),
+                    label=f"{cache}: memory-bound ceiling")
+        if hf := run.get("hf"):
+            ax.plot([r["batch"] for r in hf["rows"]], [r["end_to_end_tokens_per_s"] for r in hf["rows"]], "ks",
+                    label="Hugging Face generate (end to end)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch (rows decoded together)")
+        ax.set_title(f"{run['model']} {run['arch']} {run['dtype']}")
+    np.atleast_1d(axes)[0].set_ylabel("new tokens per second")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
-    plt.close(fig)
-    return path.name
+
+def quality_figure(result: dict):
+    """The quality runs: validation loss against tokens and against training FLOPs; None without them."""
+    if "quality" not in result:
+        return None
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(11, 4), sharey=True)
+    for run in result["quality"]["runs"]:
+        style = "-" if run["budget"] == "tokens" else "--"
+        label = f"{run['arch']}" + (" (dense's FLOPs)" if run["budget"] == "flops" else "")
+        line, = a1.plot([c["tokens"] for c in run["curve"]], [c["eval_loss"] for c in run["curve"]], style, label=label)
+        a2.plot([c["flops"] for c in run["curve"]], [c["eval_loss"] for c in run["curve"]], style, color=line.get_color())
+    a1.set_xlabel("training tokens")
+    a2.set_xlabel("training FLOPs")
+    a1.set_ylabel("validation loss")
+    a1.legend(fontsize=8)
+    a1.set_title(f"{result['quality']['model']}: loss against tokens")
+    a2.set_title("and against compute")
+    fig.tight_layout()
+    return fig
+
+
+def study_figure(result: dict):
+    """The saved study's loss against compute (bench/study_section.py); None without one."""
+    return study_section.plot(result["study"]) if "study" in result else None
+
+
+# The page's figures in its order: (file name, drawing of a results.json or None where it lacks the data).
+FIGURES = (("paper_vs_model.png", paper_vs_model), ("layer_comm.png", layer_comm), ("breakdown_7b.png", breakdown_7b),
+           ("cpu_measured.png", cpu_measured), ("decode.png", decode_figure), ("quality.png", quality_figure),
+           (study_section.IMAGE, study_figure))
 
 
 # ----------------------------------------------------------------------------- page
 
+TEMPLATE = Path(__file__).with_name("results_page.md")
+_PART = re.compile(r"^<!-- part: (\w+) -->\n", re.MULTILINE)
+_WHOLE_LINE_SLOT = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+@functools.cache
+def parts() -> dict[str, list[str]]:
+    """TEMPLATE's parts by name, each the lines from its `part:` comment to the next one."""
+    pieces = _PART.split(TEMPLATE.read_text())[1:]  # what precedes the first part is the template's own comment
+    return {name: text.removesuffix("\n").split("\n") for name, text in zip(pieces[::2], pieces[1::2])}
+
+
+def render(part: str, **slots) -> list[str]:
+    """The lines of TEMPLATE's `part`, its slots filled: a slot alone on its line takes a list of lines
+    (an empty one removes the line) or a string, any other slot a string or a number. An unknown part,
+    or a slot of the part left unfilled, raises KeyError."""
+    lines = []
+    for line in parts()[part]:
+        if whole := _WHOLE_LINE_SLOT.fullmatch(line):
+            value = slots[whole[1] or whole[2]]
+            lines += [value] if isinstance(value, str) else value
+        else:
+            lines.append(Template(line).substitute(slots))
+    return lines
+
+
+def phrase(part: str, **slots) -> str:
+    """A one-line part, filled, for a slot of another part."""
+    (line,) = render(part, **slots)
+    return line
+
 
 def page(result: dict, images: list[str], img_dir: str) -> str:
-    pr, mc = result["paper"], result["machine"]
-    hw_names = list(pr["hardware"])
-    s = pr["settings"]
-    L = [
-        "# Results",
-        "",
-        f"Generated by `python -m boost_jax.bench report` on {mc['date']} (commit `{mc['commit']}`). "
-        "Every number below comes from that one run; nothing is typed in by hand except the paper's own figures (docs/design.md section 7), "
-        "which are marked as such.",
-        "",
-        # Sections measured again later by their own bench command and saved into results.json (say which, when, why).
-        *(f"- {note}" for note in result.get("notes", ())),
-        *([""] if result.get("notes") else []),
-        "## Machine and versions",
-        "",
-        f"- CPU: {mc['cpu']}, {mc['cores']} cores, "
-        + (f"{mc['memory_bytes'] / GIB:.0f} GiB memory" if mc["memory_bytes"] else "memory unknown")
-        + f"; JAX backend `{mc['backend']}` with {mc['devices']} (simulated) devices. No GPU was used.",
-        f"- Python {mc['python']}, jax {mc['jax']}, jaxlib {mc['jaxlib']}, flax {mc['flax']}, optax {mc['optax']}.",
-        "",
-        "Commands (the report runs the equivalent of each):",
-        "",
-        "```",
-        *result["commands"],
-        "```",
-        "",
-        "## 1. The paper's benchmark, compiled here",
-        "",
-        f"Settings: {s['dtype']}, sequence {s['seq']}, micro-batch {s['batch']}, the paper's (TP, PP) per model; "
-        "every variant is an abstract compile of the full train step (forward + backward) on TP x PP simulated devices, "
-        "per device, with M micro-batches per iteration (M = PP unless `--microbatches` says otherwise): the 13B and 30B "
-        "rows are the real pipelined program (`parallel/pipeline.py`), bubbles and stage-to-stage permutes included. "
-        "Nothing is allocated.",
-        "",
-        *paper.measured_table(pr),
-    ]
-    L += [
-        "",
-        "How to read it:",
-        "",
-        "- **Communication** is every collective inside the scanned decoder layer of the compiled HLO (`analysis/hlo.py`), "
-        "bf16 payload per device; backward = gradient program minus forward. The op count is after XLA combines independent "
-        "all-reduces (vanilla issues 7 per layer forward, XLA merges them into 4 with the same bytes).",
-        "- **GEMM FLOPs** are the compiled `dot`s with their loop trip counts (`analysis/work.py`), next to "
-        "6 x matmul parameters x tokens / TP (`model/counts.py`). **Attention** FLOPs in the HLO are the full S x S score and value "
-        "matmuls including the backward's recompute of the scores (7 matmuls, as FlashAttention-2 does), against the analytic "
-        "causal count (3 x 2 matmuls x half the square). Vanilla TP runs attention replicated on every rank: its HLO attention "
-        "FLOPs are TP times those of the other schemes.",
-        "- **XLA's `cost_analysis()`** counts a while-loop body once, so on a scanned stack it reports one layer plus the edge; "
-        "it is shown raw for transparency and not used.",
-        "- **Memory**, two figures. The CPU compile's: `compiled.memory_analysis()` of the train step (arguments + outputs + "
-        "temporaries) plus the AdamW moments; the CPU backend keeps fp32 copies of bf16 elementwise work a GPU does not, so "
-        "it overstates a GPU's peak. The memory model's (`analysis/memory_model.py`, validated within 10% of fp32 CPU "
-        "compiles): weights, gradients and AdamW moments by their sharding, each layer's saved activations at 2 bytes, "
-        "pipeline buffers, the loss and the largest transient; this is the figure to hold against an 80 GB GPU. The paper's "
-        "numbers need no activation checkpointing to be compared, so `train.remat=none` here; `bench memory` compares remat "
-        "modes and section 3 lets the planner choose.",
-        "",
-        "## 2. Performance model beside the paper",
-        "",
-        "`boost_jax/analysis/perf_model.py` turns the measured GEMM shapes, memory traffic and collectives into seconds on a GPU: "
-        "roofline GEMMs with wave quantization, causal flash attention at a stated efficiency, memory-bound traffic at HBM speed, "
-        "ring collectives at NCCL bus bandwidth plus a per-op latency over the links their group has (inside a node "
-        "without an NVSwitch, as Perlmutter's A100s are wired, a group of g GPUs has only its g - 1 peer links: a TP=2 "
-        "pair a third of a TP=4 group's bandwidth; a group with members on two nodes, the network), "
-        "no compute/communication overlap unless stated (the "
-        "overlap reading hides each layer's backward TP all-reduces behind its weight-gradient GEMMs, as Nanotron does), "
-        "AdamW as HBM traffic, "
-        "and pipelines priced as compiled (their M + PP - 1 iterations, bubbles computed like any other, and the "
-        "collective-permutes between stages over NVLink or, where a pair spans nodes, the network). Constants are datasheet values and stated "
-        "efficiencies in `boost_jax/configs/hardware.yaml`; **none was fitted to the paper**:",
-        "",
-        "| constant | " + " | ".join(hw_names) + " |",
-        "|---|" + "---|" * len(hw_names),
-        *(f"| {k} | " + " | ".join(_fmt(pr["hardware"][h][k]) for h in hw_names) + " |"
-          for k in pr["hardware"][hw_names[0]] if k not in ("name", "description", "compile_target")),
-        "",
-    ]
-    protocols = pr["settings"]["protocols"]
-    theirs = ", ".join(f"{m.removeprefix('llama-').upper()} {a.rows} x {a.accumulation}" for m, a in paper.AUTHORS.items())
-    L += ["Two readings of the paper's seconds per iteration, each a protocol of `bench paper --protocol`: **micro**, ours "
-          "(micro-batch 4 x 4096, M = PP micro-batches per iteration, compared per micro-batch: the iteration over M), and "
-          "**authors**, the authors' own (Arcana-2236/BOOST's configs, timed by their `run_iter_compare.sh`: micro-batch "
-          f"x accumulation {theirs} "
-          "(3B, 13B and 30B, without a config of theirs, as 7B), tied embeddings, BTP's norm as their config's, and the whole "
-          "iteration: every micro-batch's forward and backward, then one optimizer step); docs/design.md's preset table sets "
-          "them beside ours. Each is priced without and with overlap.", ""]
-    for hw in hw_names:
-        L += [f"### {hw}: {pr['hardware'][hw]['description']}", ""]
-        for protocol in protocols:
-            L += [f"{paper.PROTOCOL_TITLES[protocol].capitalize()}:", "", *paper.prediction_table(pr, hw, protocol), ""]
-        L += ["The paper measured A100s only: on H100/H200 the paper column is the same A100 figure, for scale.", ""]
-    L += [f"### Which reading fits the paper ({hw_names[0]}, model / paper)", "",
-          "Each paper row under each protocol, without and with overlap; the last column names the reading closest to "
-          "the paper's figure (in ratio, either way).", "", *paper.fit_table(pr, hw_names[0]), ""]
-    if pipe := paper.pipeline_table(pr, hw_names[0]):
-        L += [f"### The pipelined rows as compiled ({hw_names[0]})", "",
-              "Iterations M + PP - 1 and the bubble (PP - 1) / (M + PP - 1) are the compiled schedule's; p2p is the "
-              "collective-permute payload per device per iteration read from the HLO, next to the carry's analytic size "
-              "(one micro-batch's residual [b, s, d] split as the plan lays it out: over TP under BTP), and its predicted "
-              "seconds per iteration in all.", "", *pipe, ""]
-    if breakdown := paper.breakdown_table(pr, hw_names[0]):
-        L += [f"### Where llama-7b's time goes ({hw_names[0]}, seconds per iteration)", "", *breakdown, "",
-              f"Per-layer forward communication time of llama-7b, TP=4 ({hw_names[0]}): the model applied to the measured "
-              "bytes, against the paper's measured all-reduce time (docs/design.md section 3):", "",
-              *paper.layer_comm_table(pr, hw_names[0]), ""]
-    L += ["### Where the model and the paper differ", "", *differences(pr), ""]
+    """docs/results.md of a results.json: each section it holds the data for, then the plots."""
+    lines = [*head(result), *paper_sections(result["paper"])]
     if "planner" in result:
-        L += planner_section(result["planner"])
-    sc, sd = result["step_compare"], result["single_device"]
-    med = {v: sc["rows"][v]["median_step_s"] for v in TRIO}
-    L += [
-        "## 4. Measured on this machine",
-        "",
-        f"`bench step --compare`: {sc['model']}, fp32, batch {sc['batch']} x {sc['seq']}, TP={sc['tp']} on simulated CPU "
-        f"devices, the three variants interleaved in {sc['reps']} repetitions of {sc['steps']} steps (machine noise hits all alike). "
-        "Each timed section (this one and its profiles, the single-device one and its profiles, decoding) ran in a fresh "
-        "process, as its own `bench` command does: JAX with only the devices its configs simulate, and their host memory "
-        "setting (`parallel.cpu_reuse_memory`).",
-        "",
-        "| variant | median ms/step | repetitions (ms) | tokens/s | model TFLOP/s (all devices) | peak MiB/device |",
-        "|---|---|---|---|---|---|",
-    ]
-    for v in TRIO:
-        r = sc["rows"][v]
-        L.append(f"| {v} | {1e3 * r['median_step_s']:.0f} | {', '.join(f'{1e3 * t:.0f}' for t in r['step_times_s'])} | "
-                 f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.3f} | {r['peak_bytes_per_device'] / MIB:.0f} |")
-    L += [
-        "",
-        f"BOOST is **{med['cola/vanilla'] / med['cola/btp']:.2f}x** faster than vanilla low-rank TP and "
-        f"**{med['dense/megatron'] / med['cola/btp']:.2f}x** faster than full-rank Megatron TP here; vanilla is "
-        f"{med['dense/megatron'] / med['cola/vanilla']:.2f}x of full rank. All simulated devices share the same cores, so "
-        "a collective is a memory copy: these ratios measure the work each scheme does per device (replicated attention and "
-        "elementwise work, skinny GEMMs), not interconnect time, and they are not GPU figures. Compute dominates dispatch "
-        f"overhead at this size: the full-rank run sustains {sc['rows']['dense/megatron']['model_flops_per_s'] / sd['matmul_peak_flops']:.0%} "
-        "of the host's measured matmul peak (below) in model FLOPs.",
-        "",
-        f"Single device (fp32, batch {sd['batch']} x {sd['seq']}): training throughput as a fraction of the best fp32 "
-        f"matmul rate measured in the same run ({sd['matmul_peak_flops'] / 1e9:.1f} GFLOP/s, a 2048^3 jitted matmul, "
-        "best of 10, before and after the runs).",
-        "",
-        "| model | arch | median ms/step | tokens/s | model GFLOP/s | of matmul peak |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in sd["rows"]:
-        L.append(f"| {r['model']} | {r['arch']} | {1e3 * r['median_step_s']:.0f} | {r['tokens_per_s']:,.0f} | "
-                 f"{r['model_flops_per_s'] / 1e9:.1f} | {100 * r['fraction_of_matmul_peak']:.0f}% |")
-    L += ["", "Model FLOPs are the analytic training count (`model/counts.py`: 6 per matmul parameter per token plus causal "
-          "attention), so recomputation and elementwise work are not credited.", ""]
-    if "profile" in result:
-        L += profile_section(result["profile"])
-    if "decode" in result:
-        L += decode_section(result["decode"])
-    if "quality" in result:
-        L += quality_section(result["quality"])
-    if "optimizers" in result:
-        L += optimizers_section(result["optimizers"])
-    if "study" in result:
-        L += study_section.section(result["study"])
-    if "startup" in result:
-        L += startup_section(result["startup"])
+        lines += planner_section(result["planner"])
+    lines += measured_section(result["step_compare"], result["single_device"])
+    for key, section in SECTIONS:
+        if key in result:
+            lines += section(result[key])
     if "gpu_paper" in result:
-        L += gpu_section(result["gpu_paper"], result.get("gpu_planner"), result.get("gpu_programs", ()))
-    L += ["## Plots", ""]
-    L += [f"![{name}]({img_dir}/{name})" for name in images]
-    return "\n".join(L) + "\n"
+        lines += gpu_section(result["gpu_paper"], result.get("gpu_planner"), result.get("gpu_programs", ()))
+    if "latent_heads" in result:
+        lines += latent_heads_section(result["latent_heads"])
+    lines += render("plots", images=[f"![{name}]({img_dir}/{name})" for name in images])
+    return "\n".join(lines) + "\n"
 
 
-def quality_section(q: dict) -> list[str]:
-    """Markdown: `bench quality`: dense against the low-rank archs at equal tokens and equal FLOPs,
-    beside CoLA's claim, and the compressed dense model's recovery."""
-    from boost_jax.bench import quality
-
-    r = quality.ratios(q)
-    runs = {(x["arch"], x["budget"]): x for x in q["runs"]}
-    dense = runs[("dense", "tokens")]
-    L = ["## 6. Low-rank quality, measured", "",
-         f"`{q['command']}`: {q['model']} (d = {q['d_model']}, {q['n_layers']} layers, rank d/4 = {q['rank']}) "
-         f"trained from scratch on the `{q['corpus']}` corpus, sequence {q['seq_len']} x batch {q['batch_size']}, "
-         f"the same schedule for every run (AdamW, warmup 10%, cosine); each evaluated on {q['eval_tokens']:,} "
-         "validation tokens (`python -m boost_jax.eval`). Equal tokens: every arch sees the same "
-         f"{q['tokens']:,} tokens; equal FLOPs: svd and cola train longer, to dense's training FLOPs. The minutes are "
-         "each run's wall time, with other work sharing the machine: not a speed comparison (section 4 is).", "",
-         *quality.table(q), ""]
-    lines = []
-    for name, label in (("cola/tokens", "cola at equal tokens"), ("cola/flops", "cola at dense's FLOPs"),
-                        ("svd/tokens", "svd at equal tokens"), ("svd/flops", "svd at dense's FLOPs"),
-                        ("lax/tokens", "lax at equal tokens")):
-        if name in r:
-            lines.append(f"{label}: perplexity {r[name]:.3f}x dense's ({_verdict(r[name])})")
-    L += ["Perplexity over dense's: " + "; ".join(lines) + ".", "",
-          "CoLA's claim (arXiv 2502.10940, LLaMA 60M to 7B on C4, sequence 256, batch 512, T5 tokenizer): "
-          "full-rank-level perplexity at about 2x less compute. What differs here: models of "
-          f"{dense['params'] / 1e6:.1f}M (dense) and {runs[('cola', 'tokens')]['params'] / 1e6:.1f}M (cola) parameters, "
-          "far below CoLA's smallest; Python source code instead of web text; a BPE tokenizer of the model's "
-          f"vocabulary trained on the corpus; {q['tokens'] / 1e6:.1f}M training tokens instead of billions "
-          f"({q['tokens'] / dense['params']:.2f} tokens per dense parameter, where CoLA trains to about 20: every run "
-          f"here is early in training, where how fast a model starts to learn weighs more than its capacity); batch "
-          f"{q['batch_size']}. The figures say how the claim fares at this scale, nothing more.", ""]
-    L += ["The dense model factored into the svd arch at rank d/4 (`python -m boost_jax.convert import --to svd`; "
-          "svd: truncated SVD of each weight; whiten: SVD-LLM's, on 64 calibration sequences), evaluated as "
-          "factored and after continued training:", "",
-          "| method | rank | dense ppl | factored ppl | after continued training | steps (tokens) |",
-          "|---|---|---|---|---|---|"]
-    for c in q["recovery"]:
-        L.append(f"| {c['method']} | {c['rank']} | {dense['final']['perplexity']:.2f} | {c['compressed']['perplexity']:.2f} "
-                 f"| {c['recovered']['perplexity']:.2f} | {c['steps']} ({c['tokens']:,}) |")
-    return L + [""]
+def head(result: dict) -> list[str]:
+    """The title, the notes on sections measured again later (which, when, why), the machine and the commands."""
+    mc = result["machine"]
+    notes = [f"- {note}" for note in result.get("notes", ())]
+    memory = f"{mc['memory_bytes'] / GIB:.0f} GiB memory" if mc["memory_bytes"] else "memory unknown"
+    return [*render("head", date=mc["date"], commit=mc["commit"]), *notes, *([""] if notes else []),
+            *render("machine", **mc, memory=memory, commands=result["commands"])]
 
 
-def _verdict(ratio: float) -> str:
-    """A perplexity ratio against dense's in words: within 2% is a match."""
-    if ratio < 0.98:
-        return f"beats dense by {100 * (1 - ratio):.1f}%"
-    return "matches dense" if ratio <= 1.02 else f"lags dense by {100 * (ratio - 1):.1f}%"
+def paper_sections(pr: dict) -> list[str]:
+    """Sections 1 and 2: the paper's rows compiled here, then the performance model beside the paper."""
+    hw_names = list(pr["hardware"])
+    first, s = hw_names[0], pr["settings"]
+    theirs = ", ".join(f"{m.removeprefix('llama-').upper()} {a.rows} x {a.accumulation}" for m, a in paper.AUTHORS.items())
+    lines = [*render("paper", dtype=s["dtype"], seq=s["seq"], batch=s["batch"], table=paper.measured_table(pr)),
+             *render("perf_model", hardware=" | ".join(hw_names), rule="---|" * len(hw_names),
+                     constants=constants_rows(pr), theirs=theirs)]
+    for hw in hw_names:
+        protocols = [line for protocol in s["protocols"]
+                     for line in render("protocol", title=paper.PROTOCOL_TITLES[protocol].capitalize(),
+                                        table=paper.prediction_table(pr, hw, protocol))]
+        lines += render("hardware", hw=hw, description=pr["hardware"][hw]["description"], protocols=protocols)
+    lines += render("fit", hw=first, table=paper.fit_table(pr, first))
+    if pipe := paper.pipeline_table(pr, first):
+        lines += render("pipeline", hw=first, table=pipe)
+    if breakdown := paper.breakdown_table(pr, first):
+        lines += render("breakdown", hw=first, table=breakdown, layer_comm=paper.layer_comm_table(pr, first))
+    return lines + differences(pr)
 
 
-def decode_section(dec: dict) -> list[str]:
-    """Markdown: `bench decode` per model, cache kind and batch size, against the memory-bound floor."""
-    L = ["## 5. Decoding on this machine", "",
-         f"`bench decode` (`boost_jax/model/decode.py`): random weights of each shape, prompts of {dec['runs'][0]['prompt_len']} "
-         f"tokens prefilled in one forward, {dec['runs'][0]['new_tokens']} new tokens greedily in the compiled decode "
-         "loop, the median of the repetitions after a warm-up that compiles. A decode step reads every weight once (at "
-         "the compute dtype; of the untied embedding table only the rows it looks up) and every cached token of every "
-         "row once, so it cannot beat (weight bytes + cached bytes) / "
-         f"the read bandwidth measured in the same run ({dec['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, a compiled "
-         "matrix-vector product over 256 MiB): the floor. The latent_v cache keeps the keys and v's rank-r latent, the "
-         "latent one both latents and rebuilds the keys each step (bytes per cached token, all layers, below; "
-         "docs/design.md section 11). The full cache is heads-first, written in place, and on CPU the programs "
-         "run their dots with XNNPACK (`decode.COMPILER_OPTIONS`; `bench decode --xla-defaults` times XLA's default "
-         "beside it).", "",
-         "| model | cache | bytes/token | batch | prefill tok/s | decode tok/s | step ms | floor ms | step / floor |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for run in dec["runs"]:
-        for r in run["rows"]:
-            L.append(f"| {run['model']} {run['arch']} | {r['cache']} | {r['cache_bytes_per_token']:,} | {r['batch']} | "
-                     f"{r['prefill_tokens_per_s']:,.0f} | {r['decode_tokens_per_s']:,.0f} | {1e3 * r['step_s']:.2f} | "
-                     f"{1e3 * r['floor_s']:.2f} | {r['step_over_floor']:.2f}x |")
-    for run in dec["runs"]:
-        if hf := run.get("hf"):
-            gemms = "step_gemms" in hf  # results measured before the matmul columns have none
-            L += ["", f"Hugging Face `generate` on the same {run['model']} {run['arch']} (exported with `python -m "
-                  f"boost_jax.export`, transformers {hf['transformers']}, torch {hf['torch']}, {hf['threads']} threads, "
-                  "its KV cache, greedy), end to end (prefill included) beside boost_jax's"
-                  + (f"; and a decode step's {hf['step_gemms']} matmuls alone (every projection and the LM head, one "
-                     "after another at the batch's rows) in PyTorch and in XLA as the decoder compiles them, beside "
-                     "boost_jax's whole step:" if gemms else ":"), "",
-                  "| batch | Hugging Face tok/s | boost_jax tok/s | ratio |"
-                  + (" PyTorch matmuls ms | XLA matmuls ms | XLA / PyTorch | boost_jax step ms |" if gemms else ""),
-                  "|---|---|---|---|" + ("---|---|---|---|" if gemms else "")]
-            for h in hf["rows"]:
-                mine = next(r for r in run["rows"] if r["batch"] == h["batch"] and r["cache"] == "full")
-                L.append(f"| {h['batch']} | {h['end_to_end_tokens_per_s']:,.1f} | {mine['end_to_end_tokens_per_s']:,.1f} "
-                         f"| {mine['end_to_end_tokens_per_s'] / h['end_to_end_tokens_per_s']:.2f}x |"
-                         + (f" {1e3 * h['step_gemms_s']:.2f} | {1e3 * h['xla_step_gemms_s']:.2f} | "
-                            f"{h['xla_step_gemms_s'] / h['step_gemms_s']:.2f}x | {1e3 * mine['step_s']:.2f} |" if gemms else ""))
-    for run in dec["runs"]:
-        if timed := [r for r in run["rows"] if "api_call_s" in r]:
-            hf = {h["batch"]: h["end_to_end_tokens_per_s"] for h in run.get("hf", {}).get("rows", [])}
-            L += ["", f"As a notebook calls it: `api.generate(model, prompts, max_new_tokens=...)` on the same "
-                  f"{run['model']} {run['arch']} in a loop, after its first call (which compiles; later calls reuse the "
-                  "Decoder it keeps with the model), timed end to end beside the kept Decoder's call (interleaved)"
-                  + (" and Hugging Face's `generate`" if hf else "") + ":", "",
-                  "| batch | kept Decoder s/call | api.generate s/call | api / kept | api.generate tok/s"
-                  + (" | Hugging Face tok/s | api / Hugging Face |" if hf else " |"),
-                  "|---|---|---|---|---" + ("|---|---|" if hf else "|")]
-            for r in timed:
-                line = (f"| {r['batch']} | {r['call_s']:.3f} | {r['api_call_s']:.3f} | {r['api_call_s'] / r['call_s']:.2f}x | "
-                        f"{r['api_tokens_per_s']:,.1f} |")
-                if hf:
-                    line += f" {hf[r['batch']]:,.1f} | {r['api_tokens_per_s'] / hf[r['batch']]:.2f}x |"
-                L.append(line)
-    return L + [""]
-
-
-def evaluated_tokens(asked: int, evaluated: int) -> str:
-    """"N validation tokens", and what was asked where the split held fewer."""
-    return f"{evaluated:,} validation tokens" + (f" (all the split holds; {asked:,} asked)" if evaluated < asked else "")
-
-
-def optimizers_section(q: dict) -> list[str]:
-    """Markdown: `bench quality --vary train.optimizer=...`: each optimizer at its best learning rate."""
-    from boost_jax.bench import quality
-
-    o = q["optimizers"]
-    return ["## 6b. Optimizers for factorized weights, measured", "",
-            f"`{q['command']}`: the quality protocol's model and corpus (section 6), each arch trained from scratch on "
-            f"{o['tokens']:,} tokens ({o['steps']} steps) by each optimizer (`train.optimizer`, docs/design.md section 14) "
-            f"at every rate of the grid, evaluated on {evaluated_tokens(o['eval_tokens'], o['evaluated_tokens'])}; the best rate's run is "
-            "repeated with a second seed (another initialisation and batch order). The spread is the two seeds' "
-            "difference: a gap between optimizers smaller than it is not a result.", "",
-            *quality.optimizer_table(o), "", *(optimizer_step_lines(q["step"]) if "step" in q else [])]
-
-
-def optimizer_step_lines(s: dict) -> list[str]:
-    """Markdown: `bench step --vary train.optimizer=...`: each optimizer's step time and what its
-    Newton-Schulz adds, measured beside its FLOPs at adamw's own step rate."""
-    base = s["results"][0]
-    lines = [f"`{s['command']}` ({base['arch']}, one device, {base['dtype']}, {base['batch']} x {base['seq']} tokens; "
-             f"matmul peak {s['matmul_peak_flops_per_s'] / 1e9:.1f} GFLOP/s): the time each optimizer adds to adamw's step, "
-             "and what its Newton-Schulz FLOPs cost at adamw's step rate (training FLOPs / step time). Our "
-             "target: the added time within 1.5x of the predicted (the orthogonalisation runs as GEMMs, not as copies).", "",
-             "| optimizer | median step ms | added ms (share of the step) | Newton-Schulz GFLOP | predicted ms | measured / predicted |",
-             "|---|---|---|---|---|---|"]
-    for r in s["results"]:
-        if "optimizer_overhead_s" not in r:
-            lines.append(f"| {r['optimizer']} | {1e3 * r['median_step_s']:.1f} | - | 0 | - | - |")
-            continue
-        added, predicted = r["optimizer_overhead_s"], r["predicted_optimizer_overhead_s"]
-        lines.append(f"| {r['optimizer']} | {1e3 * r['median_step_s']:.1f} | {1e3 * added:.1f} "
-                     f"({100 * added / r['median_step_s']:.0f}%) | {r['newton_schulz_flops'] / 1e9:.2f} | "
-                     f"{1e3 * predicted:.1f} | {added / predicted:.2f} |")
-    return lines + [""]
-
-
-def gpu_section(pr: dict, pl: dict | None, programs) -> list[str]:
-    """Markdown: the paper's rows (`bench paper --gpu-compile`), the planner's choices (`bench planner
-    --gpu-compile`) and single programs (`python -m boost_jax.compile --json`) compiled by XLA:GPU
-    without a GPU: memory beside the memory model's, seconds beside the performance model and the paper."""
-    hw = pr["settings"]["gpu_compile"]
-    off = [r for r in pr["rows"] if "gpu_compile" in r and r["paper_seconds"]
-           and abs(paper.protocol_seconds(r, r["gpu_compile"]["predicted"]) / r["paper_seconds"] - 1) > 0.15]
-    L = ["## 8. Compiled for GPUs, without one", "",
-         f"`{pr['settings']['command']}`: each paper row's gradient program compiled by XLA's GPU compiler for its "
-         f"{hw} GPUs on this CPU-only machine (`launch/gpu_target.py`; the memory model's layer term compiled by the "
-         "same compiler). The roofline prices the GEMMs, cuDNN attention calls, memory-bound fusions and collectives of "
-         "the program XLA:GPU built at the datasheet's peak, bandwidth and links (every efficiency 1, no latency); the "
-         "performance model prices the same program with `hardware.yaml`'s efficiencies, beside its reading of the CPU "
-         "program (section 2) and the paper. Memory: the gradient program's peak per GPU (AdamW's state apart, as "
-         "section 1), and the memory model's figure for it.", "", *paper.gpu_table(pr), ""]
-    recomputed = [r for r in pr["rows"] if "gpu_compile" in r and r["gpu_compile"]["gemm_flops"] > 1.01 * r["gemm_flops_hlo"]]
-    if off:
-        L += ["Rows where the performance model over XLA:GPU's program is more than 15% from the paper: "
-              + "; ".join(f"{r['model']} {r['variant']} "
-                          f"({paper.protocol_seconds(r, r['gpu_compile']['predicted']) / r['paper_seconds']:.2f}x)"
-                          for r in off) + ". Section 2's list of what the model cannot know applies to both programs.", ""]
-    if recomputed:
-        L += ["XLA:GPU rematerializes a program over a memory limit of its own (about 51-54 GiB for an A100-80GB "
-              "compiled without one), recomputing GEMMs the CPU program does once; the GPU program's GEMM FLOPs over "
-              "the CPU program's: " + "; ".join(f"{r['model']} {r['variant']} "
-                                                f"{r['gpu_compile']['gemm_flops'] / r['gemm_flops_hlo']:.2f}x"
-                                                for r in recomputed) + ".", ""]
-    if pl:
-        L += [f"The planner's choices (section 3) compiled by XLA:GPU for {pl['settings']['gpu_compile']}: the train "
-              f"step as `train` builds it, optimizer included (`{pl['settings']['command']}`):", "",
-              *planner.gpu_lines(pl), ""]
-        off = [f"{r['model']} {name.replace('_', ' ')} ({g['memory_model_bytes'] / g['peak_bytes']:.2f}x)"
-               for r in pl["rows"] for name, g in r.get("gpu_compile", {}).items()
-               if abs(g["memory_model_bytes"] / g["peak_bytes"] - 1) > 0.10]
-        if off:
-            L += ["More than 10% from XLA:GPU's peak: " + ", ".join(off) + ". The FSDP layouts: the memory model "
-                  "counts the stacked weights gathered for the whole step, as XLA:CPU's program holds them "
-                  "(`fsdp_gathered`, section 10 of docs/design.md), where XLA:GPU's gathers them layer by layer "
-                  "inside the loop; the model is pessimistic there, and the planner with it.", ""]
-    for r in programs:
-        L += [f"`{r['command']}`:", "", "| program | compile s | peak MiB | temp MiB | memory model MiB | collectives per "
-              "step (MiB) | per layer over tp: compiled / formula MiB | library calls and kernels |",
-              "|---|---|---|---|---|---|---|---|"]
-        for p in r["programs"]:
-            layer = (f"{p['layer_collective_bytes'] / MIB:.3f} / {p['analytic_collective_bytes'] / MIB:.3f}"
-                     if p["analytic_collective_bytes"] else "-")
-            model = f"{p['model_memory'] / MIB:,.0f}" if p.get("model_memory") else "-"
-            calls = ", ".join(f"{k} {n}" for k, n in p["custom_calls"].items() if "cudnn" in k or "gpu$" in k or "cublas" in k)
-            L.append(f"| {p['name']} | {p['compile_s']:.1f} | {p['memory']['peak'] / MIB:,.0f} | {p['memory']['temp'] / MIB:,.0f} "
-                     f"| {model} | {p['collective_bytes'] / MIB:,.1f} | {layer} | {calls or '-'} |")
-        L.append("")
-    return L
-
-
-def startup_section(st: dict) -> list[str]:
-    """Markdown: `bench startup`: each command's seconds to its first result, cold and warm."""
-    from boost_jax.bench import startup
-
-    return ["## 7. Start-up: from the command to its first result", "",
-            f"`{st['command']}`: the config's run trained for {st['steps']} steps, then `train` (a run dir of its own), "
-            "`eval` and `generate` on it (the README's `--prompt \"def main(\" --max-new-tokens 40`), each twice in a "
-            "fresh process with its own compilation cache folder: first empty (cold), then as the first run left it "
-            "(warm). Wall seconds are the process's, timed from outside; the split is the command's own `--timings` "
-            "(launch/startup.py: compile is every trace, lowering and XLA compile or cache read).", "",
-            *startup.table(st), ""]
-
-
-def planner_section(pl: dict) -> list[str]:
-    """Markdown: `bench planner`'s table (the planner's choice beside the paper's layout, per paper row)."""
-    st = pl["settings"]
-    budget = st["hbm_bytes"] * (1 - st["headroom"]) / GIB
-    return [
-        "## 3. The planner on the paper's rows",
-        "",
-        f"`python -m boost_jax.plan` on each row's GPUs ({st['hardware']}) and batch ({st['arch']}, {st['dtype']}, "
-        f"seq {st['seq']}; an iteration of PP micro-batches of {st['batch']}, as section 1 compiles it). It enumerates every "
-        "layout (scheme, TP, PP, pipeline repeats, DP, FSDP, micro-batches, remat), keeps those the memory model puts "
-        f"within {budget:.1f} GiB per GPU ({100 * st['headroom']:.0f}% headroom: the paper's layouts ran in this memory; "
-        "full remat only where neither none nor lowrank fits, since it recomputes every GEMM of a layer's forward), "
-        "and prices them with the performance model of section 2, each on its own abstract compile: in order of a lower "
-        "bound on their time that needs no compile (`planner/price.py`), skipping those whose bound cannot beat the fastest "
-        f"priced, at most {st['max_priced'] or 'all'} besides the paper's layout. The paper's layout (BTP at its TP and PP, "
-        "DP = FSDP = 1, M = PP) is priced in every remat mode that fits and shown at its fastest. Schemes searched: "
-        f"{', '.join(st['schemes'])}; pipeline repeats {', '.join(map(str, st['pp_repeats']))}. Seconds per iteration, "
-        "predicted with no communication overlap (the planner's default; `python -m boost_jax.plan --overlap` prices "
-        "the overlap of section 2 and the data-parallel all-reduce behind the backward pass). Time to plan: the row's wall time on this machine"
-        + (f", {st['workers']} compile workers, from {'an empty' if st['cold_cache'] else 'a warm'} compile cache."
-           if "workers" in st else "."),
-        "",
-        *planner.table(pl),
-        "",
-        "The planner's choice is never slower than the paper's layout when that layout fits: it is one of the priced "
-        "candidates. Its layouts in every remat mode (memory by the memory model, and why each lost):",
-        "",
-        *planner.paper_layout_lines(pl),
-        "",
-    ]
-
-
-def profile_section(rows: list[dict]) -> list[str]:
-    """Markdown: `bench profile`'s time by category per variant, and the first variant's top ops."""
-    r0 = rows[0]
-    head = " | ".join(f"{r['arch']}/{r['scheme']} tp={r['tp']}" for r in rows)
-    share = lambda r, s: f"{1e3 * s:,.0f} ({100 * s / r['step_s']:.1f}%)"
-    L = ["### Where the step time goes (`bench profile`)", "",
-         f"{r0['model']}, fp32, batch {r0['batch']} x {r0['seq']}, {r0['steps']} traced steps each; ms per step and share "
-         "of the traced step. Per device (at TP=4 the mean of the simulated devices, which share the host's cores). "
-         "*loss* is the gradient outside the layer scan (embedding, final norm, LM head and cross-entropy, GEMMs "
-         "included); *attention* the `attention` name scope; *gemm* the layers' other matmuls; *host gaps* the time "
-         "inside the traced steps when a device ran no op and awaited no asynchronous op's result (the CPU "
-         "runtime's Eigen matmuls return before their work is done; that time is theirs). *Accounted* = "
-         "categorised ops + host gaps over the step (`boost_jax/bench/profile.py`, `boost_jax/analysis/timeline.py`).", "",
-         f"| category | {head} |", "|---|" + "---|" * len(rows)]
-    for k in r0["categories"]:
-        L.append(f"| {k} | " + " | ".join(share(r, r["categories"][k]) for r in rows) + " |")
-    L += ["| **step (traced)** | " + " | ".join(f"{1e3 * r['step_s']:,.0f}" for r in rows) + " |",
-          "| step (untraced) | " + " | ".join(f"{1e3 * r['untraced_step_s']:,.0f}" for r in rows) + " |",
-          "| ops alone | " + " | ".join(f"{100 * r['ops_fraction']:.1f}%" for r in rows) + " |",
-          "| **accounted** | " + " | ".join(f"{100 * r['accounted_fraction']:.1f}%" for r in rows) + " |", "",
-          f"Top ops, {r0['arch']}/{r0['scheme']} TP={r0['tp']}:", "",
-          "| op | category | ms/step | of step | JAX name |", "|---|---|---|---|---|"]
-    L += [f"| {o['name']} | {o['category']} | {1e3 * o['s_per_step']:,.0f} | {100 * o['fraction']:.1f}% "
-          f"| `{o['op_name'].removeprefix('jit(train_step)/')[-60:]}` |" for o in r0["top_ops"]]
-    return L + [""]
+def constants_rows(pr: dict) -> list[str]:
+    """The performance model's constants, one table row per constant, one column per GPU."""
+    hw_names = list(pr["hardware"])
+    return [f"| {k} | " + " | ".join(_fmt(pr["hardware"][h][k]) for h in hw_names) + " |"
+            for k in pr["hardware"][hw_names[0]] if k not in ("name", "description", "compile_target")]
 
 
 def _fmt(v) -> str:
@@ -688,41 +380,12 @@ def _fmt(v) -> str:
 def differences(pr: dict) -> list[str]:
     """Rows where the model is more than 15% from the paper, and the model's known blind spots."""
     hw = next(iter(pr["hardware"]))
-    out = []
+    misses = []
     for model, variant in dict.fromkeys((r["model"], r["variant"]) for r in pr["rows"]):
         best = paper.best_reading(pr, model, variant, hw)
         if best and abs(best[1] - 1) > 0.15:
-            out.append(f"- {model} {variant}: no reading within 15% of the paper; the closest, {best[0]}, is {best[1]:.2f}x.")
-    if not out:
-        out.append(f"- On {hw} every paper row is within 15% of the paper under at least one reading (the table above names it).")
-    out += [
-        "",
-        "What the model cannot know, and so where it is expected to miss:",
-        "",
-        "- **The pipeline schedule.** The paper gives (TP, PP) and a micro-batch of 4 sequences, but neither the "
-        "micro-batches per iteration nor its schedule; the authors' code runs 1F1B, their configs 4 micro-batches of one "
-        "sequence (7B's; 13B and 30B have none of theirs). The pipelined rows here are our compiled SPMD pipeline (fill and "
-        "drain over M + PP - 1 iterations, bubbles computed like the rest): the micro reading at M = PP micro-batches of 4, "
-        "compared per micro-batch (an iteration over M), the authors' at their 4 of 1, compared per iteration. Were the "
-        "paper's time one micro-batch of 4 through its stages in sequence, it would need these fractions of A100 peak "
-        "(analytic model FLOPs / TP / time / peak):",
-        *(f"  - {line}" for line in _pp_requirements(pr)),
-        "",
-        "  A figure near 100% cannot be reached, which rules that reading out. The time per micro-batch also keeps "
-        "falling as M grows (the pipeline table's last column: one loop iteration plus a micro-batch's share of the "
-        "embedding, head and loss), so the comparison depends on an M the paper does not state.",
-        "- **Vanilla TP's replicated work** is priced as our vanilla program does it (attention over all heads and the "
-        "SwiGLU product on every rank, as docs/design.md section 2 describes), which is what the authors' vanilla baseline "
-        "does too (its q/k/v are all-reduced whole and attention runs over every head); like theirs, ours runs the A's of "
-        "one input as one GEMM.",
-        "- **Memory-bound work** is counted from XLA:CPU's fusion decisions, not a GPU's (see `analysis/work.py`); it is the "
-        "least certain part and the largest share of BOOST's predicted time after GEMMs.",
-        "- **Kernel quality of the paper's code** (Nanotron, PyTorch eager, its own fused kernels, framework overheads) is not "
-        "modelled: every GEMM is assumed to be cuBLAS at the stated efficiency, every attention FlashAttention-2.",
-        "- **At TP=1** vanilla and BTP are the same program apart from BOOST's grouping and norm, so the model predicts them "
-        "nearly equal; the paper's 1B row shows the same.",
-    ]
-    return out
+            misses += render("miss", model=model, variant=variant, reading=best[0], ratio=f"{best[1]:.2f}")
+    return render("differences", misses=misses or render("no_miss", hw=hw), pp_requirements=_pp_requirements(pr))
 
 
 def _pp_requirements(pr: dict) -> list[str]:
@@ -734,8 +397,236 @@ def _pp_requirements(pr: dict) -> list[str]:
             cfg = paper.row_config(r["model"], r["variant"])
             flops = count(cfg.model, r["seq"]).train_flops_per_token * r["batch"] * r["seq"]
             need = flops / r["tp"] / (r["paper_seconds"] * A100_PEAK)
-            out.append(f"{r['model']} {r['variant']} (PP={r['pp']}, {r['paper_seconds']:.2f} s): {100 * need:.0f}%")
+            out += render("pp_requirement", model=r["model"], variant=r["variant"], pp=r["pp"],
+                          seconds=f"{r['paper_seconds']:.2f}", need=f"{100 * need:.0f}")
     return out
+
+
+def planner_section(pl: dict) -> list[str]:
+    """Section 3: `bench planner`'s table (the planner's choice beside the paper's layout, per paper row)."""
+    st = pl["settings"]
+    workers = (phrase("planner_workers", workers=st["workers"], cache="an empty" if st["cold_cache"] else "a warm")
+               if "workers" in st else ".")
+    return render("planner", hardware=st["hardware"], arch=st["arch"], dtype=st["dtype"], seq=st["seq"], batch=st["batch"],
+                  budget=f"{st['hbm_bytes'] * (1 - st['headroom']) / GIB:.1f}", headroom=f"{100 * st['headroom']:.0f}",
+                  max_priced=st["max_priced"] or "all", schemes=", ".join(st["schemes"]),
+                  pp_repeats=", ".join(map(str, st["pp_repeats"])), workers=workers, table=planner.table(pl),
+                  paper_layouts=planner.paper_layout_lines(pl))
+
+
+def measured_section(sc: dict, sd: dict) -> list[str]:
+    """Section 4: the TP=4 step compare and the single-device steps against the matmul peak."""
+    med = {v: sc["rows"][v]["median_step_s"] for v in TRIO}
+    compare = [f"| {v} | {1e3 * r['median_step_s']:.0f} | {', '.join(f'{1e3 * t:.0f}' for t in r['step_times_s'])} | "
+               f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.3f} | {r['peak_bytes_per_device'] / MIB:.0f} |"
+               for v, r in ((v, sc["rows"][v]) for v in TRIO)]
+    single = [f"| {r['model']} | {r['arch']} | {1e3 * r['median_step_s']:.0f} | {r['tokens_per_s']:,.0f} | "
+              f"{r['model_flops_per_s'] / 1e9:.1f} | {100 * r['fraction_of_matmul_peak']:.0f}% |" for r in sd["rows"]]
+    return render("measured", model=sc["model"], batch=sc["batch"], seq=sc["seq"], tp=sc["tp"], reps=sc["reps"],
+                  steps=sc["steps"], compare_rows=compare, btp_over_vanilla=f"{med['cola/vanilla'] / med['cola/btp']:.2f}",
+                  btp_over_dense=f"{med['dense/megatron'] / med['cola/btp']:.2f}",
+                  vanilla_over_dense=f"{med['dense/megatron'] / med['cola/vanilla']:.2f}",
+                  dense_of_peak=f"{sc['rows']['dense/megatron']['model_flops_per_s'] / sd['matmul_peak_flops']:.0%}",
+                  single_batch=sd["batch"], single_seq=sd["seq"], peak_gflops=f"{sd['matmul_peak_flops'] / 1e9:.1f}",
+                  single_rows=single)
+
+
+def profile_section(rows: list[dict]) -> list[str]:
+    """Markdown: `bench profile`'s time by category per variant, and the first variant's top ops."""
+    r0 = rows[0]
+    share = lambda r, s: f"{1e3 * s:,.0f} ({100 * s / r['step_s']:.1f}%)"
+    per_variant = lambda cell: " | ".join(cell(r) for r in rows)
+    return render("profile", model=r0["model"], batch=r0["batch"], seq=r0["seq"], steps=r0["steps"],
+                  variants=per_variant(lambda r: f"{r['arch']}/{r['scheme']} tp={r['tp']}"), rule="---|" * len(rows),
+                  categories=[f"| {k} | {per_variant(lambda r: share(r, r['categories'][k]))} |" for k in r0["categories"]],
+                  traced=per_variant(lambda r: f"{1e3 * r['step_s']:,.0f}"),
+                  untraced=per_variant(lambda r: f"{1e3 * r['untraced_step_s']:,.0f}"),
+                  ops=per_variant(lambda r: f"{100 * r['ops_fraction']:.1f}%"),
+                  accounted=per_variant(lambda r: f"{100 * r['accounted_fraction']:.1f}%"),
+                  arch=r0["arch"], scheme=r0["scheme"], tp=r0["tp"],
+                  top_ops=[f"| {o['name']} | {o['category']} | {1e3 * o['s_per_step']:,.0f} | {100 * o['fraction']:.1f}% "
+                           f"| `{o['op_name'].removeprefix('jit(train_step)/')[-60:]}` |" for o in r0["top_ops"]])
+
+
+def decode_section(dec: dict) -> list[str]:
+    """Markdown: `bench decode` per model, cache kind and batch size, against the memory-bound floor;
+    then Hugging Face's generate and api.generate beside it where measured."""
+    runs = dec["runs"]
+    rows = [f"| {run['model']} {run['arch']} | {r['cache']} | {r['cache_bytes_per_token']:,} | {r['batch']} | "
+            f"{r['prefill_tokens_per_s']:,.0f} | {r['decode_tokens_per_s']:,.0f} | {1e3 * r['step_s']:.2f} | "
+            f"{1e3 * r['floor_s']:.2f} | {r['step_over_floor']:.2f}x |" for run in runs for r in run["rows"]]
+    lines = render("decode", prompt_len=runs[0]["prompt_len"], new_tokens=runs[0]["new_tokens"],
+                   bandwidth=f"{dec['read_bandwidth_bytes_per_s'] / 1e9:.1f}", rows=rows)
+    lines += [line for run in runs if run.get("hf") for line in hf_generate_lines(run)]
+    return lines + [line for run in runs for line in api_generate_lines(run)]
+
+
+def hf_generate_lines(run: dict) -> list[str]:
+    """Hugging Face's generate on `run`'s model beside boost_jax's decoder, end to end and matmuls alone."""
+    hf = run["hf"]
+    gemms = "step_gemms" in hf  # results measured before the matmul columns have none
+    rows = []
+    for h in hf["rows"]:
+        mine = next(r for r in run["rows"] if r["batch"] == h["batch"] and r["cache"] == "full")
+        rows.append(f"| {h['batch']} | {h['end_to_end_tokens_per_s']:,.1f} | {mine['end_to_end_tokens_per_s']:,.1f} "
+                    f"| {mine['end_to_end_tokens_per_s'] / h['end_to_end_tokens_per_s']:.2f}x |"
+                    + (f" {1e3 * h['step_gemms_s']:.2f} | {1e3 * h['xla_step_gemms_s']:.2f} | "
+                       f"{h['xla_step_gemms_s'] / h['step_gemms_s']:.2f}x | {1e3 * mine['step_s']:.2f} |" if gemms else ""))
+    return render("decode_hf", model=run["model"], arch=run["arch"], transformers=hf["transformers"], torch=hf["torch"],
+                  threads=hf["threads"], matmuls=phrase("decode_hf_matmuls", count=hf["step_gemms"]) if gemms else ":",
+                  matmul_columns=phrase("decode_hf_matmul_columns") if gemms else "",
+                  matmul_rule="---|" * 4 if gemms else "", rows=rows)
+
+
+def api_generate_lines(run: dict) -> list[str]:
+    """`api.generate` called in a loop beside the kept Decoder (and Hugging Face's generate); none
+    where `run` did not time it."""
+    timed = [r for r in run["rows"] if "api_call_s" in r]
+    if not timed:
+        return []
+    hf = {h["batch"]: h["end_to_end_tokens_per_s"] for h in run.get("hf", {}).get("rows", [])}
+    rows = [f"| {r['batch']} | {r['call_s']:.3f} | {r['api_call_s']:.3f} | {r['api_call_s'] / r['call_s']:.2f}x | "
+            f"{r['api_tokens_per_s']:,.1f} |" + (f" {hf[r['batch']]:,.1f} | {r['api_tokens_per_s'] / hf[r['batch']]:.2f}x |"
+                                                 if hf else "") for r in timed]
+    return render("decode_api", model=run["model"], arch=run["arch"], beside_hf=phrase("decode_api_beside_hf") if hf else "",
+                  hf_columns=phrase("decode_api_hf_columns") if hf else "", hf_rule="---|" * 2 if hf else "", rows=rows)
+
+
+def quality_section(q: dict) -> list[str]:
+    """Markdown: `bench quality`: dense against the low-rank archs at equal tokens and equal FLOPs,
+    beside CoLA's claim, and the compressed dense model's recovery."""
+    r = quality.ratios(q)
+    runs = {(x["arch"], x["budget"]): x for x in q["runs"]}
+    dense = runs[("dense", "tokens")]
+    ratios = [phrase("quality_ratio", label=label, ratio=f"{r[name]:.3f}", verdict=_verdict(r[name]))
+              for name, label in (("cola/tokens", "cola at equal tokens"), ("cola/flops", "cola at dense's FLOPs"),
+                                  ("svd/tokens", "svd at equal tokens"), ("svd/flops", "svd at dense's FLOPs"),
+                                  ("lax/tokens", "lax at equal tokens")) if name in r]
+    recovery = [f"| {c['method']} | {c['rank']} | {dense['final']['perplexity']:.2f} | {c['compressed']['perplexity']:.2f} "
+                f"| {c['recovered']['perplexity']:.2f} | {c['steps']} ({c['tokens']:,}) |" for c in q["recovery"]]
+    return render("quality", command=q["command"], model=q["model"], d_model=q["d_model"], n_layers=q["n_layers"],
+                  rank=q["rank"], corpus=q["corpus"], seq_len=q["seq_len"], batch_size=q["batch_size"],
+                  eval_tokens=f"{q['eval_tokens']:,}", tokens=f"{q['tokens']:,}", table=quality.table(q),
+                  ratios="; ".join(ratios), dense_millions=f"{dense['params'] / 1e6:.1f}",
+                  cola_millions=f"{runs[('cola', 'tokens')]['params'] / 1e6:.1f}",
+                  token_millions=f"{q['tokens'] / 1e6:.1f}", tokens_per_parameter=f"{q['tokens'] / dense['params']:.2f}",
+                  recovery=recovery)
+
+
+def _verdict(ratio: float) -> str:
+    """A perplexity ratio against dense's in words: within 2% is a match."""
+    if ratio < 0.98:
+        return f"beats dense by {100 * (1 - ratio):.1f}%"
+    return "matches dense" if ratio <= 1.02 else f"lags dense by {100 * (ratio - 1):.1f}%"
+
+
+def optimizers_section(q: dict) -> list[str]:
+    """Markdown: `bench quality --vary train.optimizer=...`: each optimizer at its best learning rate."""
+    o = q["optimizers"]
+    fewer = phrase("split_fewer", asked=f"{o['eval_tokens']:,}") if o["evaluated_tokens"] < o["eval_tokens"] else ""
+    return [*render("optimizers", command=q["command"], tokens=f"{o['tokens']:,}", steps=o["steps"],
+                    evaluated=f"{o['evaluated_tokens']:,}", fewer=fewer, table=quality.optimizer_table(o)),
+            *(optimizer_step_lines(q["step"]) if "step" in q else [])]
+
+
+def optimizer_step_lines(s: dict) -> list[str]:
+    """Markdown: `bench step --vary train.optimizer=...`: each optimizer's step time and what its
+    Newton-Schulz adds, measured beside its FLOPs at adamw's own step rate."""
+    base = s["results"][0]
+    rows = []
+    for r in s["results"]:
+        if "optimizer_overhead_s" not in r:
+            rows.append(f"| {r['optimizer']} | {1e3 * r['median_step_s']:.1f} | - | 0 | - | - |")
+            continue
+        added, predicted = r["optimizer_overhead_s"], r["predicted_optimizer_overhead_s"]
+        rows.append(f"| {r['optimizer']} | {1e3 * r['median_step_s']:.1f} | {1e3 * added:.1f} "
+                    f"({100 * added / r['median_step_s']:.0f}%) | {r['newton_schulz_flops'] / 1e9:.2f} | "
+                    f"{1e3 * predicted:.1f} | {added / predicted:.2f} |")
+    return render("optimizer_steps", command=s["command"], arch=base["arch"], dtype=base["dtype"], batch=base["batch"],
+                  seq=base["seq"], peak_gflops=f"{s['matmul_peak_flops_per_s'] / 1e9:.1f}", rows=rows)
+
+
+def startup_section(st: dict) -> list[str]:
+    """Markdown: `bench startup`: each command's seconds to its first result, cold and warm."""
+    return render("startup", command=st["command"], steps=st["steps"], table=startup.table(st))
+
+
+def gpu_section(pr: dict, pl: dict | None, programs) -> list[str]:
+    """Markdown: the paper's rows (`bench paper --gpu-compile`), the planner's choices (`bench planner
+    --gpu-compile`) and single programs (`python -m boost_jax.compile --json`) compiled by XLA:GPU
+    without a GPU: memory beside the memory model's, seconds beside the performance model and the paper."""
+    compiled = [r for r in pr["rows"] if "gpu_compile" in r]
+    off = [f"{r['model']} {r['variant']} ({paper.protocol_seconds(r, r['gpu_compile']['predicted']) / r['paper_seconds']:.2f}x)"
+           for r in compiled if r["paper_seconds"]
+           and abs(paper.protocol_seconds(r, r["gpu_compile"]["predicted"]) / r["paper_seconds"] - 1) > 0.15]
+    recomputed = [f"{r['model']} {r['variant']} {r['gpu_compile']['gemm_flops'] / r['gemm_flops_hlo']:.2f}x"
+                  for r in compiled if r["gpu_compile"]["gemm_flops"] > 1.01 * r["gemm_flops_hlo"]]
+    lines = render("gpu", command=pr["settings"]["command"], hw=pr["settings"]["gpu_compile"], table=paper.gpu_table(pr))
+    if off:
+        lines += render("gpu_off_paper", rows="; ".join(off))
+    if recomputed:
+        lines += render("gpu_recomputed", rows="; ".join(recomputed))
+    if pl:
+        lines += gpu_planner_lines(pl)
+    return lines + [line for r in programs for line in gpu_program_lines(r)]
+
+
+def gpu_planner_lines(pl: dict) -> list[str]:
+    """The planner's choices compiled by XLA:GPU, and those the memory model puts more than 10% off."""
+    off = [f"{r['model']} {name.replace('_', ' ')} ({g['memory_model_bytes'] / g['peak_bytes']:.2f}x)"
+           for r in pl["rows"] for name, g in r.get("gpu_compile", {}).items()
+           if abs(g["memory_model_bytes"] / g["peak_bytes"] - 1) > 0.10]
+    lines = render("gpu_planner", hw=pl["settings"]["gpu_compile"], command=pl["settings"]["command"],
+                   table=planner.gpu_lines(pl))
+    return lines + (render("gpu_planner_off", rows=", ".join(off)) if off else [])
+
+
+def gpu_program_lines(r: dict) -> list[str]:
+    """One `python -m boost_jax.compile --json`'s programs: compile time, memory, collectives, library calls."""
+    rows = []
+    for p in r["programs"]:
+        layer = (f"{p['layer_collective_bytes'] / MIB:.3f} / {p['analytic_collective_bytes'] / MIB:.3f}"
+                 if p["analytic_collective_bytes"] else "-")
+        model = f"{p['model_memory'] / MIB:,.0f}" if p.get("model_memory") else "-"
+        calls = ", ".join(f"{k} {n}" for k, n in p["custom_calls"].items() if "cudnn" in k or "gpu$" in k or "cublas" in k)
+        rows.append(f"| {p['name']} | {p['compile_s']:.1f} | {p['memory']['peak'] / MIB:,.0f} | {p['memory']['temp'] / MIB:,.0f} "
+                    f"| {model} | {p['collective_bytes'] / MIB:,.1f} | {layer} | {calls or '-'} |")
+    return render("gpu_programs", command=r["command"], rows=rows)
+
+
+def latent_heads_section(lh: dict) -> list[str]:
+    """Section 9: latent heads, from the saved bench outputs it holds (bench/latent_section.py)."""
+    lines = render("latent_heads")
+    if "decode" in lh:
+        dec, first = lh["decode"], lh["decode"]["runs"][0]
+        lines += render("latent_decode", command=latent_section.decode_command(dec), device=dec["device"],
+                        model=first["model"], arch=first["arch"], dtype=first["dtype"], prompt_len=first["prompt_len"],
+                        new_tokens=first["new_tokens"], positions=first["prompt_len"] + first["new_tokens"],
+                        table=latent_section.decode_table(dec), **latent_section.decode_target(dec))
+    if "comm" in lh:
+        comms = lh["comm"]
+        lines += render("latent_comm", command=latent_section.comm_command(comms),
+                        tps=", ".join(map(str, sorted({c["tp"] for c in comms}))), table=latent_section.comm_table(comms))
+        if kv := latent_section.kv_forward(comms):  # a tp with both layouts
+            lines += render("latent_comm_kv", rows=[phrase("latent_comm_kv_row", **row) for row in kv])
+    if "quality" in lh:
+        q, o = lh["quality"], lh["quality"]["latent_heads"]
+        lines += render("latent_quality", command=q["command"], tokens=f"{o['tokens']:,}", steps=o["steps"],
+                        evaluated=f"{o['evaluated_tokens']:,}", table=latent_section.quality_table(q),
+                        costs=latent_section.quality_costs(q))
+    return lines
+
+
+def latent_heads_commands(lh: dict) -> list[str]:
+    """The commands of section 9's saved inputs, as the section states them."""
+    return [*([latent_section.decode_command(lh["decode"])] if "decode" in lh else []),
+            *([latent_section.comm_command(lh["comm"])] if "comm" in lh else []),
+            *([lh["quality"]["command"]] if "quality" in lh else [])]
+
+
+# The sections after section 4 that a results.json may hold, in the page's order: (its key, its Markdown).
+SECTIONS = (("profile", profile_section), ("decode", decode_section), ("quality", quality_section),
+            ("optimizers", optimizers_section), ("study", study_section.section), ("startup", startup_section))
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -750,6 +641,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b")
     p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hours of training) for section 6c")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
+    for saved_input in latent_section.INPUTS:  # section 9; with --rerender too: added to the saved results
+        p.add_argument(saved_input.flag, nargs="+" if saved_input.several else None, help=saved_input.help)
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
     p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
     p.add_argument("--step-seq", type=int, default=256, help="train.seq_len of the timed sections")
@@ -762,9 +655,6 @@ def main(argv: list[str]) -> None:
     a = parse(p, argv)
     if a.reps < 1 or a.steps < 1 or a.step_batch < 1 or a.step_seq < 1:
         raise ConfigError("--reps, --steps, --step-batch and --step-seq must be at least 1")
-    from boost_jax.config.presets import PRESETS
-    from boost_jax.runtime.paths import check_writable_dir
-
     for flag, names in (("--step-model", a.step_model), ("--single-models", a.single_models),
                         ("--decode-model", a.decode_model)):
         if bad := [n for n in names.split(",") if n not in PRESETS]:
@@ -780,13 +670,14 @@ def main(argv: list[str]) -> None:
         ("--optimizers-json", a.optimizers_json, ("optimizers", "command")),
         ("--startup-json", a.startup_json, ("rows", "command")),
         ("--study-json", a.study_json, study_section.KEYS)) if path}
-    result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
+    latent = read_latent_heads(a)
+    result = with_latent_heads(saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved), latent)
     images = plot(result, out / "img")
     (out / "results.md").write_text(page(result, images, "img"))
-    if not a.rerender:
+    if not a.rerender or latent:
         (out / "results.json").write_text(json.dumps(result, indent=1))
     log(f"wrote {out / 'results.md'} and {len(images)} plots in {out / 'img'}"
-        + ("" if a.rerender else f"; the measurements in {out / 'results.json'}"))
+        + ("" if a.rerender and not latent else f"; the measurements in {out / 'results.json'}"))
 
 
 RESULT_KEYS = ("machine", "commands", "paper", "planner", "step_compare", "single_device", "profile")
@@ -802,6 +693,26 @@ def read_saved(path: str, flag: str, keys: tuple[str, ...]) -> dict:
     if missing:
         raise ConfigError(f"{flag} {path}: not the JSON this flag reads (missing {', '.join(missing)})")
     return data
+
+
+def read_latent_heads(a: argparse.Namespace) -> dict:
+    """Section 9's saved inputs given on the command line, by part, each file checked by `read_saved`."""
+    latent = {}
+    for s in latent_section.INPUTS:
+        if paths := getattr(a, s.flag.removeprefix("--").replace("-", "_")):
+            latent[s.part] = [read_saved(p, s.flag, s.keys) for p in paths] if s.several else read_saved(paths, s.flag, s.keys)
+    if "comm" in latent:
+        latent_section.check_comm(latent["comm"], a.latent_comm_json)
+    return latent
+
+
+def with_latent_heads(result: dict, latent: dict) -> dict:
+    """`result` with section 9's saved inputs (replacing the parts it held) and their commands in its list."""
+    if not latent:
+        return result
+    merged = {**result.get("latent_heads", {}), **latent}
+    commands = [*result["commands"], *(c for c in latent_heads_commands(merged) if c not in result["commands"])]
+    return {**result, "commands": commands, "latent_heads": merged}
 
 
 def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, dict]) -> dict:
@@ -884,8 +795,6 @@ def single_device_section(singles: list[list[str]], reps: int, steps: int, profi
 def measure_decode(model: str, reps: int) -> dict:
     """`bench decode` of `model` dense (beside Hugging Face generate when torch and transformers are
     installed) and cola, batches 1, 8 and 32."""
-    from boost_jax.bench import decode
-
     def measure(bandwidth: float) -> dict:
         runs = []
         for arch in ("dense", "cola"):

@@ -5,14 +5,16 @@ intervals (the study's own tables, comparison/report.py)."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from boost_jax.comparison import report
+
 KEYS = ("cells", "fits", "multipliers", "command")  # what a saved study must hold
 IMAGE = "study.png"
 
 
 def section(r: dict) -> list[str]:
     """Markdown: what was run, then the study's tables."""
-    from boost_jax.comparison import report
-
     pct = round(100 * r["interval"])
     cells = r["cells"]
     return ["## 6c. A fair comparison: tuned rates, seeds, loss against compute", "",
@@ -30,11 +32,10 @@ def section(r: dict) -> list[str]:
 def plot(r: dict):
     """The figure of IMAGE: each curve's cells (seeds as dots, means as markers, early ones hollow)
     and its fitted law over the compute it was fitted on."""
-    import matplotlib
+    import matplotlib  # optional: matplotlib (the dev and notebooks extras)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     fits = {f["curve"]: f for f in r["fits"]}

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import jax
+
 from boost_jax.config import Config, ConfigError
 from boost_jax.runtime.cache import atomic_write
 from boost_jax.runtime.errors import DivergenceError
@@ -18,10 +20,8 @@ RESULT = "study_result.json"
 def result(cfg: Config, eval_tokens: int, log=print) -> dict:
     """The run's final figures: read when it finished before, else trained (resumed) and evaluated.
     A run that diverges is finished too, with loss None."""
-    import jax
-
-    from boost_jax.training.evaluate import evaluate
-    from boost_jax.training.run import train
+    from boost_jax.training.evaluate import evaluate  # optional: grain (the loop's loader)
+    from boost_jax.training.run import train  # optional: grain (the loop's loader)
 
     path = Path(cfg.run_dir) / RESULT
     if path.is_file():
@@ -53,7 +53,7 @@ def final_spectra(cfg: Config) -> dict[str, float]:
 def check_eval_split(cfg: Config, eval_tokens: int) -> None:
     """Refuse by name a validation split whose whole batches hold fewer than `eval_tokens` held-out
     tokens: before any training, so no run is spent on an eval that cannot carry the comparison."""
-    from boost_jax.data.build import build_data
+    from boost_jax.data.build import build_data  # optional: grain (the loader)
 
     t = cfg.train
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed, batch_size=t.batch_size)

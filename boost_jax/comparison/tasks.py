@@ -23,7 +23,7 @@ def task_manager(s: StudyConfig):
     if not s.tasks:
         return None
     try:
-        from lm_eval.tasks import TaskManager
+        from lm_eval.tasks import TaskManager  # optional: lm_eval (the eval extra)
     except ImportError:
         raise PackageError("study.tasks needs lm-eval: pip install -e \".[eval]\" (or pip install lm-eval)") from None
     if s.tasks_path is not None and not Path(s.tasks_path).is_dir():
@@ -48,9 +48,9 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
     done = json.loads(path.read_text()) if path.is_file() else {}
     todo = [t for t in s.tasks if t not in done]
     if todo:
-        from lm_eval import simple_evaluate
+        from lm_eval import simple_evaluate  # optional: lm_eval
 
-        from boost_jax.lm_eval import BoostLM
+        from boost_jax.lm_eval import BoostLM  # optional: lm_eval (the adapter imports it)
 
         out = simple_evaluate(model=BoostLM(run_dir=cfg.run_dir), tasks=todo, task_manager=manager,
                               limit=s.tasks_limit or None, log_samples=False, bootstrap_iters=0)

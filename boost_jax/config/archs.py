@@ -51,3 +51,9 @@ ARCHS: dict[str, Arch] = {
     "lax": Arch("lax", low_rank=True, latent_activation="silu", carries_latents=True, default_gate_silu=False,
                 hf_llama_export=False),
 }
+
+# The KV caches a decode can keep, by `--cache` name (layers/kv_cache.py's CACHES): keys and values for
+# every arch, the rank-r latents of v (latent_v) or of k and v (latent) for the low-rank ones. Named
+# here so that the commands check the flag before JAX starts.
+CACHE_KINDS = ("full", "latent_v", "latent")
+AUTO_CACHE = "auto"  # not a kind: the one with the fewest bytes per device for a model and layout (model/decode.choose_cache)

@@ -66,7 +66,7 @@ class ModelConfig:
     init_std: float = 0.02
     # Attention: xla (XLA's softmax attention, a loop over blocks of attention_query_block queries when
     # that divides the sequence, so one block's scores live at a time; in one block, causal blocks of
-    # 128 queries that skip the keys after them, layers/attention.py) | cudnn (cuDNN's fused flash
+    # 128 queries that skip the keys after them, ops/attention.py) | cudnn (cuDNN's fused flash
     # kernel, GPU only, for causal self-attention; decoding and document masks use xla) | auto
     # (cudnn on GPU devices, xla elsewhere). The plan resolves it (parallel/plan.py).
     attention: Literal["auto", "xla", "cudnn"] = "auto"

@@ -14,7 +14,9 @@ import warnings
 from pathlib import Path
 
 from boost_jax.config import DataConfig
-from boost_jax.runtime.cli import DEBUG_HELP, run_main
+from boost_jax.runtime.cli import DEBUG_HELP, at_least, run_main
+from boost_jax.runtime.errors import ConfigError
+from boost_jax.runtime.paths import check_writable_dir
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,12 +48,9 @@ def _main(argv: list[str]) -> None:
 
 
 def _prepare(a: argparse.Namespace) -> None:
-    from boost_jax.data.corpus import files_corpus
-    from boost_jax.data.prepare import PrepareConfig, prepare
-    from boost_jax.data.tokenizer import MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB
-    from boost_jax.runtime.cli import at_least
-    from boost_jax.runtime.errors import ConfigError
-    from boost_jax.runtime.paths import check_writable_dir
+    from boost_jax.data.corpus import files_corpus  # lazy: keeps --help free of numpy and tokenizers
+    from boost_jax.data.prepare import PrepareConfig, prepare  # lazy: keeps --help free of numpy and tokenizers
+    from boost_jax.data.tokenizer import MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB  # lazy: keeps --help free of tokenizers
 
     if not 0 <= a.val_fraction < 1:  # nan included
         raise ConfigError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")

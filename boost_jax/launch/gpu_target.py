@@ -20,6 +20,7 @@ import importlib.util
 
 import jax
 from jax._src import compilation_cache  # its once-per-process "cache used" memo (no public switch)
+from jax.experimental import topologies
 
 from boost_jax.config.hardware import Hardware
 from boost_jax.runtime.errors import ConfigError, PackageError
@@ -104,8 +105,6 @@ def gpu_devices(hw: Hardware, nodes: int, gpus: int = 0) -> list[jax.Device]:
     if jax.config.jax_platforms not in ("cpu",):
         raise ConfigError("a deviceless GPU compile needs JAX on the CPU (JAX_PLATFORMS=cpu, "
                           "launch.gpu_target.use_cpu_backend() before JAX starts)")
-    from jax.experimental import topologies
-
     try:
         topology = topologies.get_topology_desc(platform="cuda", target_config=text,
                                                 topology=f"1x{nodes}x{gpus or hw.gpus_per_node}")

@@ -28,6 +28,7 @@ import platform
 import sys
 
 import jax
+from jax._src import xla_bridge  # whether the backend started: no public query of this in jax 0.10
 
 # <malloc.h>'s mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
@@ -67,6 +68,4 @@ def apply_setting(enabled: bool) -> None:
 
 
 def _backend_started() -> bool:
-    from jax._src import xla_bridge  # no public query of this in jax 0.10
-
     return xla_bridge.backends_are_initialized()

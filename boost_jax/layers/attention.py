@@ -1,262 +1,46 @@
-"""Causal self-attention with RoPE and grouped-query heads: the attention math and the layer's
-weights (q/k/v/o, arch-generic linears run by the plan's projection strategy).
+"""The attention layer: its weights (q, k, v, o: arch-generic linears run by the plan's projection
+strategy) around the attention op (ops/attention.py: RoPE, causal, cached and latent-value
+attention).
 
-The layer knows no scheme: the plan's projections (`parallel/projections.py`) make q, k and v (or
-the latents of k and v) and hand them to the math here where the plan keeps the tokens, inside a
-shard_map region under context parallelism (`Projections.attention`, `parallel/context.py`).
-
-Where the tokens sit is the caller's (`Positions`): each row's positions (RoPE, and the causal
-mask: a query sees the keys at positions <= its own) and optionally each token's document (a
-query sees only its own document's keys). With a `KVCache` the queries attend to every key the
-cache holds (a prompt's prefill, one decode step, a chunk of a long sequence) after writing their
-own keys into it.
+The layer knows no scheme: without a cache it hands its q, k, v projections and its op to the
+plan's projections (`Projections.attention`, `parallel/projections.py`), which attend where the plan
+keeps the tokens, inside a shard_map region under context parallelism (`parallel/context.py`).
+With a cache (`layers/kv_cache.py`) the queries attend to every key the cache holds (a prompt's
+prefill, one decode step, a chunk of a long sequence) after writing their own keys into it; a
+latent cache keeps rank-r latents, and the keys it keeps as latents are rebuilt here
+(`keys_from_latents`). Where the tokens sit is the caller's (`ops.attention.Positions`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from boost_jax.config import ModelConfig
 from boost_jax.layers.kv_cache import KV_AXES, KVCache, LatentCache, ValueLatentCache
-from boost_jax.layers.lowrank import Linear
-
-
-@jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class Positions:
-    """Where a forward's tokens sit. `positions` int32 [B, S] (None: 0 .. S-1 in every row, as in
-    training on packed windows); `segments` int32 [B, S], each token's document (None: one per row).
-    Under context parallelism each device holds its chunk of them, in the load-balanced order."""
-
-    positions: jax.Array | None = None
-    segments: jax.Array | None = None
-
-    def of(self, batch: int, seq: int) -> jax.Array:
-        """The positions as an array [B, S]."""
-        if self.positions is not None:
-            return self.positions
-        return jnp.broadcast_to(jnp.arange(seq), (batch, seq))
-
-
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding in the rotate-half layout (as Hugging Face LLaMA): x: [B, S, H, D]."""
-    half = x.shape[-1] // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = positions[:, :, None, None].astype(jnp.float32) * freq  # [B, S, 1, D/2]
-    return _rotate(x, jnp.cos(angle), jnp.sin(angle))
-
-
-def rope_at_slots(x: jax.Array, theta: float) -> jax.Array:
-    """`rope` of x [B, H, T, D] (heads-first, as a cache keeps keys) at positions 0 .. T-1: the
-    cos and sin of those positions are a constant table [T, D/2] computed once at trace time. XLA:CPU
-    recomputes the angles' cos and sin per element where they are traced (llama-60m, [32, 8, 128, 64]
-    fp32: 40-70 ms against 1-2 ms from the table), a cost a decode step paid in every layer for every
-    cached key it rebuilt."""
-    length, half = x.shape[-2], x.shape[-1] // 2
-    freq = np.float32(theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
-    angle = np.arange(length, dtype=np.float32)[:, None] * freq  # [T, D/2], as `rope` computes it
-    return _rotate(x, jnp.asarray(np.cos(angle)), jnp.asarray(np.sin(angle)))
-
-
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [..., D] rotated in the rotate-half layout by cos, sin [..., D/2] (broadcast), in fp32."""
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-def query_rows(seq: int, query_block: int) -> int:
-    """Queries per block of XLA's attention: `model.attention_query_block` when it divides a longer
-    sequence, else the whole sequence (the work analysis needs the same number)."""
-    return query_block if seq > query_block and seq % query_block == 0 else seq
-
-
-# Queries per causal block where one block holds the sequence. On XLA:CPU, at [4, 256, 8, 64] fp32
-# forward + backward, 2 blocks of 128 run 1.5-1.7x faster than one masked S x S block; at
-# [2, 512, 8 (2 kv), 64], 4 blocks 1.9x.
-CAUSAL_BLOCK = 128
-
-
-def causal_blocks(seq: int) -> int:
-    """How many blocks of queries plain causal self-attention over `seq` positions (one query block)
-    runs, block i against the keys up to its own end only (the work analysis needs the same)."""
-    return seq // CAUSAL_BLOCK if seq > CAUSAL_BLOCK and seq % CAUSAL_BLOCK == 0 else 1
-
-
-_UNSEEN = -0.7 * float(jnp.finfo(jnp.float32).max)  # an unseen key's score, as jax.nn.dot_product_attention's
-
-
-def _heads_first(x: jax.Array, kv_heads: int) -> jax.Array:
-    """[B, S, H, D] -> [B, Hkv, H / Hkv, S, D]: each head's rows one matrix for the batched matmuls."""
-    b, s, h, d = x.shape
-    return jnp.transpose(x.reshape(b, s, kv_heads, h // kv_heads, d), (0, 2, 3, 1, 4))
-
-
-def _tokens_first(x: jax.Array) -> jax.Array:
-    """[B, Hkv, G, S, D] -> [B, S, Hkv * G, D]."""
-    b, kvh, g, s, d = x.shape
-    return jnp.transpose(x, (0, 3, 1, 2, 4)).reshape(b, s, kvh * g, d)
-
-
-def _softmax_attention(qt: jax.Array, kt: jax.Array, vt: jax.Array, seen: jax.Array) -> jax.Array:
-    """Heads-first softmax attention of qt [B, Hkv, G, Sq, D] over kt, vt [B, Hkv, 1, Sk, D] where
-    `seen` [1 or B, Sq, Sk] (as jax.nn.dot_product_attention: fp32 scores and softmax, probabilities
-    at v's dtype) -> [B, Hkv, G, Sq, D]."""
-    scores = jnp.matmul(qt, jnp.swapaxes(kt, -1, -2), preferred_element_type=jnp.float32) * qt.shape[-1] ** -0.5
-    p = jax.nn.softmax(jnp.where(seen[:, None, None], scores, _UNSEEN), axis=-1)
-    return p.astype(vt.dtype) @ vt
-
-
-def _causal_blocks_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal self-attention of q [B, S, H, D] over k, v [B, S, Hkv, D] in `causal_blocks(S)` query
-    blocks, each against the keys up to its end: the blocks above the diagonal are never computed."""
-    s, kvh = q.shape[1], k.shape[2]
-    r = s // causal_blocks(s)
-    qt, kt, vt = _heads_first(q, kvh), _heads_first(k, kvh), _heads_first(v, kvh)
-    outs = [_softmax_attention(qt[..., end - r:end, :], kt[..., :end, :], vt[..., :end, :],
-                               ((end - r + jnp.arange(r))[:, None] >= jnp.arange(end)[None])[None])
-            for end in range(r, s + 1, r)]
-    return _tokens_first(jnp.concatenate(outs, axis=3))
-
-
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str, query_block: int,
-                     q_positions: jax.Array | None = None, k_positions: jax.Array | None = None,
-                     q_segments: jax.Array | None = None, k_segments: jax.Array | None = None) -> jax.Array:
-    """Softmax attention of q [B, Sq, H, D] over k, v [B, Sk, Hkv, D]: a query sees the keys at
-    positions <= its own (and of its own segment). Positions None: queries and keys are the same
-    tokens at 0 .. S-1 (training's causal self-attention, which cuDNN's kernel runs).
-
-    `impl` (the plan's): cudnn runs cuDNN's fused flash kernel where it applies (plain causal
-    self-attention). xla materialises the scores. Where one block holds the sequence, plain causal
-    attention runs `causal_blocks` blocks of queries, each against the keys up to its end. Else a
-    loop over blocks of `query_rows` queries (each against every key, masked: the same FLOPs as one
-    block), so one block's [B, H, rows, Sk] scores are live at a time instead of [B, H, Sq, Sk]
-    (llama-7b, s=4096, tp=4: 2 GiB each). Either way each block's scores are recomputed in the
-    backward pass instead of being kept for every layer (what a flash kernel does too)."""
-    plain = q_positions is None and q_segments is None
-    with jax.named_scope("attention"):  # the ops' name: `bench profile` and analysis/work.py find them by it
-        if impl == "cudnn" and plain:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-        recompute = partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
-        b, s, h, d = q.shape
-        rows = query_rows(s, query_block)
-        if plain and rows == s:
-            return recompute(_causal_blocks_attention)(q, k, v)
-        keys = jnp.arange(k.shape[1])[None] if k_positions is None else k_positions  # [1 or B, Sk]
-
-        def mask(first):
-            """[1 or B, rows, Sk]: which keys the queries first .. first + rows - 1 see."""
-            if q_positions is None:
-                seen = (first + jnp.arange(rows))[None, :, None] >= keys[:, None, :]
-            else:
-                seen = jax.lax.dynamic_slice_in_dim(q_positions, first, rows, axis=1)[:, :, None] >= keys[:, None, :]
-            if q_segments is not None:
-                mine = jax.lax.dynamic_slice_in_dim(q_segments, first, rows, axis=1)
-                seen = seen & (mine[:, :, None] == k_segments[:, None, :])
-            return seen
-
-        kvh = k.shape[2]
-        if rows == s:
-            return recompute(lambda q, k, v: _tokens_first(_softmax_attention(
-                _heads_first(q, kvh), _heads_first(k, kvh), _heads_first(v, kvh), mask(0))))(q, k, v)
-        kt, vt = _heads_first(k, kvh), _heads_first(v, kvh)
-
-        @recompute
-        def block(q_rows, first):
-            return _softmax_attention(_heads_first(q_rows, kvh), kt, vt, mask(first))
-
-        blocks = jnp.moveaxis(q.reshape(b, s // rows, rows, h, d), 1, 0)
-        out = jax.lax.map(lambda xs: block(*xs), (blocks, jnp.arange(0, s, rows)))  # [n, B, Hkv, G, rows, D]
-        return _tokens_first(jnp.moveaxis(out, 0, 3).reshape(b, kvh, h // kvh, s, d))
-
-
-def cached_attention(q: jax.Array, k: jax.Array, positions: jax.Array, combine, *, query_block: int) -> jax.Array:
-    """Softmax attention of q [B, S, H, d_h] at `positions` [B, S] over a cache's keys k
-    [B, H_kv, T, d_h] (slot j at position j; heads-first, so each (row, kv head) is one matrix and
-    nothing is transposed per step): a query sees the slots at positions <= its own. `combine(p)`
-    takes the fp32 probabilities p [B, H_kv, G, S', T] of a block of S' queries (query_rows: one
-    block's scores live at a time, as in causal_attention) to that block's output [B, S', ...]."""
-    b, s, h, dh = q.shape
-    kvh = k.shape[1]
-    slots = jnp.arange(k.shape[2])
-
-    def block(q_rows, pos_rows):
-        q_rows = q_rows.reshape(b, -1, kvh, h // kvh, dh)
-        scores = jnp.einsum("bskgd,bktd->bkgst", q_rows, k, preferred_element_type=jnp.float32)
-        seen = slots <= pos_rows[:, None, None, :, None]
-        return combine(jax.nn.softmax(jnp.where(seen, scores / jnp.sqrt(jnp.float32(dh)), -jnp.inf), axis=-1))
-
-    with jax.named_scope("attention"):
-        rows = query_rows(s, query_block)
-        if rows == s:
-            return block(q, positions)
-        split = lambda x: jnp.moveaxis(x.reshape(b, s // rows, rows, *x.shape[2:]), 1, 0)
-        out = jax.lax.map(lambda xs: block(*xs), (split(q), split(positions)))
-        return jnp.moveaxis(out, 0, 1).reshape(b, s, *out.shape[3:])
+from boost_jax.layers.lowrank import Linear, up_by_groups
+from boost_jax.ops.attention import AttentionOp, Positions, cached_attention, latent_value_attention, rope_at_slots
 
 
 def keys_from_latents(h: jax.Array, b: jax.Array, groups: int, head_dim: int) -> jax.Array:
     """Keys before RoPE, heads-first [B, H_kv, T, d_h], rebuilt from a cache's latents h [B, T, r]
     and k's up-projection b [r, H_kv d_h / g] (with latent heads the stacked blocks of a block-diagonal
-    B; g = 1: B itself). One batched matmul with the groups leading on both sides, [g, B T, r / g] x
-    [g, r / g, H_kv d_h / g], then one transpose to heads-first. An einsum with the groups in the
-    middle, as `lowrank.up_projection` writes it, made XLA:CPU compute B^T h^T, which the next fusion
-    read with a stride of B T floats (llama-60m b32 decode, per layer and device: 30-67 ms at tp = 1
-    and 4 against 3-13 ms this way)."""
-    batch, length, r = h.shape
-    z = jnp.moveaxis(h.reshape(batch * length, groups, r // groups), 1, 0)  # [g, B T, r / g]
-    y = jnp.einsum("jnk,jkm->jnm", z, b.astype(h.dtype).reshape(groups, r // groups, -1))
+    B; g = 1: B itself): the training forward's grouped up-projection (`lowrank.up_by_groups`, groups
+    leading), then one transpose to heads-first."""
+    batch, length, _ = h.shape
+    y = up_by_groups(h, b.astype(h.dtype), groups, flat=True)  # [g, B T, H_kv d_h / g]
     y = y.reshape(groups, batch, length, -1, head_dim)  # [g, B, T, H_kv / g, d_h]
     return jnp.transpose(y, (1, 0, 3, 2, 4)).reshape(batch, -1, length, head_dim)
 
 
-def latent_value_attention(q: jax.Array, k: jax.Array, positions: jax.Array, h_v: jax.Array, b_v: jax.Array, *,
-                           query_block: int, groups: int = 1) -> jax.Array:
-    """`cached_attention` of q [B, S, H, d_h] over keys k [B, H_kv, T, d_h] whose values are the
-    latents h_v [B, T, r] of the up-projection b_v [r, H_kv d_h]: softmax(q k^T) (h_v B_v) computed
-    as (softmax(q k^T) h_v) B_v per kv head, B_v applied once per query instead of once per cached
-    token -> [B, S, H d_h]. With latent heads (`groups` > 1, b_v [r, H_kv d_h / g] the stacked blocks
-    of a block-diagonal B_v), each kv head weighs only its own group's r / g latent columns."""
-    if groups > 1:
-        return _grouped_latent_value_attention(q, k, positions, h_v, b_v, query_block=query_block, groups=groups)
-    b, s, h, dh = q.shape
-    weighted = lambda p: jnp.einsum("bkgst,btr->bskgr", p.astype(h_v.dtype), h_v)  # the attention-weighted latents
-    z = cached_attention(q, k, positions, weighted, query_block=query_block)
-    with jax.named_scope("attention"):
-        b_v = b_v.astype(z.dtype).reshape(-1, k.shape[1], dh)  # [r, H_kv, d_h]
-        return jnp.einsum("bskgr,rkd->bskgd", z, b_v).reshape(b, s, h * dh)
-
-
-def _grouped_latent_value_attention(q, k, positions, h_v, b_v, *, query_block: int, groups: int) -> jax.Array:
-    """`latent_value_attention` with latent heads: kv head j h' (group j, head h' of it) weighs the
-    latents h_v[..., j, :] [B, T, r / g] and applies block j of B_v."""
-    b, s, h, dh = q.shape
-    kvh, t = k.shape[1], k.shape[2]
-    h_v = h_v.reshape(b, t, groups, -1)  # [B, T, g, r / g]
-
-    def weighted(p):  # [B, H_kv, G, S', T] -> [B, S', g, H_kv / g, G, r / g]
-        p = p.reshape(b, groups, kvh // groups, *p.shape[2:]).astype(h_v.dtype)
-        return jnp.einsum("bjhgst,btjr->bsjhgr", p, h_v)
-
-    z = cached_attention(q, k, positions, weighted, query_block=query_block)
-    with jax.named_scope("attention"):
-        b_v = b_v.astype(z.dtype).reshape(groups, -1, kvh // groups, dh)  # [g, r / g, H_kv / g, d_h]
-        return jnp.einsum("bsjhgr,jrhd->bsjhgd", z, b_v).reshape(b, s, h * dh)
-
-
 class Attention(nnx.Module):
-    """q, k, v from the normed residual (RoPE on q and k), causal attention, o back to the residual.
-    `proj` is the plan's projections (parallel/projections.py) in every method that takes it."""
+    """q, k, v from the normed residual (RoPE on q and k), causal attention (`op`), o back to the
+    residual. `proj` is the plan's projections (parallel/projections.py) in every method that takes it."""
 
     def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
-        self.rope_theta, self.query_block = cfg.rope_theta, cfg.attention_query_block
+        self.op = AttentionOp(cfg.n_heads, dh, cfg.rope_theta, cfg.attention_query_block)
         lin = lambda i, o, axes, groups=1: Linear(i, o, rank=cfg.attn_rank, axes=axes, rngs=rngs, groups=groups,
                                                   **linear_kwargs)
         # Latent heads split k's and v's latents only: q is not cached, and each query head keeps the
@@ -282,14 +66,14 @@ class Attention(nnx.Module):
         with one (decoding, on one sequence chunk), over what the cache holds."""
         b, s, _ = x.shape
         if cache is None:
-            out = proj.attention(x, norm, self, where)
+            out = proj.attention(x, norm, self.linears, self.op, where)
         elif where.segments is not None:
             raise ValueError("attention: a cache holds one document per row; segment ids do not apply")
         elif isinstance(cache, KVCache):
             out, cache = self._over_cache(x, norm, proj, where.of(b, s), cache)
         else:
             out, cache = self._over_latents(x, norm, proj, where.of(b, s), cache)
-        out = out.reshape(b, s, self.n_heads * self.head_dim)
+        out = out.reshape(b, s, self.op.n_heads * self.op.head_dim)
         return proj.plan.constrain(out, ("batch", "seq", "act_heads")), cache
 
     @property
@@ -297,47 +81,23 @@ class Attention(nnx.Module):
         """The projections of the normed residual, by name."""
         return {"q": self.q, "k": self.k, "v": self.v}
 
-    def queries_keys_values(self, proj, x: jax.Array, norm, positions: jax.Array) -> tuple[jax.Array, ...]:
-        """q [B, S, H, d_h], k and v [B, S, H_kv, d_h] of norm(x), q and k rotated at `positions`."""
-        b, s, _ = x.shape
-        kv = ("kv_heads", "act_kv_heads")
-        qkv = proj.normed(x, norm, self.linears, {"q": ("heads", "act_heads"), "k": kv, "v": kv})
-        q, k, v = (qkv[name].reshape(b, s, -1, self.head_dim) for name in "qkv")
-        constrain = proj.plan.constrain
-        return (constrain(self.rotate(q, positions), ("batch", "seq", "act_heads", None)),
-                constrain(self.rotate(k, positions), ("batch", "seq", "act_kv_heads", None)),
-                constrain(v, ("batch", "seq", "act_kv_heads", None)))
-
-    def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """RoPE of x [B, S, heads, d_h] at positions [B, S]."""
-        return rope(x, positions, self.rope_theta)
-
-    def attend(self, q, k, v, q_positions, k_positions, q_segments, k_segments, *, impl: str) -> jax.Array:
-        """`causal_attention` of q over k and v at this layer's query block."""
-        return causal_attention(q, k, v, impl=impl, query_block=self.query_block, q_positions=q_positions,
-                                k_positions=k_positions, q_segments=q_segments, k_segments=k_segments)
-
-    def query_rows(self, seq: int) -> int:
-        """Queries per block of `attend` over `seq` positions."""
-        return query_rows(seq, self.query_block)
-
     def _over_cache(self, x, norm, proj, positions: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """This chunk's keys and values written into a full cache, its queries over all it holds."""
-        q, k, v = self.queries_keys_values(proj, x, norm, positions)
+        q, k, v = proj.queries_keys_values(x, norm, self.linears, self.op, positions)
         cache = cache.write(k, v, positions[:, 0]).constrain(proj.plan.constrain)
         values = lambda p: jnp.einsum("bkgst,bktd->bskgd", p.astype(cache.v.dtype), cache.v)
-        return cached_attention(q, cache.k, positions, values, query_block=self.query_block), cache
+        return cached_attention(q, cache.k, positions, values, query_block=self.op.query_block), cache
 
     def _over_latents(self, x, norm, proj, positions: jax.Array, cache: LatentCache | ValueLatentCache):
         """Attention over a cache of latents (layers/kv_cache.py): v stays a rank-r latent, its
         up-projection B_v (the projections' `up_weight`) applied after attention
         (`latent_value_attention`). Keys are cached after RoPE (latent_v), or as latents too
         (latent), every cached key then rebuilt from its latent and rotated at its slot's position."""
-        b = x.shape[0]
+        b, op = x.shape[0], self.op
         constrain = proj.plan.constrain
         kv = ("kv_heads", "act_kv_heads")
         hs = proj.latents(x, norm, self.linears)
-        rotate = lambda y, pos, axis: constrain(self.rotate(y.reshape(b, pos.shape[1], -1, self.head_dim), pos),
+        rotate = lambda y, pos, axis: constrain(op.rotate(y.reshape(b, pos.shape[1], -1, op.head_dim), pos),
                                                 ("batch", "seq", axis, None))
         if isinstance(cache, ValueLatentCache):  # this chunk's keys, rotated once and cached
             qk = proj.up({"q": hs["q"], "k": hs["k"]}, self.linears, {"q": ("heads", "act_heads"), "k": kv})
@@ -347,9 +107,9 @@ class Attention(nnx.Module):
         else:  # every cached key rebuilt from its latent
             qk = proj.up({"q": hs["q"]}, self.linears, {"q": ("heads", "act_heads")})
             cache = cache.write(hs["k"], hs["v"], positions[:, 0]).constrain(constrain)
-            k = keys_from_latents(cache.k, proj.up_weight(self.k), self.k.groups, self.head_dim)
-            k = constrain(rope_at_slots(k, self.rope_theta), KV_AXES)  # slot j at position j
+            k = keys_from_latents(cache.k, proj.up_weight(self.k), self.k.groups, op.head_dim)
+            k = constrain(rope_at_slots(k, op.rope_theta), KV_AXES)  # slot j at position j
         q = rotate(qk["q"], positions, "act_heads")
-        out = latent_value_attention(q, k, positions, cache.v, proj.up_weight(self.v), query_block=self.query_block,
+        out = latent_value_attention(q, k, positions, cache.v, proj.up_weight(self.v), query_block=op.query_block,
                                      groups=self.v.groups)
         return out, cache

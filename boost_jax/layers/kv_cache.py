@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.config import ModelConfig
-from boost_jax.config.archs import ARCHS
+from boost_jax.config.archs import ARCHS, CACHE_KINDS
 
 
 def _write(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
@@ -149,11 +149,10 @@ class ValueLatentCache(_LayerCache):
         return cfg.n_layers * (cfg.n_kv_heads * cfg.head_dim + cfg.attn_rank) * itemsize
 
 
-# `--cache` name -> its kind.
-CACHES: dict[str, type[KVCache] | type[ValueLatentCache] | type[LatentCache]] = {
-    "full": KVCache, "latent_v": ValueLatentCache, "latent": LatentCache}
+# `--cache` name (config/archs.py's CACHE_KINDS) -> its kind.
+CACHES: dict[str, type[KVCache] | type[ValueLatentCache] | type[LatentCache]] = dict(
+    zip(CACHE_KINDS, (KVCache, ValueLatentCache, LatentCache), strict=True))
 
-AUTO = "auto"  # not a kind: the one with the fewest bytes per device for a model and layout (model/decode.choose_cache)
 
 Cache = tuple[KVCache, ...] | tuple[ValueLatentCache, ...] | tuple[LatentCache, ...]  # the model's: one per layer
 

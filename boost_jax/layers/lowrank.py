@@ -30,16 +30,25 @@ def cola_init_std(d_in: int, d_out: int, rank: int) -> float:
     return rank**-0.25 * (d_in + d_out) ** -0.25
 
 
+def up_by_groups(h: jax.Array, b: jax.Array, groups: int, *, flat: bool) -> jax.Array:
+    """h [..., r] @ the block-diagonal B of `groups` blocks [r / g, n] stacked in b [r, n], groups
+    leading: [g, ..., n] (`flat`: the tokens as one axis, [g, N, n]). One batched matmul with the
+    groups the batch axis on both sides, [g, N, r / g] x [g, r / g, n]: an einsum with the groups in
+    the middle made XLA:CPU compute B^T h^T, which the next fusion read with a stride of N floats
+    (llama-60m b32 decode, per layer and device: 30-67 ms against 3-13 ms this way)."""
+    rows = h.reshape(-1, h.shape[-1]) if flat else h
+    z = jnp.moveaxis(rows.reshape(*rows.shape[:-1], groups, -1), -2, 0)  # [g, ..., r / g]
+    return jnp.einsum("j...k,jkn->j...n", z, b.reshape(groups, -1, b.shape[-1]))
+
+
 def up_projection(h: jax.Array, b: jax.Array, groups: int, *, flat: bool) -> jax.Array:
     """h [..., r] @ B: b [r, n] itself (groups 1), or the block-diagonal B of `groups` blocks
     [r / g, n] stacked in b -> [..., g n], group j's r / g latent columns feeding only its own n
-    outputs (latent heads). `flat`: `matmul`'s."""
+    outputs (latent heads, `up_by_groups`). `flat`: `matmul`'s."""
     if groups == 1:
         return matmul(h, b, flat=flat)
-    rows = h.reshape(-1, h.shape[-1]) if flat else h
-    z = rows.reshape(*rows.shape[:-1], groups, -1)  # [..., g, r / g]
-    y = jnp.einsum("...gk,gkn->...gn", z, b.reshape(groups, -1, b.shape[-1]))
-    return y.reshape(*h.shape[:-1], groups * b.shape[-1])
+    y = up_by_groups(h, b, groups, flat=flat)  # [g, ..., n]
+    return jnp.moveaxis(y, 0, -2).reshape(*h.shape[:-1], groups * b.shape[-1])
 
 
 class Linear(nnx.Module):

@@ -82,7 +82,10 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     return registry
 
 
-class Checkpointer:
+class CheckpointStore:
+    """The Orbax store of one checkpoints folder: save, restore and list its steps. It decides nothing:
+    when to save and what to resume are the train loop's (training/parts.py's `Checkpointing`)."""
+
     def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False, async_save: bool = True):
         self.directory = Path(directory).absolute()
         # A save's step folder is made in `save` itself, not by a background thread: Orbax's writer

@@ -23,9 +23,9 @@ import numpy as np
 from flax import nnx
 
 from boost_jax.config import ConfigError, ModelConfig
-from boost_jax.layers.attention import Positions
 from boost_jax.model import Model, residual, unstack_layers
 from boost_jax.model.counts import layer_linear_shapes
+from boost_jax.ops.attention import Positions
 from boost_jax.parallel import single_device_plan
 
 ATTENTION, MLP = ("q", "k", "v", "o"), ("gate", "up", "down")

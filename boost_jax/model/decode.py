@@ -30,8 +30,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from boost_jax.config.archs import ARCHS
-from boost_jax.layers.kv_cache import AUTO, CACHES, Cache, empty
+from boost_jax.config.archs import ARCHS, AUTO_CACHE
+from boost_jax.layers.kv_cache import CACHES, Cache, empty
 from boost_jax.model import Model, unstack_layers
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
@@ -163,12 +163,12 @@ class Decoder:
 
     def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None,
                  compiler_options: dict | None = None):
-        if cache not in (*CACHES, AUTO):
-            raise ConfigError(f"cache {cache!r}: choose one of {[*CACHES, AUTO]}")
+        if cache not in (*CACHES, AUTO_CACHE):
+            raise ConfigError(f"cache {cache!r}: choose one of {[*CACHES, AUTO_CACHE]}")
         if plan.pipeline is not None or plan.size("seq") > 1:
             raise ConfigError(DECODING_LAYOUT)
         self.cfg, self.plan, self.eos_id = model.cfg, plan, eos_id
-        self.cache_name = choose_cache(self.cfg, plan)[0] if cache == AUTO else cache
+        self.cache_name = choose_cache(self.cfg, plan)[0] if cache == AUTO_CACHE else cache
         try:
             CACHES[self.cache_name].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
         except ValueError as e:

@@ -14,12 +14,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.config import ModelConfig
 from boost_jax.config.archs import ARCHS
-from boost_jax.layers.attention import Attention, Positions
+from boost_jax.layers.attention import Attention
 from boost_jax.layers.cross_entropy import cross_entropy_sum
 from boost_jax.layers.kv_cache import Cache, KVCache, LatentCache
 from boost_jax.layers.lowrank import Linear, matmul
 from boost_jax.layers.mlp import MLP
 from boost_jax.layers.norm import RMSNorm
+from boost_jax.ops.attention import Positions
 from boost_jax.parallel.blocks import embed_lookup
 from boost_jax.parallel.pipeline import merge_microbatches, run_pipeline, split_microbatches
 from boost_jax.parallel.plan import Plan

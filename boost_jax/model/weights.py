@@ -25,7 +25,7 @@ from flax import nnx
 
 from boost_jax.config import Config, ModelConfig
 from boost_jax.model import Model
-from boost_jax.model.checkpoint import Checkpointer, model_identity
+from boost_jax.model.checkpoint import CheckpointStore, model_identity
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
 
@@ -114,7 +114,7 @@ def restore_params(run_dir: str | Path, cfg: Config, plan: Plan, step: int | Non
     like = {"params": abstract_params(cfg, plan)}
     if not (Path(run_dir) / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
-    ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.keep, read_only=True)
+    ckpt = CheckpointStore(Path(run_dir) / "checkpoints", cfg.checkpoint.keep, read_only=True)
     try:
         asked, step = step is not None, checkpoint_step(run_dir, ckpt, step)
         read = lambda at: ckpt.restore(at, like, model_identity(cfg.to_dict()), subset=True)
@@ -135,7 +135,7 @@ def adopt_layers(tree, meta: dict, order: np.ndarray, shardings):
     return jax.jit(relayout, out_shardings=shardings, donate_argnums=0)(tree)
 
 
-def checkpoint_step(run_dir: str | Path, ckpt: Checkpointer, step: int | None) -> int:
+def checkpoint_step(run_dir: str | Path, ckpt: CheckpointStore, step: int | None) -> int:
     """The checkpoint a command on a run dir reads: `step`, or the newest; one message if there is none."""
     steps = sorted(ckpt.all_steps())
     if not steps:

@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from boost_jax.parallel.layout import Layout
 from boost_jax.parallel.remat import LATENT
+from boost_jax.parallel.view import PlanView
 from pallas_kernels import grouped_matmul, norm_down
 
 
-def embed_lookup(plan: Layout, table: jax.Array, tokens: jax.Array) -> jax.Array:
+def embed_lookup(plan: PlanView, table: jax.Array, tokens: jax.Array) -> jax.Array:
     """Vocab-parallel embedding: each rank looks up the tokens in its slice of the vocabulary
     (zeros elsewhere), then one reduction over the vocab axis combines them. When the residual is
     split on d (btp) that reduction is a reduce-scatter, so each rank receives only its d/p slice:
@@ -68,7 +68,7 @@ all_reduce.defvjp(lambda x, axis: (jax.lax.psum(x, axis), None),
 
 
 def btp_down(
-    plan: Layout,
+    plan: PlanView,
     x: jax.Array,
     weights: Sequence[jax.Array],
     *,
@@ -185,7 +185,7 @@ def _sum_over_tp(h: jax.Array, widths: list[int], scattered: list[bool], stat: j
     return sums, summed_stat
 
 
-def grouped_up(plan: Layout, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,
+def grouped_up(plan: PlanView, latents: Sequence[jax.Array], weights: Sequence[jax.Array], *, w_axis: str,
                y_axis: str, kernels: str = "xla") -> list[jax.Array]:
     """Column-parallel up-projections of same-width outputs as one batched GEMM:
     z [c, T, r] @ B [c, r, m/p] -> [c, T, m/p] (pallas_kernels.grouped_matmul). T is the batch and

@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from jax._src import distributed  # the coordination client (no public handle in jax 0.10)
+
 PERIOD_S = 1.0
 KEY = "boost_jax/peers"
 # Once a collective has failed here the run cannot go on, and a live peer beats every PERIOD_S: a
@@ -106,8 +108,6 @@ def watch(timeout_s: int) -> Iterator[None]:
     """Watch the other processes of a multi-process run (no-op with one) while the block runs. A
     collective or coordination error inside it (a peer lost mid-step) waits, at most timeout_s and
     a margin, for the watchdog to name the lost process; without that, the error itself ends it."""
-    from jax._src import distributed
-
     state = distributed.global_state
     if state.client is None or (state.num_processes or 1) < 2:
         yield

@@ -37,13 +37,13 @@ if TYPE_CHECKING:
 class Plan:
     """How a model runs: its mesh, its TP scheme and the scheme's rules for this model, pipeline
     stages, and the attention implementation (`model.attention` resolved for the mesh's devices).
-    The modules it builds on name its type by `layout.Layout`."""
+    The modules it builds on name its type by `view.PlanView`."""
 
     mesh: Mesh
     scheme: Scheme
     rules: Rules  # logical axis -> mesh axes, for this model (kv-head replication applied)
     pipeline: Schedule | None = None  # pipeline stages over the pp axis; None: one stage
-    attention: str = "xla"  # xla | cudnn (layers/attention.py)
+    attention: str = "xla"  # xla | cudnn (ops/attention.py)
     cp_attention: str = "gather"  # how attention reaches other devices' tokens under cp (parallel/context.py)
 
     def __post_init__(self):

@@ -6,13 +6,15 @@ look at the scheme themselves:
     proj = plan.projections(cfg, plan, latents)       # one per block call (it threads LaX's latents)
     y = proj.normed(x, norm, {"q": q, "k": k, "v": v}, out_axes)   # projections of norm(x)
     z = proj("o", o, attention_out, ("act_heads", "heads"))        # one projection of an activation
-    heads = proj.attention(x, norm, attention, where)              # self-attention of norm(x), no cache
+    heads = proj.attention(x, norm, {"q": q, "k": k, "v": v}, op, where)  # self-attention of norm(x), no cache
 
 `normed` of a low-rank strategy is `up(latents(...))`: the two halves are separate so that a
 caller may keep the rank-r latents (a latent cache) and project them later. `attention` is where
 the plan's tokens meet: it makes attention's q, k, v (or the latents of k and v under
-`parallel.cp_attention=latent`) and hands them to the layer's math where the plan keeps the
-tokens (parallel/context.py); the layer never reads the scheme or the low-rank factors.
+`parallel.cp_attention=latent`) and runs the attention op (`op`, ops/attention.py: the layer's
+heads, RoPE and query block) on them where the plan keeps the tokens (parallel/context.py); the
+layer hands over its q, k, v projections and its op, and never reads the scheme or the low-rank
+factors.
 
 - megatron (dense): the GEMMs as written, sharded by the layouts alone (XLA derives the two
   all-reduces per layer); with `model.grouping`, projections of one input and equal width as one
@@ -35,19 +37,11 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from boost_jax.config.archs import ARCHS
+from boost_jax.ops.attention import AttentionOp, Positions
 from boost_jax.parallel.blocks import btp_down, grouped_up
-from boost_jax.parallel.context import (
-    KEYS,
-    QUERIES,
-    Attending,
-    Tokens,
-    attend_gathered,
-    gather,
-    gathered_keys,
-    ring_attention,
-)
-from boost_jax.parallel.layout import Layout
+from boost_jax.parallel.context import KEYS, QUERIES, attend_gathered, attend_round_ring, gather, gathered_keys
 from boost_jax.parallel.remat import LATENT
+from boost_jax.parallel.view import PlanView
 
 if TYPE_CHECKING:
     from boost_jax.config import ModelConfig
@@ -88,7 +82,7 @@ class Projections:
     """A block's projections under one plan. `latents` holds the previous layer's latents by
     projection name (LaX crosses them in); `new` collects this layer's for the next."""
 
-    def __init__(self, cfg: ModelConfig, plan: Layout, latents: dict[str, jax.Array]):
+    def __init__(self, cfg: ModelConfig, plan: PlanView, latents: dict[str, jax.Array]):
         self.cfg, self.plan, self.prev, self.new = cfg, plan, latents, {}
         self.flat = plan.flat_tokens
         self.carries = ARCHS[cfg.arch].carries_latents
@@ -114,34 +108,48 @@ class Projections:
         it kept (attention over a latent cache, to its attention-weighted latents)."""
         return linear.b[...]
 
-    def attention(self, x: jax.Array, norm, attn: Attending, where: Tokens) -> jax.Array:
+    def queries_keys_values(self, x: jax.Array, norm, linears: Linears, op: AttentionOp,
+                            positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B, S, H, d_h], k and v [B, S, H_kv, d_h] of norm(x) by the projections `linears` q, k
+        and v, q and k rotated at `positions` [B, S]."""
+        b, s, _ = x.shape
+        kv = ("kv_heads", "act_kv_heads")
+        qkv = self.normed(x, norm, linears, {"q": ("heads", "act_heads"), "k": kv, "v": kv})
+        q, k, v = (qkv[name].reshape(b, s, -1, op.head_dim) for name in "qkv")
+        constrain = self.plan.constrain
+        return (constrain(op.rotate(q, positions), QUERIES), constrain(op.rotate(k, positions), KEYS),
+                constrain(v, KEYS))
+
+    def attention(self, x: jax.Array, norm, linears: Linears, op: AttentionOp, where: Positions) -> jax.Array:
         """Causal self-attention of norm(x)'s tokens without a cache, [B, S, H, d_h] (what o reads):
-        `attn`'s queries, keys and values handed to it where the plan keeps the tokens: each device
-        its own, or under context parallelism (parallel/context.py, `parallel.cp_attention`) with k
-        and v gathered over cp, passed round the ring, or rebuilt from their gathered latents."""
+        the queries, keys and values of the projections `linears` (q, k, v) attended by `op` where
+        the plan keeps the tokens: each device its own, or under context parallelism
+        (parallel/context.py, `parallel.cp_attention`) with k and v gathered over cp, passed round
+        the ring, or rebuilt from their gathered latents."""
         b, s, _ = x.shape
         plan, cp = self.plan, self.plan.size("seq")
         if cp > 1 and plan.cp_attention == "latent":
-            return self._attention_over_gathered_latents(x, norm, attn, where)
-        q, k, v = attn.queries_keys_values(self, x, norm, where.of(b, s))
+            return self._attention_over_gathered_latents(x, norm, linears, op, where)
+        q, k, v = self.queries_keys_values(x, norm, linears, op, where.of(b, s))
         if cp == 1:
-            return attn.attend(q, k, v, where.positions, where.positions, where.segments, where.segments,
-                               impl=plan.attention)
+            return op.attend(q, k, v, where.positions, where.positions, where.segments, where.segments,
+                             impl=plan.attention)
         if plan.cp_attention == "ring":
             positions = where.of(b, s)
-            return ring_attention(plan, q, k, v, positions, positions, where.segments, where.segments,
-                                  n_heads=attn.n_heads, rows=attn.query_rows(s // cp))
-        return attend_gathered(plan, attn, q, where, (k, v), (KEYS, KEYS), gathered_keys)
+            return attend_round_ring(plan, q, k, v, positions, positions, where.segments, where.segments,
+                                     n_heads=op.n_heads, rows=op.query_rows(s // cp))
+        return attend_gathered(plan, op, q, where, (k, v), (KEYS, KEYS), gathered_keys)
 
-    def _attention_over_gathered_latents(self, x: jax.Array, norm, attn: Attending, where: Tokens) -> jax.Array:
+    def _attention_over_gathered_latents(self, x: jax.Array, norm, linears: Linears, op: AttentionOp,
+                                         where: Positions) -> jax.Array:
         """parallel.cp_attention=latent (low-rank archs): the rank-r latents of k and v are gathered
         over cp, and every device rebuilds the whole sequence's keys and values from them with its
         own columns of B (summed over the devices that split r, where the scheme does)."""
         b, s, _ = x.shape
-        plan, linears = self.plan, attn.linears
+        plan = self.plan
         hs = self.latents(x, norm, linears)
         q = self.up({"q": hs["q"]}, linears, {"q": ("heads", "act_heads")})["q"]
-        q = plan.constrain(attn.rotate(q.reshape(b, s, attn.n_heads, attn.head_dim), where.of(b, s)), QUERIES)
+        q = plan.constrain(op.rotate(q.reshape(b, s, op.n_heads, op.head_dim), where.of(b, s)), QUERIES)
         k_lin = linears["k"]
         h_axes = latent_axes(k_lin)
         rank_axis = plan.axis(h_axes[-1])
@@ -150,15 +158,15 @@ class Projections:
             y = k_lin.up_with(gather(h), w, flat=False)
             # A split rank sums over its devices; latent heads are whole groups, their heads the device's own.
             y = y if rank_axis is None or k_lin.groups > 1 else jax.lax.psum(y, rank_axis)
-            return y.reshape(*y.shape[:2], -1, attn.head_dim)
+            return y.reshape(*y.shape[:2], -1, op.head_dim)
 
         def rebuild(k_positions, h_k, h_v, b_k, b_v):
-            return attn.rotate(up(h_k, b_k), k_positions), up(h_v, b_v)
+            return op.rotate(up(h_k, b_k), k_positions), up(h_v, b_v)
 
         # B's rows as the latents are split, its columns as the heads (latent heads: whole blocks)
         weights = ("latent_rows", None) if k_lin.groups > 1 else (LATENT_AXES[-1], "kv_heads")
         keys = (hs["k"], hs["v"], self.up_weight(linears["k"]), self.up_weight(linears["v"]))
-        return attend_gathered(plan, attn, q, where, keys, (h_axes, h_axes, weights, weights), rebuild)
+        return attend_gathered(plan, op, q, where, keys, (h_axes, h_axes, weights, weights), rebuild)
 
     def _activate(self, linear: LinearLike, h: jax.Array, tag: bool) -> jax.Array:
         """The latent from x @ A: its layout, the LATENT checkpoint name (low-rank checkpointing;

@@ -44,9 +44,9 @@ class Candidate:
                 "fits": self.fits, "step_parts_s": self.step["parts"], "memory_parts": self.memory}
 
 
-def plan(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
-         cache: DiskCache, log=lambda s: None, must_price: Callable[[Layout], bool] = lambda layout: False,
-         max_priced: int | None = None, workers: Workers | None = None, overlap: bool = False) -> list[Candidate]:
+def rank_layouts(args: Sequence[str], *, gpus: int, hw: Hardware, space: Space, headroom: float,
+                 cache: DiskCache, log=lambda s: None, must_price: Callable[[Layout], bool] = lambda layout: False,
+                 max_priced: int | None = None, workers: Workers | None = None, overlap: bool = False) -> list[Candidate]:
     """All candidates for the config of `args` (an optional YAML file, then overrides; no layout
     key), priced ones first (fastest first), then the rest with their reasons. At most `max_priced`
     (None: all that can win) are priced besides the `must_price` ones, in order of their lower bound.

@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
+from boost_jax.launch.prepare import simulate_cpu_devices
+
 
 def default_workers() -> int:
     """One per core this process may use, at most 8 (each holds a compile's memory)."""
@@ -16,8 +18,6 @@ def default_workers() -> int:
 
 
 def _start(devices: int) -> None:
-    from boost_jax.launch.prepare import simulate_cpu_devices
-
     simulate_cpu_devices(devices)
 
 

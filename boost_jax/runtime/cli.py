@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from absl import logging as absl_logging
+
 from boost_jax.runtime.errors import BoostJaxError, ConfigError
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "BOOST_JAX_DEBUG"
@@ -58,6 +60,14 @@ def refuse_retired_flags(argv: Sequence[str], keep: Sequence[str] = ()) -> None:
         if flag in RETIRED_FLAGS and flag not in keep:
             raise ConfigError(f"{flag} is not a flag any more: write {RETIRED_FLAGS[flag]} "
                               "(every command reads the train config's keys)")
+
+
+def config_parser(prog: str, doc: str, config: str = "[CONFIG.yaml] [section.key=value ...]") -> argparse.ArgumentParser:
+    """The parser of a command that reads the train config: a YAML file, then `section.key=value`."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, epilog=DEBUG_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="*", metavar=config, help=CONFIG_HELP)
+    return p
 
 
 def run_dir_parser(prog: str, doc: str) -> argparse.ArgumentParser:
@@ -109,7 +119,5 @@ def quiet_libraries() -> None:
     """Orbax and TensorStore log through absl at INFO/WARNING (save/restore chatter) and, from
     their background threads, ERROR with a traceback for a failure they also raise to the caller
     (a full disk under a checkpoint save), which the command reports by name: show only their fatal logs."""
-    from absl import logging as absl_logging
-
     absl_logging.set_verbosity(absl_logging.FATAL)
     logging.getLogger("absl").setLevel(logging.CRITICAL)

@@ -9,7 +9,8 @@ For the low-rank archs, per decoder layer group also the spectral growth Spectro
 2602.12429) blames for low-rank loss spikes: the largest spectral norm among the group's A factors
 and among its B factors, the same for their latest updates, and the smallest stable rank
 ||A B||_F^2 / ||A B||_2^2 among its pairs, all from r x r matrices and power iterations on the factors
-(never the d x d product).
+(never the d x d product). A latent-heads B (`optimizers.latent_head_blocks`) counts as the
+block-diagonal matrix its stacked blocks stand for.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from boost_jax.training.optimizers import factor_pairs, power_iterate, top_singular
+from boost_jax.training.optimizers import Blocks, factor_pairs, power_iterate, top_singular
 
 KINDS = ("grad", "param", "update")
 POWER_STEPS = 100  # power iterations from a fixed start, on the steps that log (matrix-vector products: cheap)
@@ -46,18 +48,30 @@ def group_norms(tree: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:
     return {name: jnp.sqrt(v) for name, v in sorted(sums.items())}
 
 
-def health_norms(grads: dict, params: dict, updates: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:
+def health_norms(grads: dict, params: dict, updates: dict, layer_order: Sequence[int],
+                 blocks: Blocks | None = None) -> dict[str, jax.Array]:
     """{`<kind>_norm/<group>`: norm} for the gradients, the parameters after the update and the updates,
-    and the factor pairs' spectra (`factor_spectra`)."""
+    and the factor pairs' spectra (`factor_spectra`; `blocks`: the block-diagonal B's)."""
     return {**{f"{kind}_norm/{name}": v for kind, tree in zip(KINDS, (grads, params, updates))
                for name, v in group_norms(tree, layer_order).items()},
-            **factor_spectra(params, updates, layer_order)}
+            **factor_spectra(params, updates, layer_order, blocks or {})}
 
 
 def spectral_norm(m: jax.Array) -> jax.Array:
     """[L] largest singular value of each [p, r] matrix of `m` [L, p, r] (power iterations)."""
     start = jnp.full((m.shape[0], m.shape[2]), m.shape[2] ** -0.5, jnp.float32)
     return top_singular(m, start, POWER_STEPS)[0]
+
+
+def b_spectral_norm(b: jax.Array, rows: int | None) -> jax.Array:
+    """[L] largest singular value of each B of `b` [L, r, n]; with `rows` (latent heads: blocks of
+    `rows` stacked rows, the block-diagonal B they stand for) its largest block's, which the stacked
+    matrix's only bounds from above (a block-diagonal matrix's SVD is its blocks')."""
+    if rows is None:
+        return spectral_norm(jnp.swapaxes(b, 1, 2))  # through r-vectors
+    layers, r, n = b.shape
+    per_block = spectral_norm(jnp.swapaxes(b.reshape(layers * (r // rows), rows, n), 1, 2))
+    return jnp.max(per_block.reshape(layers, r // rows), axis=1)
 
 
 def largest_eigenvalue(m: jax.Array) -> jax.Array:
@@ -68,23 +82,26 @@ def largest_eigenvalue(m: jax.Array) -> jax.Array:
     return jnp.linalg.norm(apply(v), axis=-1)
 
 
-def factor_spectra(params: dict, updates: dict, layer_order: Sequence[int]) -> dict[str, jax.Array]:
+def factor_spectra(params: dict, updates: dict, layer_order: Sequence[int], blocks: Blocks) -> dict[str, jax.Array]:
     """Per layer group with factor pairs: `spectral_a|b/<group>` (largest sigma among its A | B factors),
     `update_spectral_a|b/<group>` (the same of their updates) and `stable_rank/<group>` (smallest among
     its products A B: with G = A^T A and H = B B^T (r x r), ||A B||_F^2 = tr(G H) and ||A B||_2^2 the
     largest eigenvalue of G H, by power iteration. No QR: LAPACK's, inside the step's cond on a
-    tp=4 mesh, deadlocked XLA's CPU runtime)."""
+    tp=4 mesh, deadlocked XLA's CPU runtime). A B in `blocks` is its block-diagonal matrix: H keeps
+    only its blocks' B_j B_j^T."""
     found: dict[str, list[jax.Array]] = {}
     steps = factor_pairs(updates)
     for path, pair in factor_pairs(params).items():
         if path[0] != "layers":
             continue
         a, b = (pair[k].astype(jnp.float32) for k in ("a", "b"))
-        b_t = jnp.swapaxes(b, 1, 2)  # [L, d_out, r]: B's singular values, through r-vectors
+        rows = blocks.get((*path, "b"))
         g, h = jnp.einsum("lir,lis->lrs", a, a), jnp.einsum("lro,lso->lrs", b, b)
-        values = {"spectral_a": spectral_norm(a), "spectral_b": spectral_norm(b_t),
+        if rows is not None:  # the stacked blocks' cross terms B_i B_j^T are no part of the matrix
+            h = h * np.kron(np.eye(b.shape[1] // rows, dtype=np.float32), np.ones((rows, rows), np.float32))
+        values = {"spectral_a": spectral_norm(a), "spectral_b": b_spectral_norm(b, rows),
                   "update_spectral_a": spectral_norm(steps[path]["a"].astype(jnp.float32)),
-                  "update_spectral_b": spectral_norm(jnp.swapaxes(steps[path]["b"], 1, 2).astype(jnp.float32)),
+                  "update_spectral_b": b_spectral_norm(steps[path]["b"].astype(jnp.float32), rows),
                   "stable_rank": jnp.sum(g * h, axis=(1, 2)) / largest_eigenvalue(jnp.einsum("lrs,lst->lrt", g, h))}
         for position, layer in enumerate(layer_order):
             for kind, v in values.items():

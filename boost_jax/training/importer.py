@@ -20,7 +20,7 @@ from boost_jax.config import DataConfig, from_dict, load_yaml, raw_args
 from boost_jax.data.build import build_data, check_run_tokenizer
 from boost_jax.data.tokenizer import load_tokenizer
 from boost_jax.model import Model, compress, latent_heads
-from boost_jax.model.checkpoint import Checkpointer, identity
+from boost_jax.model.checkpoint import CheckpointStore, identity
 from boost_jax.model.hf import load_exported
 from boost_jax.model.run_dir import open_run
 from boost_jax.model.weights import abstract_model
@@ -112,7 +112,7 @@ def write_run(cfg, params: dict, tokenizer: Path, source: str) -> None:
         like = abstract_model(cfg)[1]
         params = jax.tree.map(lambda p, a: np.asarray(p, a.dtype), params, nnx.to_pure_dict(like))
         run, state = setup(cfg, single_device_plan(cfg.model, cfg.parallel.scheme), params)
-        ckpt = Checkpointer(tmp / "checkpoints", cfg.checkpoint.keep)
+        ckpt = CheckpointStore(tmp / "checkpoints", cfg.checkpoint.keep)
         try:
             ckpt.save(0, state, {"step": 0, "data_position": 0, **run.checkpoint_meta(), "loss": None,
                                  "identity": identity(cfg.to_dict()), "imported_from": source})

@@ -4,6 +4,7 @@ events and (log.wandb) the same scalars in Weights & Biases."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -143,9 +144,7 @@ class RunLog:
 def _wandb_run(run_dir: Path, cfg: LogConfig, run_config: dict):
     """A Weights & Biases run for this run dir: one id per run dir (a resumed run continues it), its
     files under <run_dir>/wandb; WANDB_MODE=offline logs with no network (`wandb sync` uploads later)."""
-    import hashlib
-
-    import wandb
+    import wandb  # optional: log.wandb=true needs it (pyproject's wandb extra)
 
     run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
     return wandb.init(project=cfg.wandb_project, id=run_id, name=run_dir.name, dir=str(run_dir), config=run_config,
@@ -175,12 +174,12 @@ def summary_writer_class():
     """tensorboardX's SummaryWriter, imported without PyTorch where this process has not imported it:
     tensorboardX.writer imports torch whenever it is installed, only to accept torch tensors (1.2 s of
     every train start on a machine with torch; the run logs floats)."""
-    if "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-    else:
+    hide_torch = "torch" not in sys.modules
+    if hide_torch:
         sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX loads
-        try:
-            from tensorboardX import SummaryWriter
-        finally:
+    try:
+        from tensorboardX import SummaryWriter  # optional: tensorboardX (log.tensorboard), loaded with torch hidden
+    finally:
+        if hide_torch:
             del sys.modules["torch"]
     return SummaryWriter

@@ -29,7 +29,7 @@ from boost_jax.config import Config, ConfigError, MuonConfig
 from boost_jax.config.hardware import Hardware, one_machine, ring_seconds
 from boost_jax.model.weights import abstract_model
 from boost_jax.parallel.plan import Plan
-from boost_jax.training.optimizers import is_layer_matrix, matrix_ns_flops
+from boost_jax.training.optimizers import is_layer_matrix, latent_head_blocks, matrix_ns_flops
 
 WAYS = ("gram", "gather", "distribute")
 WHY_NOT = {"gram": "its Gram matrix is a sum over shards only where the long side is split, and its short side is",
@@ -67,17 +67,22 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def ways(shape: tuple[int, int, int], spec: P, mesh_shape: dict[str, int], ns_steps: int,
-         gpus_per_node: int | None = None) -> dict[str, Way]:
+         gpus_per_node: int | None = None, block_rows: int | None = None) -> dict[str, Way]:
     """The ways open to one stacked [L, m, n] matrix laid out by `spec` on a mesh of `mesh_shape`
-    (axis name -> size, outermost first): {"local": ...} if no device splits m or n."""
+    (axis name -> size, outermost first): {"local": ...} if no device splits m or n. `block_rows`: the
+    matrix is block-diagonal, m / block_rows blocks [block_rows, n] stacked (latent heads'
+    B, `optimizers.latent_head_blocks`), each orthogonalised on its own wherever it is, and a split of
+    m keeps whole blocks on each device."""
     layers, m, n = shape
     split = [tuple(a for a in _axes(e) if mesh_shape[a] > 1) for e in (*spec, None, None, None)[:3]]
     size = lambda axes: math.prod(mesh_shape[a] for a in axes)
     layers //= size(split[0])  # this device's layers (pp splits the stack)
     group_axes = split[1] + split[2]
     g = size(group_axes)
-    k, big = min(m, n), max(m, n)
-    full = layers * matrix_ns_flops(k, big, ns_steps)
+    rows = block_rows or m
+    blocks = layers * (m // rows)  # matrices Newton-Schulz iterates, all of this device's layers
+    k, big = min(rows, n), max(rows, n)
+    full = blocks * matrix_ns_flops(k, big, ns_steps)
     if g == 1:
         return {"local": Way("local", spec, spec, (), full, 1, False)}
     # Mesh order is outermost first: a group over an axis spans it and every axis inside it.
@@ -86,10 +91,13 @@ def ways(shape: tuple[int, int, int], spec: P, mesh_shape: dict[str, int], ns_st
     crosses = gpus_per_node is not None and span > gpus_per_node
     way = lambda name, at, cols, flops: Way(name, at, spec, cols, flops, g, crosses)
     out = {}
-    short = split[1] if m <= n else split[2]
-    if not short:  # only the long side split: the Gram matrix is a sum over its shards
-        out["gram"] = way("gram", spec, (("all-reduce", FP32 * layers * k * k, ns_steps),),
-                          layers * ns_steps * (4 * k * k * big / g + 2 * k ** 3))
+    if block_rows and not split[2]:  # whole blocks on each device: each iterated where it lies
+        out["gram"] = way("gram", spec, (), full / g)
+    elif not (split[1] if rows <= n else split[2]):  # only the long side split: a Gram matrix sums its shards
+        kept = blocks // size(split[1]) if block_rows else blocks  # a split of m splits the blocks
+        out["gram"] = way("gram", spec, (("all-reduce", FP32 * kept * k * k, ns_steps),),
+                          kept * ns_steps * (4 * k * k * big / size(split[2] if block_rows else group_axes)
+                                             + 2 * k ** 3))
     whole = FP32 * layers * m * n
     out["gather"] = way("gather", P(spec[0], None, None), (("all-gather", whole, 1),), full)
     if layers % g == 0:
@@ -129,7 +137,8 @@ def chosen_ways(cfg: Config, plan: Plan, gpus_per_node: int | None) -> dict[tupl
     u: MuonConfig = cfg.train.muon
     hw = one_machine(None, u.hardware)
     mesh_shape = dict(plan.mesh.shape)
-    return {path: choose(ways(shape, spec, mesh_shape, u.ns_steps, gpus_per_node), u.comm, hw,
+    blocks = latent_head_blocks(cfg.model)
+    return {path: choose(ways(shape, spec, mesh_shape, u.ns_steps, gpus_per_node, blocks.get(path)), u.comm, hw,
                          f"{'.'.join(path)} {list(shape)} laid out {spec}")
             for path, (shape, spec) in layer_matrices(cfg, plan).items()}
 
@@ -152,7 +161,8 @@ def way_seconds(cfg: Config, plan: Plan, hw: Hardware) -> dict[str, float]:
     """Seconds per step on `hw` of orthogonalising every decoder matrix one way, for each way every
     split matrix allows (unsplit matrices count as they run, in place)."""
     mesh_shape = dict(plan.mesh.shape)
-    options = [ways(shape, spec, mesh_shape, cfg.train.muon.ns_steps, hw.gpus_per_node)
-               for shape, spec in layer_matrices(cfg, plan).values()]
+    blocks = latent_head_blocks(cfg.model)
+    options = [ways(shape, spec, mesh_shape, cfg.train.muon.ns_steps, hw.gpus_per_node, blocks.get(path))
+               for path, (shape, spec) in layer_matrices(cfg, plan).items()]
     picks = {name: [o.get(name, o.get("local")) for o in options] for name in WAYS}
     return {name: sum(w.seconds(hw) for w in ws) for name, ws in picks.items() if all(ws)}

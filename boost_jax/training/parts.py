@@ -4,7 +4,7 @@
     RunDir          checks the run dir before any work (resume compatibility, writable folders),
                     holds it against a second run, and claims it once a step has run (config.yaml,
                     tokenizer.json)
-    Checkpoints     Orbax saves (in the background) every `checkpoint.every` steps and
+    Checkpointing   Orbax saves (in the background) every `checkpoint.every` steps and
                     `checkpoint.every_minutes` (and every `checkpoint.local_every` to each host's
                     `checkpoint.local_dir`), and the resume from the newest of either tier
     Preemption      SIGTERM or SIGINT: save the current step and stop; a second signal exits at once
@@ -31,14 +31,16 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.launch.peaks import remeasured_cpu_peak
-from boost_jax.model.checkpoint import Checkpointer, CheckpointError, changed_keys, identity
+from boost_jax.model.checkpoint import CheckpointError, CheckpointStore, changed_keys, identity
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import DivergenceError
 from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir, refused_write
 from boost_jax.training.local_tier import LocalTier, local_path
+from boost_jax.training.step import OPTIONAL_STATE, device_batch
 
 
 class RunDir:
@@ -130,13 +132,15 @@ def saves_checkpoints(cfg: Config) -> bool:
     return cfg.checkpoint.every > 0 or cfg.checkpoint.every_minutes > 0
 
 
-class Checkpoints:
-    """Orbax checkpoints of the train state, each with the run's identity and data position."""
+class Checkpointing:
+    """The loop's checkpointing: when to save (every `checkpoint.every` steps, `checkpoint.every_minutes`,
+    the local tier's `checkpoint.local_every`) and what to resume, the newest step of either tier. The
+    steps go to a `CheckpointStore` (model/checkpoint.py), each with the run's identity and data position."""
 
     def __init__(self, cfg: Config, run, run_dir: Path):
         self.cfg, self.run = cfg, run
         c = cfg.checkpoint
-        self.ckpt = (Checkpointer(run_dir / "checkpoints", c.keep, async_save=c.async_save)
+        self.ckpt = (CheckpointStore(run_dir / "checkpoints", c.keep, async_save=c.async_save)
                      if saves_checkpoints(cfg) else None)
         self.local = LocalTier(cfg, run_dir) if c.local_dir else None
         self.identity = identity(cfg.to_dict())
@@ -172,8 +176,6 @@ class Checkpoints:
 
     def _restore(self, state, start: int):
         """(state, record) of persistent checkpoint `start`."""
-        from boost_jax.training.step import OPTIONAL_STATE
-
         saved_optimizer = self.ckpt.record(start).get("optimizer", "adamw")  # older checkpoints: AdamW's
         switch = check_optimizer_switch(saved_optimizer, self.cfg, f"checkpoint step {start} in {self.ckpt.directory}")
         if switch:  # the checkpoint's optimizer state stays unread; this run's fresh one takes its place
@@ -353,8 +355,6 @@ def any_process(flag: bool) -> bool:
     it at the same step, so all decide alike)."""
     if jax.process_count() == 1:
         return flag
-    from jax.experimental import multihost_utils
-
     return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
@@ -419,8 +419,6 @@ class Evaluator:
         return bool(self.sets) and t.eval_every > 0 and (done % t.eval_every == 0 or done == t.steps)
 
     def __call__(self, state) -> dict:
-        from boost_jax.training.step import device_batch
-
         t = self.cfg.train
         tokens = self.batches * t.batch_size * t.seq_len
         out, losses, bpbs = {}, {}, {}

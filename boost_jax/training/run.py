@@ -28,7 +28,7 @@ from boost_jax.runtime.paths import check_writable_dir
 from boost_jax.training.log import RunLog
 from boost_jax.training.metrics import Metrics
 from boost_jax.training.muon_layout import placements
-from boost_jax.training.parts import Checkpoints, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir
+from boost_jax.training.parts import Checkpointing, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir
 from boost_jax.training.recovery import Recovery
 from boost_jax.training.step import Setup, TrainState, device_batch, setup
 
@@ -95,7 +95,7 @@ class Parts:
     run: Setup
     data: Data
     run_dir: RunDir
-    ckpt: Checkpoints
+    ckpt: Checkpointing
     log: RunLog
     meter: Meter
     guard: NonFiniteGuard
@@ -154,7 +154,7 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
                       batch_size=t.batch_size)
     lap("data")
     run, state = setup(cfg, plan, moved=moved)
-    ckpt = Checkpoints(cfg, run, run_dir.path)
+    ckpt = Checkpointing(cfg, run, run_dir.path)
     closing.callback(ckpt.close)
     state, first = ckpt.resume(state)
     check_run_tokenizer(data.tokenizer, run_dir.path / "tokenizer.json")

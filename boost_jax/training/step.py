@@ -173,7 +173,7 @@ def build(cfg: Config, plan: Plan, moved: Placements | None = None) -> Setup:
                 new[key] = jax.tree.map(lambda n, o: jnp.where(apply, n, o), new[key], state[key])
         if cfg.log.health:  # on the steps that log only: a cond, not a mask
             due = (new["step"] % cfg.log.every == 0) | (new["step"] == t.steps)
-            norms = lambda: health_norms(grads, new["params"], updates, order)
+            norms = lambda: health_norms(grads, new["params"], updates, order, latent_head_blocks(cfg.model))
             metrics["health"] = jax.lax.cond(due, norms, lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(norms)))
         return new, metrics
 

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, PartitionSpec
 from boost_jax.config.schemes import Scheme
 
 
-class Layout(Protocol):
+class PlanView(Protocol):
     """A plan's mesh and scheme, its layout by logical axis names, and how attention runs on it
     (`plan.Plan` is the one there is)."""
 
