@@ -58,7 +58,7 @@ def test_generate_until_batches_requests_asking_alike_with_each_answer_its_own(r
 
 
 @pytest.mark.parametrize("layout", [
-    ["parallel.tp=2", "parallel.dp=1"], ["parallel.fsdp=2", "parallel.dp=1"],
+    ["parallel.tp=2", "parallel.dp=1"], pytest.param(["parallel.fsdp=2", "parallel.dp=1"], marks=pytest.mark.slow),
     pytest.param(["parallel.dp=2"], marks=pytest.mark.slow),
     pytest.param(["parallel.dp=2", "parallel.fsdp=2", "parallel.tp=2"], marks=pytest.mark.slow),
 ])

@@ -68,8 +68,9 @@ def nd_plain(x, g, a):
     return (x * g) @ a, jnp.sum(x * x, axis=-1)
 
 
-ND_CASES = [((37, 24, 48), ("f32",) * 3), ((37, 24, 48), ("bf16",) * 3),
-            ((130, 40, 200), ("f32",) * 3), ((130, 40, 200), ("bf16",) * 3),
+# In the inner loop each tiling (one block, several blocks) once, one in fp32 and one in bf16.
+ND_CASES = [((37, 24, 48), ("f32",) * 3), pytest.param((37, 24, 48), ("bf16",) * 3, marks=pytest.mark.slow),
+            pytest.param((130, 40, 200), ("f32",) * 3, marks=pytest.mark.slow), ((130, 40, 200), ("bf16",) * 3),
             ((2, 19, 72, 20), ("f32",) * 3), ((9, 136, 16), ("bf16", "f32", "bf16"))]
 
 
@@ -169,8 +170,10 @@ def gm_plain(z, b):
     return (jnp.stack([z[i] @ b[i] for i in range(z.shape[0])]),)
 
 
-GM_CASES = [((3, 37, 24, 48), "f32"), ((3, 37, 24, 48), "bf16"), ((2, 130, 40, 200), "f32"),
-            ((2, 130, 40, 200), "bf16"), ((3, 2, 9, 16, 20), "f32"), ((1, 16, 136, 8), "bf16")]
+# As ND_CASES: each tiling once in the inner loop, one in fp32 and one in bf16.
+GM_CASES = [((3, 37, 24, 48), "f32"), pytest.param((3, 37, 24, 48), "bf16", marks=pytest.mark.slow),
+            pytest.param((2, 130, 40, 200), "f32", marks=pytest.mark.slow), ((2, 130, 40, 200), "bf16"),
+            ((3, 2, 9, 16, 20), "f32"), ((1, 16, 136, 8), "bf16")]
 
 
 @pytest.mark.parametrize("shape,dtype", GM_CASES)

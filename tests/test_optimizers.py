@@ -83,7 +83,8 @@ def test_power_iteration_finds_the_largest_singular_value():
     np.testing.assert_allclose(sigma, [np.linalg.norm(np.asarray(x), 2) for x in m], rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", [["parallel.fsdp=2", "parallel.dp=2"], ["parallel.tp=2"]], ids=["fsdp2-dp2", "tp2"])
+@pytest.mark.parametrize("layout", [pytest.param(["parallel.fsdp=2", "parallel.dp=2"], id="fsdp2-dp2"),
+                                    pytest.param(["parallel.tp=2"], id="tp2", marks=pytest.mark.slow)])
 def test_no_collective_of_spectrons_update_runs_inside_a_loop(layout):
     """A while loop of collectives runs asynchronously on XLA's CPU runtime, which then starts the
     collectives after it beside its later iterations, in an order that differs by device: fsdp=2 x
