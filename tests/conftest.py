@@ -16,12 +16,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #   `XLA_FLAGS=--xla_backend_optimization_level=0 pytest` runs it on the emitters users get.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
-# One persistent XLA compilation cache per test run, shared by the xdist workers and the
-# subprocesses they start (jax reads these variables): tests compile many identical programs
-# (parameter init, optimizer init, the same tiny train step), and each is compiled once.
+# One persistent XLA compilation cache, shared by the xdist workers, the subprocesses they start
+# (jax reads these variables) and the runs after this one: tests compile many identical programs
+# (parameter init, optimizer init, the same tiny train step), and each is compiled once, not once per
+# run (the inner tier on 2 cores: 5 min 27 s from a fresh clone, 3 min 21 s the next time). The key
+# is the program, its options and the jax/XLA version, so an edit recompiles what it changed; past
+# 1 GiB of old programs the folder starts again. It is one of pytest's cache folders, so a cold run
+# is `pytest --cache-clear`.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="boost_jax_test_xla_")
-    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    _XLA = Path(__file__).parent.parent / ".pytest_cache" / "d" / "xla"
+    if "PYTEST_XDIST_WORKER" not in os.environ and _XLA.is_dir():  # the run's first process, before any compile
+        if sum(f.stat().st_size for f in _XLA.iterdir()) > 2**30:
+            shutil.rmtree(_XLA, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_XLA)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

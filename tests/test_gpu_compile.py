@@ -37,22 +37,6 @@ def calls(program: dict) -> dict:
     return program["custom_calls"]
 
 
-def test_the_train_step_takes_the_gpu_paths_and_moves_the_formulas_bytes():
-    """btp tp=2 with the Pallas kernels: cuDNN's flash attention forward and backward, the kernels as
-    Triton calls (Pallas' interpret mode would be while loops instead), and per decoder layer the
-    bytes of config/schemes.py's formulas; the memory model beside the compiled peak."""
-    plan, (step,) = compile_tiny("parallel.tp=2", "parallel.dp=4", "model.kernels=pallas")
-    assert plan.mesh.size == 8 and plan.mesh.shape["tp"] == 2 and plan.attention == "cudnn"
-    assert step["name"] == "train_step"
-    assert calls(step)["__cudnn$fmhaSoftmax"] == 1 and calls(step)["__cudnn$fmhaSoftmaxBackward"] == 1
-    assert calls(step)["__gpu$xla.gpu.triton"] >= 2  # norm_down and grouped_matmul, forward and backward
-    # The online norm's statistics ride in the latents' all-reduces: 2 more columns per token than 7r.
-    tokens = 4 // 4 * 128
-    assert step["layer_collective_bytes"] == step["analytic_collective_bytes"] + 2 * tokens * 2
-    mem = step["memory"]
-    assert 0 < mem["temp"] < mem["peak"] and step["model_memory"] > 0
-
-
 def test_the_kernels_are_interpreted_only_off_gpus():
     """The interpret switch reads the plan's devices, not jax.default_backend() (cpu here)."""
     from boost_jax.launch.gpu_target import gpu_devices
@@ -65,7 +49,7 @@ def test_the_kernels_are_interpreted_only_off_gpus():
     assert (gpu.platform, gpu.interpret_kernels, cpu.platform, cpu.interpret_kernels) == ("gpu", False, "cpu", True)
 
 
-@pytest.mark.slow  # a second train step compile (~70 s busy); the inner loop keeps the btp tp=2 one above
+@pytest.mark.slow  # a second train step compile (~70 s busy); the inner loop keeps the command's btp tp=2 one
 def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn():
     """llama-tiny's 2 kv heads at tp=4: cuDNN's partitioner cannot split q and replicate k, v (the
     compile failed with "Query, key and value should have same sharding"); auto takes XLA's
@@ -76,16 +60,28 @@ def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn
         compile_tiny("parallel.tp=4", "parallel.dp=2", "model.attention=cudnn")
 
 
-def test_the_command_prints_json_and_saves_the_executables(tmp_path, capsys):
+def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_executables(tmp_path, capsys):
+    """`python -m boost_jax.compile` at btp tp=2 with the Pallas kernels: the four programs, each with
+    its compiled memory and optimised HLO; the train step takes cuDNN's flash attention forward and
+    backward and the kernels as Triton calls (Pallas' interpret mode would be while loops instead), and
+    per decoder layer moves the bytes of config/schemes.py's formulas; the memory model beside the
+    compiled peak. One compile of each program serves every check (XLA:GPU's are the suite's slowest)."""
     from boost_jax.compile import main
 
-    main([*TINY, "model.arch=dense", "parallel.dp=-1", "train.batch_size=8", "train.eval_every=5",
+    main([*TINY, "parallel.tp=2", "parallel.dp=4", "model.kernels=pallas", "train.eval_every=5",
           "--hardware", H100, "--json", "--save", str(tmp_path / "exe")])
     out = json.loads(capsys.readouterr().out)
-    names = [p["name"] for p in out["programs"]]
-    assert out["hardware"] == H100 and out["devices"] == 8 and names == ["train_step", "eval_step", "prefill", "decode"]
+    step, *_ = programs = out["programs"]
+    assert out["hardware"] == H100 and out["devices"] == 8
+    assert [p["name"] for p in programs] == ["train_step", "eval_step", "prefill", "decode"]
+    assert calls(step)["__cudnn$fmhaSoftmax"] == 1 and calls(step)["__cudnn$fmhaSoftmaxBackward"] == 1
+    assert calls(step)["__gpu$xla.gpu.triton"] >= 2  # norm_down and grouped_matmul, forward and backward
+    # The online norm's statistics ride in the latents' all-reduces: 2 more columns per token than 7r.
+    tokens = 4 // 4 * 128
+    assert step["layer_collective_bytes"] == step["analytic_collective_bytes"] + 2 * tokens * 2
+    assert 0 < step["memory"]["temp"] < step["memory"]["peak"] and step["model_memory"] > 0
     manifest = {p["name"]: p for p in json.loads((tmp_path / "exe" / "manifest.json").read_text())["programs"]}
-    for p in out["programs"]:
+    for p in programs:
         assert set(p["memory"]) == {"argument", "output", "alias", "temp", "peak"} and p["compile_s"] > 0
         assert (tmp_path / "exe" / f"{p['name']}.hlo.txt").read_text().startswith("HloModule")
     # cuDNN's attention (train and eval steps) cannot be serialised; the decoding programs can

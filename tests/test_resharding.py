@@ -8,6 +8,7 @@ under dp x fsdp)."""
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from boost_jax.config import load_config
 from boost_jax.parallel import make_plan
@@ -25,10 +26,12 @@ def compile_train_step(overrides: list[str]) -> None:
                                      sharding=run.batch_sharding) for k in batch_keys(cfg)}
     cached = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # jax decides once per process whether it uses the cache: ask again
     try:
         run.train_step.lower(state, batch).compile()
     finally:
         jax.config.update("jax_enable_compilation_cache", cached)
+        compilation_cache.reset_cache()
 
 
 LAYOUTS = {  # name: the layout keys (8 devices in all) and the batch

@@ -4,6 +4,7 @@ pins grid extension, seeds and resume (llama-tiny, a handful of steps)."""
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from boost_jax.comparison import fit
 from boost_jax.comparison.grid import search
 from boost_jax.comparison.report import analyse, flag_early, floor
 from boost_jax.study import main, study
+
+DOCS = Path(__file__).parents[1] / "docs"
 
 
 @pytest.fixture
@@ -131,6 +134,13 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
     assert x[0] == dense[0]["train_flops"] and y == pytest.approx(fit_dense["E"] + fit_dense["A"] * x ** -fit_dense["alpha"])
 
     monkeypatch.setattr(bench_report, "measure_all", lambda *a: pytest.fail("measured despite a bad saved input"))
+    # --rerender adds a saved study to the saved results: the page draws it and results.json keeps it
+    bench_report.main(["--rerender", str(DOCS / "results.json"), "--study-json", str(tmp_path / "study.json"),
+                       "--out", str(tmp_path / "page")])
+    again = json.loads((tmp_path / "page" / "results.json").read_text())
+    assert again["study"] == result and again["commands"][-1] == "python -m boost_jax.study x"
+    page = (tmp_path / "page" / "results.md").read_text()
+    assert "\n".join(lines) in page and (tmp_path / "page" / "img" / study_section.IMAGE).is_file()
     (tmp_path / "other.json").write_text(json.dumps({"cells": []}))
     with pytest.raises(ConfigError, match=r"--study-json .*other.json: not the JSON this flag reads \(missing fits"):
         bench_report.main(["--study-json", str(tmp_path / "other.json"), "--out", str(tmp_path / "out")])

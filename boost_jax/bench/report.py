@@ -8,7 +8,9 @@ comes from this run (or from `--paper-json`, a saved `bench paper --json`). The 
 template results_page.md beside this file; the code here computes the numbers and tables it holds.
 Section 9 (latent heads) draws saved `bench decode`, `bench comm` and `bench quality` outputs given by
 `--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
-with `--rerender` they are added to the saved results, and results.json is written with them.
+sections 6, 6b, 6c and 7 draw the saved runs of `--quality-json`, `--optimizers-json`, `--study-json`
+and `--startup-json`. With `--rerender` the saved runs given are added to the saved results (replacing
+what they held), and results.json is written with them.
 """
 
 from __future__ import annotations
@@ -671,13 +673,15 @@ def main(argv: list[str]) -> None:
         ("--startup-json", a.startup_json, ("rows", "command")),
         ("--study-json", a.study_json, study_section.KEYS)) if path}
     latent = read_latent_heads(a)
-    result = with_latent_heads(saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved), latent)
+    added = latent or any(flag in saved for _, flag in KEPT)  # with --rerender: saved runs to add to results.json
+    result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
+    result = with_latent_heads(with_kept(result, saved), latent)
     images = plot(result, out / "img")
     (out / "results.md").write_text(page(result, images, "img"))
-    if not a.rerender or latent:
+    if not a.rerender or added:
         (out / "results.json").write_text(json.dumps(result, indent=1))
     log(f"wrote {out / 'results.md'} and {len(images)} plots in {out / 'img'}"
-        + ("" if a.rerender and not latent else f"; the measurements in {out / 'results.json'}"))
+        + ("" if a.rerender and not added else f"; the measurements in {out / 'results.json'}"))
 
 
 RESULT_KEYS = ("machine", "commands", "paper", "planner", "step_compare", "single_device", "profile")
@@ -755,12 +759,20 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
     commands += [f"python -m boost_jax.bench decode model.preset={a.decode_model} model.arch={arch} --reps {a.reps}"
                  + (" --api" if arch == "dense" else "") + (" --hf" if arch == "dense" and dec["runs"][0].get("hf") else "")
                  for arch in ("dense", "cola")]
-    kept = {section: saved[flag] for section, flag in (("quality", "--quality-json"), ("optimizers", "--optimizers-json"),
-                                                       ("startup", "--startup-json"), ("study", "--study-json"))
-            if flag in saved}
-    commands += [s["command"] for s in kept.values()]
     return {"machine": machine(), "commands": commands, "paper": pr, "planner": pl, "step_compare": sc,
-            "single_device": sd, "profile": prof, "decode": dec, **kept}
+            "single_device": sd, "profile": prof, "decode": dec}
+
+
+# The sections a saved run fills rather than this command: (their key in results.json, the flag naming the file).
+KEPT = (("quality", "--quality-json"), ("optimizers", "--optimizers-json"), ("startup", "--startup-json"),
+        ("study", "--study-json"))
+
+
+def with_kept(result: dict, saved: dict[str, dict]) -> dict:
+    """`result` with the sections of the saved runs given (replacing the ones it held) and their commands in its list."""
+    kept = {section: saved[flag] for section, flag in KEPT if flag in saved}
+    commands = [*result["commands"], *(s["command"] for s in kept.values() if s["command"] not in result["commands"])]
+    return {**result, **kept, "commands": commands}
 
 
 # The child process of `in_fresh_process`: one of this module's sections, its result as JSON.
