@@ -18,11 +18,13 @@ def decode_run(tp: int, g: int) -> dict:
     """A `bench decode --vary` run of tp devices and g latent heads: the latent cache split over tp only
     with latent heads; tokens/s made up so that each cell is its own number."""
     rows = []
-    for cache, per_token in (("full", 4096 // tp), ("latent", 1024 // (tp if g > 1 else 1))):
+    split = tp if g > 1 else 1
+    for cache, per_token, extra in (("full", 4096 // tp, 0.0), ("latent_v", 2048 // tp + 512 // split, 0.25),
+                                    ("latent", 1024 // split, 0.5)):
         for b in (1, 8):
             rows.append({"cache": cache, "batch": b, "cache_bytes_per_token_per_device": per_token,
-                         "cache_bytes_per_device": b * 128 * per_token,
-                         "decode_tokens_per_s": 100.0 * tp + 10 * g + b + (0.5 if cache == "latent" else 0.0)})
+                         "cache_bytes_per_device": b * 128 * per_token, "step_over_floor": 2.0 + extra * b,
+                         "decode_tokens_per_s": 100.0 * tp + 10 * g + b + extra})
     return {"variant": f"parallel.tp={tp} model.attn_latent_heads={g}", "model": "llama-tiny", "arch": "cola",
             "dtype": "float32", "tp": tp, "attn_latent_heads": g, "prompt_len": 64, "new_tokens": 64, "rows": rows}
 
@@ -66,12 +68,17 @@ def test_section_9_shows_each_saved_outputs_numbers():
     assert lines[0] == "## 9. Latent heads: a latent cache that tensor parallelism splits"
     # (a) one row per (cache, g, batch), each tp's MiB per device and tokens/s; tp=2, g=2: the latent cache halved
     assert ("`python -m boost_jax.bench decode model.preset=llama-tiny model.arch=cola model.dtype=float32 --vary "
-            "parallel.tp=1,2 --vary model.attn_latent_heads=1,2 --caches full,latent --batches 1,8 --prompt-len 64 "
+            "parallel.tp=1,2 --vary model.attn_latent_heads=1,2 --caches full,latent_v,latent --batches 1,8 --prompt-len 64 "
             "--new-tokens 64 --json`") in page
     assert "| latent | 2 | 8 | 1.00 | 128.5 | 0.50 | 228.5 |" in lines
     assert "| full | 1 | 1 | 0.50 | 111.0 | 0.25 | 211.0 |" in lines and "| latent | 1 | 1 |" in page
+    assert "| latent_v | 2 | 8 | 2.50 | 128.2 | 1.25 | 228.2 |" in lines
     assert ("At tp=2 the latent cache with g = 2 holds 512 bytes per cached token per device against the full cache's "
-            f"2,048 (0.25x), and decodes at batch 8 {228.5 / 218:.2f}x the full cache's") in page
+            f"2,048 (0.25x), and decodes at batch 8 {228.5 / 218:.2f}x the full cache's tokens/s (batch 8 "
+            f"{228.5 / 228:.2f}x of the same model's full cache") in page
+    assert ("The latent_v cache of that model (keys cached whole, v's latents split) holds 1,280 bytes per token per "
+            f"device (0.62x) and decodes at batch 8 {228.25 / 218:.2f}x the full cache's. At batch 8 a latent step is "
+            "6.0x its read floor against the full cache's 2.0x") in page
     # (b) HLO beside formula per layout, and the k/v latents' forward: same payload, half the ring's bytes
     assert "| 8 | whole (g = 1) | all-reduce x4 | 224.00 / 224.00 | 392.00 / 392.00 | all-reduce x4 | 224.00 / 224.00 |" in page
     assert "| 8 | split over tp | all-reduce x4, reduce-scatter x1 | 224.50 / 224.00 | 336.44 / 336.00 |" in page
