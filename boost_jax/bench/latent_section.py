@@ -123,17 +123,12 @@ def decode_target(dec: dict) -> dict:
     ratios = lambda cache, base: ", ".join(f"batch {b} {speed(cache, b, base):.2f}x" for b in batches) or "no batch above 1"
     out = {"tp": tp, "g": g, "bytes_ratio": f"{per_token(heads, 'latent') / per_token(full, 'full'):.2f}",
            "latent_bytes": f"{per_token(heads, 'latent'):,}", "full_bytes": f"{per_token(full, 'full'):,}",
-           "speed": ratios("latent", full), "speed_same": ratios("latent", heads), "value_latent": ""}
-    if any(r["cache"] == "latent_v" for r in heads["rows"]) and batches:
-        floor = lambda cache: _decode_row(heads, cache, batches[-1])["step_over_floor"]
-        out["value_latent"] = (
-            " The latent_v cache of that model (keys cached whole, v's latents split) holds "
-            f"{per_token(heads, 'latent_v'):,} bytes per token per device "
-            f"({per_token(heads, 'latent_v') / per_token(full, 'full'):.2f}x) and decodes at "
-            f"{ratios('latent_v', full)} the full cache's. At batch {batches[-1]} a latent step is "
-            f"{floor('latent'):.1f}x its read floor against the full cache's {floor('full'):.1f}x: it rebuilds "
-            "every cached key from its latent at every step (RoPE follows k's up-projection, so it cannot be folded "
-            "into the query), work that outgrows the bytes it saves as the batch grows.")
+           "speed": ratios("latent", full), "speed_same": ratios("latent", heads), "value_latent": None}
+    if any(r["cache"] == "latent_v" for r in heads["rows"]) and batches:  # the slots of results_page.md's phrase
+        floor = lambda cache: f"{_decode_row(heads, cache, batches[-1])['step_over_floor']:.1f}"
+        out["value_latent"] = {"bytes": f"{per_token(heads, 'latent_v'):,}", "speed": ratios("latent_v", full),
+                               "bytes_ratio": f"{per_token(heads, 'latent_v') / per_token(full, 'full'):.2f}",
+                               "batch": batches[-1], "latent_floor": floor("latent"), "full_floor": floor("full")}
     return out
 
 

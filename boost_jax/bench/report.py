@@ -601,10 +601,13 @@ def latent_heads_section(lh: dict) -> list[str]:
     lines = render("latent_heads")
     if "decode" in lh:
         dec, first = lh["decode"], lh["decode"]["runs"][0]
+        target = latent_section.decode_target(dec)
+        value = target.pop("value_latent")  # latent_v beside the latent cache, where the run measured it
         lines += render("latent_decode", command=latent_section.decode_command(dec), device=dec["device"],
                         model=first["model"], arch=first["arch"], dtype=first["dtype"], prompt_len=first["prompt_len"],
                         new_tokens=first["new_tokens"], positions=first["prompt_len"] + first["new_tokens"],
-                        table=latent_section.decode_table(dec), **latent_section.decode_target(dec))
+                        table=latent_section.decode_table(dec), **target,
+                        value_latent=phrase("latent_decode_value", **value) if value else "")
     if "comm" in lh:
         comms = lh["comm"]
         lines += render("latent_comm", command=latent_section.comm_command(comms),
@@ -665,15 +668,12 @@ def main(argv: list[str]) -> None:
     out = Path(a.out)
     check_writable_dir(out / "img", "--out")
     # Saved inputs are read before anything is measured: a bad file fails in a second, not after the paper's compiles.
-    saved = {flag: read_saved(path, flag, keys) for flag, path, keys in (
-        ("--rerender", a.rerender, RESULT_KEYS), ("--paper-json", a.paper_json, ("settings", "hardware", "rows")),
-        ("--planner-json", a.planner_json, ("settings", "rows")),
-        ("--quality-json", a.quality_json, ("runs", "recovery")),
-        ("--optimizers-json", a.optimizers_json, ("optimizers", "command")),
-        ("--startup-json", a.startup_json, ("rows", "command")),
-        ("--study-json", a.study_json, study_section.KEYS)) if path}
+    inputs = (("--rerender", RESULT_KEYS), ("--paper-json", ("settings", "hardware", "rows")),
+              ("--planner-json", ("settings", "rows")), *((flag, keys) for _, flag, keys in KEPT))
+    saved = {flag: read_saved(path, flag, keys) for flag, keys in inputs
+             if (path := given(a, flag))}
     latent = read_latent_heads(a)
-    added = latent or any(flag in saved for _, flag in KEPT)  # with --rerender: saved runs to add to results.json
+    added = latent or any(flag in saved for _, flag, _ in KEPT)  # with --rerender: saved runs to add to results.json
     result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
     result = with_latent_heads(with_kept(result, saved), latent)
     images = plot(result, out / "img")
@@ -685,6 +685,11 @@ def main(argv: list[str]) -> None:
 
 
 RESULT_KEYS = ("machine", "commands", "paper", "planner", "step_compare", "single_device", "profile")
+
+
+def given(a: argparse.Namespace, flag: str):
+    """What the command line gave for `flag` (argparse's attribute of it)."""
+    return getattr(a, flag.removeprefix("--").replace("-", "_"))
 
 
 def read_saved(path: str, flag: str, keys: tuple[str, ...]) -> dict:
@@ -703,7 +708,7 @@ def read_latent_heads(a: argparse.Namespace) -> dict:
     """Section 9's saved inputs given on the command line, by part, each file checked by `read_saved`."""
     latent = {}
     for s in latent_section.INPUTS:
-        if paths := getattr(a, s.flag.removeprefix("--").replace("-", "_")):
+        if paths := given(a, s.flag):
             latent[s.part] = [read_saved(p, s.flag, s.keys) for p in paths] if s.several else read_saved(paths, s.flag, s.keys)
     if "comm" in latent:
         latent_section.check_comm(latent["comm"], a.latent_comm_json)
@@ -763,14 +768,15 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
             "single_device": sd, "profile": prof, "decode": dec}
 
 
-# The sections a saved run fills rather than this command: (their key in results.json, the flag naming the file).
-KEPT = (("quality", "--quality-json"), ("optimizers", "--optimizers-json"), ("startup", "--startup-json"),
-        ("study", "--study-json"))
+# The sections a saved run fills rather than this command: (their key in results.json, the flag naming
+# the file, what a file of it must hold).
+KEPT = (("quality", "--quality-json", ("runs", "recovery")), ("optimizers", "--optimizers-json", ("optimizers", "command")),
+        ("startup", "--startup-json", ("rows", "command")), ("study", "--study-json", study_section.KEYS))
 
 
 def with_kept(result: dict, saved: dict[str, dict]) -> dict:
     """`result` with the sections of the saved runs given (replacing the ones it held) and their commands in its list."""
-    kept = {section: saved[flag] for section, flag in KEPT if flag in saved}
+    kept = {section: saved[flag] for section, flag, _ in KEPT if flag in saved}
     commands = [*result["commands"], *(s["command"] for s in kept.values() if s["command"] not in result["commands"])]
     return {**result, **kept, "commands": commands}
 
