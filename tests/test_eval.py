@@ -311,6 +311,9 @@ def test_bench_quality_trains_evaluates_and_reports(tmp_path, cache_dir):
     assert all(c["compressed"]["step"] == 0 and c["recovered"]["step"] == 4 for c in q["recovery"])
     lines = report.quality_section(q)
     assert lines[0] == "## 6. Low-rank quality, measured" and any("cola at dense's FLOPs" in line for line in lines)
+    factored = report.factored_section(q)  # beside a study: the recovery table alone
+    assert factored[0] == "## 6b. A trained dense model, factored" and not any("cola at" in line for line in factored)
+    assert [line.split(" | ")[0] for line in factored if line.startswith(("| svd |", "| whiten |"))] == ["| svd", "| whiten"]
 
 
 def test_bench_quality_refuses_a_bad_optimizer_axis_by_name():
@@ -368,3 +371,4 @@ def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp
         assert (tmp_path / "work" / f"cola-{r['optimizer']}-lr{r['best_lr']}-seed1" / "metrics.jsonl").is_file()
     lines = report.optimizers_section({"optimizers": o, "command": "python -m boost_jax.bench quality --vary ..."})
     assert lines[0].startswith("## 6b.") and sum(line.startswith("| cola |") for line in lines) == 2
+    assert report.optimizer_costs_section({"optimizers": o}) == []  # beside a study: the step times alone, none here

@@ -103,12 +103,18 @@ def test_cells_above_the_law_of_more_compute_are_early_and_cells_on_it_are_not()
 
 def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp_path, monkeypatch):
     """The results page's section of a saved `study --json` (synthetic cells, the 2 of least compute early):
-    the cells with their grids and the multiplier in the table, each curve's means and fitted law in the plot."""
+    the sizes, the cells with their grids and the multiplier in the table, each curve's means and fitted
+    law in the plot; a cell whose parameters are not its preset's is refused."""
     from boost_jax.bench import report as bench_report, study_section
     from boost_jax.comparison.report import table
     from boost_jax.config import ConfigError
 
-    rows = [{**r, "preset": "p", "tokens": 1000 * j, "tokens_per_param": 20.0, "lr_grid": [1e-3, 3e-3, 1e-2],
+    # llama-micro-s by hand: per layer attention 4 x 32^2 + MLP 3 x 32 x 88 + 2 norms of 32 = 12,608; 2 layers
+    # and the final norm: 25,248 non-embedding; embedding and LM head 2 x 512 x 32 = 32,768 (56% of 58,016).
+    # cola at rank 8: attention 4 x (32 x 8 + 8 x 32) = 2,048, MLP 3 x (32 x 8 + 8 x 88) = 2,880, norms 64: 4,992 a layer.
+    non_embedding = {"dense": 25_248, "cola": 2 * 4_992 + 32}
+    rows = [{**r, "preset": "llama-micro-s", "params_non_embedding": non_embedding[r["arch"]], "tokens": 1000 * j,
+             "tokens_per_param": 20.0, "lr_grid": [1e-3, 3e-3, 1e-2],
              "lr_losses": [r["seeds"][0] + 0.1, r["seeds"][0], None], "best_lr": 3e-3, "extensions": 0, "bracketed": True,
              "spread": float(np.std(r["seeds"], ddof=1)), "bpb_mean": None, "early_reason": None}
             for j, r in enumerate(synthetic_rows(np.random.default_rng(0), 2.5, lifted=2))]
@@ -118,10 +124,20 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
              "skipped": [], "eval_tokens": 1024, "interval": 0.9, "early_below": 10.0, "command": "python -m boost_jax.study x"}
     (tmp_path / "study.json").write_text(json.dumps(saved))
     result = json.loads((tmp_path / "study.json").read_text())
-    lines = study_section.section(result)
-    assert lines[0].startswith("## 6c.") and "`python -m boost_jax.study x`" in lines[2]
-    assert lines[4:4 + len(table(result))] == table(result)  # every cell's grid, seeds, mean, spread, early
-    assert sum(line.startswith("| p |") and line.endswith("| early |") for line in lines) == 4 and f"| 0.001: {rows[0]['seeds'][0] + 0.1:.4f}, " in lines[6]
+    lines = bench_report.study_page_section(result)
+    assert lines[0] == "## 6. Low-rank quality: a fair comparison" and "`python -m boost_jax.study x`" in lines[2]
+    assert lines[6] == "| llama-micro-s | 32 | 2 | 512 | 8 | 58,016 (25,248; 56%) | 42,784 (10,016; 77%) |"
+    assert lines[8:8 + len(table(result))] == table(result)  # every cell's grid, seeds, mean, spread, early
+    assert sum(line.startswith("| llama-micro-s |") and line.endswith("| early |") for line in lines) == 4
+    assert f"| 0.001: {rows[0]['seeds'][0] + 0.1:.4f}, " in lines[10]
+    assert "the models hold 0.06M to 0.06M parameters" in lines[-2] and "embedding and head are 56-56%" in lines[-2]
+    assert f"- dense/adamw needs {mults[0]['value']:.2f}x the compute of cola/adamw to reach loss " in "\n".join(lines)
+    m = {"of": "a", "against": "b", "value": 0.5, "interval": [0.4, 0.8], "at_loss": 2.0}
+    assert bench_report.multiplier_reading(m, 90) == ("- a needs 2.00x the compute of b to reach loss 2.0000 "
+                                                      "(90% interval 1.25-2.50x): a is the dearer.")
+    assert "holds 1: no difference" in bench_report.multiplier_reading({**m, "interval": [0.8, 1.1]}, 90)
+    with pytest.raises(ValueError, match="llama-micro-s/cola: 10,017 non-embedding parameters, not its preset's"):
+        study_section.slots({**result, "cells": [*result["cells"][:-1], {**result["cells"][-1], "params_non_embedding": 10_017}]})
     (m,) = [line for line in lines if line.startswith("| cola/adamw | dense/adamw |")]
     assert f"{mults[0]['value']:.3g}" in m and f"[{mults[0]['interval'][0]:.3g}, " in m
     fig = study_section.plot(result)
@@ -141,6 +157,9 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
     assert again["study"] == result and again["commands"][-1] == "python -m boost_jax.study x"
     page = (tmp_path / "page" / "results.md").read_text()
     assert "\n".join(lines) in page and (tmp_path / "page" / "img" / study_section.IMAGE).is_file()
+    # beside a study, what it supersedes leaves the page: the quality protocol's comparison and its plot
+    assert "## 6b. A trained dense model, factored" in page and "## 6. Low-rank quality, measured" not in page
+    assert "## 6b. Optimizers for factorized weights" not in page and "quality.png" not in page
     (tmp_path / "other.json").write_text(json.dumps({"cells": []}))
     with pytest.raises(ConfigError, match=r"--study-json .*other.json: not the JSON this flag reads \(missing fits"):
         bench_report.main(["--study-json", str(tmp_path / "other.json"), "--out", str(tmp_path / "out")])
@@ -196,10 +215,11 @@ def test_micro_study_extends_the_grid_runs_every_seed_and_resumes_exactly(micro,
         assert sorted(p.name for p in runs.iterdir()) == sorted(
             [f"lr{lr:g}-seed0" for lr in c["lr_grid"]] + [f"lr{c['best_lr']:g}-seed1"])
     assert json.loads(json.dumps(out))["cells"][0]["seeds"] == cells[0]["seeds"]
-    from boost_jax.bench import study_section  # the results page's section of this study's --json
+    from boost_jax.bench import report as bench_report, study_section  # the results page's section of this --json
 
     saved = json.loads(json.dumps(out))
-    assert sum(line.startswith("| llama-tiny | cola | adamw | 512 |") for line in study_section.section(saved)) == 1
+    lines = bench_report.study_page_section(saved)  # a real study's cells: their parameters are the preset's
+    assert sum(line.startswith("| llama-tiny | cola | adamw | 512 |") for line in lines) == 1
     assert list(study_section.plot(saved).axes[0].get_lines()[0].get_ydata()) == [cells[0]["mean"]]
 
     # A kill after step 2's checkpoint of the last run: its result and its step-4 checkpoint gone.

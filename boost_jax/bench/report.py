@@ -8,8 +8,9 @@ comes from this run (or from `--paper-json`, a saved `bench paper --json`). The 
 template results_page.md beside this file; the code here computes the numbers and tables it holds.
 Section 9 (latent heads) draws saved `bench decode`, `bench comm` and `bench quality` outputs given by
 `--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
-sections 6, 6b, 6c and 7 draw the saved runs of `--quality-json`, `--optimizers-json`, `--study-json`
-and `--startup-json`. With `--rerender` the saved runs given are added to the saved results (replacing
+section 6 draws a saved study (`--study-json`), and beside it 6b and 6c the factored dense model of
+`--quality-json` and the step times of `--optimizers-json` (without a study, sections 6 and 6b are those
+two runs' comparisons); section 7 draws `--startup-json`. With `--rerender` the saved runs given are added to the saved results (replacing
 what they held), and results.json is written with them.
 """
 
@@ -255,8 +256,9 @@ def decode_figure(result: dict):
 
 
 def quality_figure(result: dict):
-    """The quality runs: validation loss against tokens and against training FLOPs; None without them."""
-    if "quality" not in result:
+    """The quality runs: validation loss against tokens and against training FLOPs; None without them
+    or beside a study (which supersedes their comparison: SUPERSEDED)."""
+    if "quality" not in result or "study" in result:
         return None
     fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(11, 4), sharey=True)
     for run in result["quality"]["runs"]:
@@ -327,7 +329,7 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
     lines += measured_section(result["step_compare"], result["single_device"])
     for key, section in SECTIONS:
         if key in result:
-            lines += section(result[key])
+            lines += (SUPERSEDED.get(key, section) if "study" in result else section)(result[key])
     if "gpu_paper" in result:
         lines += gpu_section(result["gpu_paper"], result.get("gpu_planner"), result.get("gpu_programs", ()))
     if "latent_heads" in result:
@@ -498,21 +500,41 @@ def quality_section(q: dict) -> list[str]:
     """Markdown: `bench quality`: dense against the low-rank archs at equal tokens and equal FLOPs,
     beside CoLA's claim, and the compressed dense model's recovery."""
     r = quality.ratios(q)
-    runs = {(x["arch"], x["budget"]): x for x in q["runs"]}
-    dense = runs[("dense", "tokens")]
+    dense, cola = protocol_run(q, "dense"), protocol_run(q, "cola")
     ratios = [phrase("quality_ratio", label=label, ratio=f"{r[name]:.3f}", verdict=_verdict(r[name]))
               for name, label in (("cola/tokens", "cola at equal tokens"), ("cola/flops", "cola at dense's FLOPs"),
                                   ("svd/tokens", "svd at equal tokens"), ("svd/flops", "svd at dense's FLOPs"),
                                   ("lax/tokens", "lax at equal tokens")) if name in r]
-    recovery = [f"| {c['method']} | {c['rank']} | {dense['final']['perplexity']:.2f} | {c['compressed']['perplexity']:.2f} "
-                f"| {c['recovered']['perplexity']:.2f} | {c['steps']} ({c['tokens']:,}) |" for c in q["recovery"]]
-    return render("quality", command=q["command"], model=q["model"], d_model=q["d_model"], n_layers=q["n_layers"],
-                  rank=q["rank"], corpus=q["corpus"], seq_len=q["seq_len"], batch_size=q["batch_size"],
-                  eval_tokens=f"{q['eval_tokens']:,}", tokens=f"{q['tokens']:,}", table=quality.table(q),
-                  ratios="; ".join(ratios), dense_millions=f"{dense['params'] / 1e6:.1f}",
-                  cola_millions=f"{runs[('cola', 'tokens')]['params'] / 1e6:.1f}",
-                  token_millions=f"{q['tokens'] / 1e6:.1f}", tokens_per_parameter=f"{q['tokens'] / dense['params']:.2f}",
-                  recovery=recovery)
+    return [*render("quality", **quality_slots(q), rank=q["rank"], table=quality.table(q), ratios="; ".join(ratios),
+                    dense_millions=f"{dense['params'] / 1e6:.1f}", cola_millions=f"{cola['params'] / 1e6:.1f}",
+                    token_millions=f"{q['tokens'] / 1e6:.1f}"),
+            *recovery_lines(q)]
+
+
+def factored_section(q: dict) -> list[str]:
+    """Markdown beside a study (section 6b): of `bench quality`, the compressed dense model's recovery alone."""
+    return [*render("factored", **quality_slots(q)), *recovery_lines(q)]
+
+
+def quality_slots(q: dict) -> dict:
+    """The slots the quality protocol's run fills wherever the page states it."""
+    dense = protocol_run(q, "dense")
+    return dict(command=q["command"], model=q["model"], d_model=q["d_model"], n_layers=q["n_layers"], corpus=q["corpus"],
+                seq_len=q["seq_len"], batch_size=q["batch_size"], eval_tokens=f"{q['eval_tokens']:,}",
+                tokens=f"{q['tokens']:,}", tokens_per_parameter=f"{q['tokens'] / dense['params']:.2f}")
+
+
+def protocol_run(q: dict, arch: str) -> dict:
+    """The quality protocol's run of `arch` at the protocol's tokens."""
+    return next(x for x in q["runs"] if (x["arch"], x["budget"]) == (arch, "tokens"))
+
+
+def recovery_lines(q: dict) -> list[str]:
+    """Markdown: the dense model factored into svd, as factored and after continued training."""
+    dense = protocol_run(q, "dense")
+    return render("recovery", recovery=[
+        f"| {c['method']} | {c['rank']} | {dense['final']['perplexity']:.2f} | {c['compressed']['perplexity']:.2f} "
+        f"| {c['recovered']['perplexity']:.2f} | {c['steps']} ({c['tokens']:,}) |" for c in q["recovery"]])
 
 
 def _verdict(ratio: float) -> str:
@@ -529,6 +551,11 @@ def optimizers_section(q: dict) -> list[str]:
     return [*render("optimizers", command=q["command"], tokens=f"{o['tokens']:,}", steps=o["steps"],
                     evaluated=f"{o['evaluated_tokens']:,}", fewer=fewer, table=quality.optimizer_table(o)),
             *(optimizer_step_lines(q["step"]) if "step" in q else [])]
+
+
+def optimizer_costs_section(q: dict) -> list[str]:
+    """Markdown beside a study (section 6c): of the optimizers' saved runs, their step times alone."""
+    return [*render("optimizer_costs"), *optimizer_step_lines(q["step"])] if "step" in q else []
 
 
 def optimizer_step_lines(s: dict) -> list[str]:
@@ -629,9 +656,30 @@ def latent_heads_commands(lh: dict) -> list[str]:
             *([lh["quality"]["command"]] if "quality" in lh else [])]
 
 
+def study_page_section(r: dict) -> list[str]:
+    """Markdown: section 6, a saved `python -m boost_jax.study --json` (bench/study_section.py)."""
+    pct = round(100 * r["interval"])
+    readings = [multiplier_reading(m, pct) for m in r["multipliers"] if m["value"] is not None and m["interval"] is not None]
+    return render("study", **study_section.slots(r), readings=[phrase("study_readings"), "", *readings, ""] if readings else [])
+
+
+def multiplier_reading(m: dict, pct: int) -> str:
+    """A study's compute multiplier in words: its interval above 1, `of` is the cheaper; below 1, the
+    dearer (read the other way round); holding 1, no difference shown."""
+    (lo, hi), pair = m["interval"], dict(of=m["of"], against=m["against"], at=f"{m['at_loss']:.4f}", pct=pct)
+    if lo > 1:
+        return phrase("study_cheaper", **pair, times=f"{m['value']:.2f}", lo=f"{lo:.2f}", hi=f"{hi:.2f}")
+    if hi < 1:
+        return phrase("study_dearer", **pair, times=f"{1 / m['value']:.2f}", lo=f"{1 / hi:.2f}", hi=f"{1 / lo:.2f}")
+    return phrase("study_even", **pair, lo=f"{lo:.2f}", hi=f"{hi:.2f}")
+
+
 # The sections after section 4 that a results.json may hold, in the page's order: (its key, its Markdown).
-SECTIONS = (("profile", profile_section), ("decode", decode_section), ("quality", quality_section),
-            ("optimizers", optimizers_section), ("study", study_section.section), ("startup", startup_section))
+SECTIONS = (("profile", profile_section), ("decode", decode_section), ("study", study_page_section),
+            ("quality", quality_section), ("optimizers", optimizers_section), ("startup", startup_section))
+# Beside a study (section 6), what it supersedes leaves the page (its runs stay in results.json): of the
+# quality protocol the factored dense model stays (6b), of the optimizers' runs their step times (6c).
+SUPERSEDED = {"quality": factored_section, "optimizers": optimizer_costs_section}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -642,9 +690,9 @@ def main(argv: list[str]) -> None:
     paper.add_flags(p)
     p.add_argument("--paper-json", help="reuse a saved `bench paper --json` instead of compiling")
     p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
-    p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6")
-    p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b")
-    p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hours of training) for section 6c")
+    p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6 (beside a study: its factored model, 6b)")
+    p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b (beside a study: its step table, 6c)")
+    p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hours of training) for section 6")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
     for saved_input in latent_section.INPUTS:  # section 9; with --rerender too: added to the saved results
         p.add_argument(saved_input.flag, nargs="+" if saved_input.several else None, help=saved_input.help)

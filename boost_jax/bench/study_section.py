@@ -1,32 +1,71 @@
-"""`bench report --study-json FILE`: a saved `python -m boost_jax.study --json` on the results page:
-loss against training FLOPs per (arch, optimizer) with each fitted curve, the table of cells (every
-grid point's loss, best rate, seeds, mean, spread, early) and the compute multipliers with their
-intervals (the study's own tables, comparison/report.py)."""
+"""`bench report --study-json FILE`: a saved `python -m boost_jax.study --json` on the results page
+(section 6): the sizes studied, the table of cells (every grid point's loss, best rate, seeds, mean,
+spread, early), the fits and the compute multipliers with their intervals (the study's own tables,
+comparison/report.py), and loss against training FLOPs per (arch, optimizer) with each fitted curve."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from boost_jax.comparison import report
+from boost_jax.config import from_dict
+from boost_jax.model.counts import count
 
 KEYS = ("cells", "fits", "multipliers", "command")  # what a saved study must hold
 IMAGE = "study.png"
+GPU_SIZES = ("llama-60m", "llama-130m", "llama-350m", "llama-1b")  # where the scope says the spec goes next (CoLA's sizes)
 
 
-def section(r: dict) -> list[str]:
-    """Markdown: what was run, then the study's tables."""
-    pct = round(100 * r["interval"])
+def slots(r: dict) -> dict:
+    """The slots of results_page.md's `study` part: what was run, the sizes, the study's own tables and
+    the numbers its statement of scope quotes (parameters, vocabulary, embedding share, compute span)."""
     cells = r["cells"]
-    return ["## 6c. A fair comparison: tuned rates, seeds, loss against compute", "",
-            f"`{r['command']}`: {len(cells)} cells (arch x optimizer x size x budget), each cell's learning rate "
-            "searched on a log grid extended until the best has a worse neighbour on both sides, then run with "
-            f"{max(len(c['seeds']) for c in cells)} seeds; each run evaluated on {r['eval_tokens']:,} held-out tokens. "
-            "Loss against training FLOPs is fitted per arch and optimizer (the form each curve's points support), and "
-            "the compute multiplier is how many times the compute the second curve needs to reach the loss the first "
-            f"reaches, with {pct}% bootstrap intervals over seeds. A cell is early when it lies under "
-            f"study.early_below={r['early_below']:g} tokens per non-embedding parameter or above the law of the cells of "
-            f"more compute (docs/design.md section 14); early cells are left out of the fits ({IMAGE}: hollow).", "",
-            *report.table(r), ""]
+    shapes = {(c["preset"], c["arch"]): shape(c["preset"], c["arch"]) for c in cells}
+    for c in cells:  # the page states the presets' shapes: a study run at other shapes is not this table
+        if c["params_non_embedding"] != shapes[c["preset"], c["arch"]]["non_embedding"]:
+            raise ValueError(f"study cell {c['preset']}/{c['arch']}: {c['params_non_embedding']:,} non-embedding "
+                             "parameters, not its preset's: the study ran at other shapes than the presets'")
+    dense = [shape(p, "dense") for p in dict.fromkeys(c["preset"] for c in cells)]  # the scope's figures: each size's full-rank model
+    shares = [s["embedding"] / s["params"] for s in dense]
+    smallest, largest = (f(s["params"] for s in dense) for f in (min, max))
+    at_gpu_sizes = {p: shape(p, "dense") for p in GPU_SIZES}
+    reference = at_gpu_sizes[GPU_SIZES[0]]
+    flops = [c["train_flops"] for c in cells]
+    return dict(command=r["command"], cells=len(cells), seeds=max(len(c["seeds"]) for c in cells),
+                eval_tokens=f"{r['eval_tokens']:,}", pct=round(100 * r["interval"]), early_below=f"{r['early_below']:g}",
+                image=IMAGE, sizes=size_table(shapes), tables=report.table(r),
+                smallest=f"{smallest / 1e6:.2f}M", largest=f"{largest / 1e6:.2f}M",
+                under=f"{GPU_SIZES[0]} ({reference['params'] / 1e6:.1f}M) is {reference['params'] / largest:.0f}-"
+                      f"{reference['params'] / smallest:.0f}x",
+                vocab="/".join(sorted({f"{s['vocab']:,}" for s in dense})),
+                share=f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%", span=f"{max(flops) / min(flops):.0f}x",
+                gpu_shares=", ".join(f"{p} {100 * s['embedding'] / s['params']:.0f}%" for p, s in at_gpu_sizes.items()))
+
+
+def shape(preset: str, arch: str) -> dict:
+    """A preset's shape under an arch and its parameters, those of the embedding and LM head apart
+    (model/counts.py)."""
+    m = from_dict({"model": {"preset": preset, "arch": arch}}).model
+    params = count(m, 1).params
+    embedding = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    return {"d": m.d_model, "layers": m.n_layers, "vocab": m.vocab_size, "params": params, "embedding": embedding,
+            "non_embedding": params - embedding, "rank": m.attn_rank}
+
+
+def size_table(shapes: dict[tuple[str, str], dict]) -> list[str]:
+    """Markdown: per preset its shape, then each arch's parameters (non-embedding, and the embedding
+    and head's share)."""
+    presets, archs = (list(dict.fromkeys(k[i] for k in shapes)) for i in (0, 1))
+    lines = ["| preset | d | layers | vocab | factor rank | " + " | ".join(f"{a} params (non-embedding; embedding + head)"
+                                                                     for a in archs) + " |",
+             "|---|---|---|---|---|" + "---|" * len(archs)]
+    for p in presets:
+        first = next(s for (q, _), s in shapes.items() if q == p)
+        cols = [f"{s['params']:,} ({s['non_embedding']:,}; {100 * s['embedding'] / s['params']:.0f}%)"
+                if (s := shapes.get((p, a))) else "-" for a in archs]
+        lines.append(f"| {p} | {first['d']} | {first['layers']} | {first['vocab']:,} | {first['rank']} | "
+                     + " | ".join(cols) + " |")
+    return lines
 
 
 def plot(r: dict):
