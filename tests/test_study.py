@@ -111,7 +111,8 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
 
     # llama-micro-s by hand: per layer attention 4 x 32^2 + MLP 3 x 32 x 88 + 2 norms of 32 = 12,608; 2 layers
     # and the final norm: 25,248 non-embedding; embedding and LM head 2 x 512 x 32 = 32,768 (56% of 58,016).
-    # cola at rank 8: attention 4 x (32 x 8 + 8 x 32) = 2,048, MLP 3 x (32 x 8 + 8 x 88) = 2,880, norms 64: 4,992 a layer.
+    # cola at rank 8: attention 4 x (32 x 8 + 8 x 32) = 2,048, MLP 3 x (32 x 8 + 8 x 88) = 2,880, norms 64:
+    # 4,992 a layer.
     non_embedding = {"dense": 25_248, "cola": 2 * 4_992 + 32}
     rows = [{**r, "preset": "llama-micro-s", "params_non_embedding": non_embedding[r["arch"]], "tokens": 1000 * j,
              "tokens_per_param": 20.0, "lr_grid": [1e-3, 3e-3, 1e-2],
@@ -137,7 +138,8 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
                                                       "(90% interval 1.25-2.50x): a is the dearer.")
     assert "holds 1: no difference" in bench_report.multiplier_reading({**m, "interval": [0.8, 1.1]}, 90)
     with pytest.raises(ValueError, match="llama-micro-s/cola: 10,017 non-embedding parameters, not its preset's"):
-        study_section.slots({**result, "cells": [*result["cells"][:-1], {**result["cells"][-1], "params_non_embedding": 10_017}]})
+        other = {**result["cells"][-1], "params_non_embedding": 10_017}
+        study_section.slots({**result, "cells": [*result["cells"][:-1], other]})
     (m,) = [line for line in lines if line.startswith("| cola/adamw | dense/adamw |")]
     assert f"{mults[0]['value']:.3g}" in m and f"[{mults[0]['interval'][0]:.3g}, " in m
     fig = study_section.plot(result)

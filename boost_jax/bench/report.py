@@ -9,9 +9,9 @@ template results_page.md beside this file; the code here computes the numbers an
 Section 9 (latent heads) draws saved `bench decode`, `bench comm` and `bench quality` outputs given by
 `--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
 section 6 draws a saved study (`--study-json`), and beside it 6b and 6c the factored dense model of
-`--quality-json` and the step times of `--optimizers-json` (without a study, sections 6 and 6b are those
-two runs' comparisons); section 7 draws `--startup-json`. With `--rerender` the saved runs given are added to the saved results (replacing
-what they held), and results.json is written with them.
+`--quality-json` and the step times of `--optimizers-json` (without a study, sections 6 and 6b are
+those two runs' comparisons); section 7 draws `--startup-json`. With `--rerender` the saved runs given
+are added to the saved results (replacing what they held), and results.json is written with them.
 """
 
 from __future__ import annotations
@@ -519,8 +519,8 @@ def factored_section(q: dict) -> list[str]:
 def quality_slots(q: dict) -> dict:
     """The slots the quality protocol's run fills wherever the page states it."""
     dense = protocol_run(q, "dense")
-    return dict(command=q["command"], model=q["model"], d_model=q["d_model"], n_layers=q["n_layers"], corpus=q["corpus"],
-                seq_len=q["seq_len"], batch_size=q["batch_size"], eval_tokens=f"{q['eval_tokens']:,}",
+    return dict(command=q["command"], model=q["model"], d_model=q["d_model"], n_layers=q["n_layers"],
+                corpus=q["corpus"], seq_len=q["seq_len"], batch_size=q["batch_size"], eval_tokens=f"{q['eval_tokens']:,}",
                 tokens=f"{q['tokens']:,}", tokens_per_parameter=f"{q['tokens'] / dense['params']:.2f}")
 
 
@@ -659,8 +659,10 @@ def latent_heads_commands(lh: dict) -> list[str]:
 def study_page_section(r: dict) -> list[str]:
     """Markdown: section 6, a saved `python -m boost_jax.study --json` (bench/study_section.py)."""
     pct = round(100 * r["interval"])
-    readings = [multiplier_reading(m, pct) for m in r["multipliers"] if m["value"] is not None and m["interval"] is not None]
-    return render("study", **study_section.slots(r), readings=[phrase("study_readings"), "", *readings, ""] if readings else [])
+    readings = [multiplier_reading(m, pct) for m in r["multipliers"]
+                if m["value"] is not None and m["interval"] is not None]
+    return render("study", **study_section.slots(r),
+                  readings=[phrase("study_readings"), "", *readings, ""] if readings else [])
 
 
 def multiplier_reading(m: dict, pct: int) -> str:
@@ -690,9 +692,11 @@ def main(argv: list[str]) -> None:
     paper.add_flags(p)
     p.add_argument("--paper-json", help="reuse a saved `bench paper --json` instead of compiling")
     p.add_argument("--planner-json", help="reuse a saved `bench planner --json` instead of planning")
-    p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6 (beside a study: its factored model, 6b)")
-    p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b (beside a study: its step table, 6c)")
-    p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hours of training) for section 6")
+    p.add_argument("--quality-json", help="a saved `bench quality --json` (its hour of training) for section 6 "
+                                          "(beside a study: its factored model, 6b)")
+    p.add_argument("--optimizers-json", help="a saved `bench quality --vary train.optimizer=... --json` for section 6b "
+                                             "(beside a study: its step table, 6c)")
+    p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hour of training) for section 6")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
     for saved_input in latent_section.INPUTS:  # section 9; with --rerender too: added to the saved results
         p.add_argument(saved_input.flag, nargs="+" if saved_input.several else None, help=saved_input.help)

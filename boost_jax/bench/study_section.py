@@ -9,11 +9,12 @@ import numpy as np
 
 from boost_jax.comparison import report
 from boost_jax.config import from_dict
-from boost_jax.model.counts import count
+from boost_jax.model.counts import count, embedding_params
 
 KEYS = ("cells", "fits", "multipliers", "command")  # what a saved study must hold
 IMAGE = "study.png"
-GPU_SIZES = ("llama-60m", "llama-130m", "llama-350m", "llama-1b")  # where the scope says the spec goes next (CoLA's sizes)
+# CoLA's sizes, where the section's scope says the spec goes next
+GPU_SIZES = ("llama-60m", "llama-130m", "llama-350m", "llama-1b")
 
 
 def slots(r: dict) -> dict:
@@ -25,14 +26,16 @@ def slots(r: dict) -> dict:
         if c["params_non_embedding"] != shapes[c["preset"], c["arch"]]["non_embedding"]:
             raise ValueError(f"study cell {c['preset']}/{c['arch']}: {c['params_non_embedding']:,} non-embedding "
                              "parameters, not its preset's: the study ran at other shapes than the presets'")
-    dense = [shape(p, "dense") for p in dict.fromkeys(c["preset"] for c in cells)]  # the scope's figures: each size's full-rank model
+    # the scope's figures: each size's full-rank model
+    dense = [shape(p, "dense") for p in dict.fromkeys(c["preset"] for c in cells)]
     shares = [s["embedding"] / s["params"] for s in dense]
     smallest, largest = (f(s["params"] for s in dense) for f in (min, max))
     at_gpu_sizes = {p: shape(p, "dense") for p in GPU_SIZES}
     reference = at_gpu_sizes[GPU_SIZES[0]]
     flops = [c["train_flops"] for c in cells]
     return dict(command=r["command"], cells=len(cells), seeds=max(len(c["seeds"]) for c in cells),
-                eval_tokens=f"{r['eval_tokens']:,}", pct=round(100 * r["interval"]), early_below=f"{r['early_below']:g}",
+                eval_tokens=f"{r['eval_tokens']:,}", pct=round(100 * r["interval"]),
+                early_below=f"{r['early_below']:g}",
                 image=IMAGE, sizes=size_table(shapes), tables=report.table(r),
                 smallest=f"{smallest / 1e6:.2f}M", largest=f"{largest / 1e6:.2f}M",
                 under=f"{GPU_SIZES[0]} ({reference['params'] / 1e6:.1f}M) is {reference['params'] / largest:.0f}-"
@@ -47,7 +50,7 @@ def shape(preset: str, arch: str) -> dict:
     (model/counts.py)."""
     m = from_dict({"model": {"preset": preset, "arch": arch}}).model
     params = count(m, 1).params
-    embedding = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    embedding = embedding_params(m)
     return {"d": m.d_model, "layers": m.n_layers, "vocab": m.vocab_size, "params": params, "embedding": embedding,
             "non_embedding": params - embedding, "rank": m.attn_rank}
 
@@ -56,8 +59,8 @@ def size_table(shapes: dict[tuple[str, str], dict]) -> list[str]:
     """Markdown: per preset its shape, then each arch's parameters (non-embedding, and the embedding
     and head's share)."""
     presets, archs = (list(dict.fromkeys(k[i] for k in shapes)) for i in (0, 1))
-    lines = ["| preset | d | layers | vocab | factor rank | " + " | ".join(f"{a} params (non-embedding; embedding + head)"
-                                                                     for a in archs) + " |",
+    columns = [f"{a} params (non-embedding; embedding + head)" for a in archs]
+    lines = ["| preset | d | layers | vocab | factor rank | " + " | ".join(columns) + " |",
              "|---|---|---|---|---|" + "---|" * len(archs)]
     for p in presets:
         first = next(s for (q, _), s in shapes.items() if q == p)

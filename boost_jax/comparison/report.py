@@ -106,7 +106,8 @@ def table(r: dict) -> list[str]:
         lines.append(f"| {c['preset']} | {c['arch']} | {c['optimizer']} | {c['tokens']:,} | {c['tokens_per_param']:.1f} "
                      f"| {grid} | {c['best_lr']:g}{edge} | {' / '.join(f(x) for x in c['seeds'])} | {f(c['mean'])} "
                      f"| {f(c['spread'])} | {f(c['bpb_mean'])} | {'early' if c['early'] else ''} |")
-    early = [f"- early: {c['preset']}/{c['arch']}-{c['optimizer']}: {c['early_reason']}" for c in r["cells"] if c["early"]]
+    early = [f"- early: {c['preset']}/{c['arch']}-{c['optimizer']}: {c['early_reason']}"
+             for c in r["cells"] if c["early"]]
     lines += ["", *early] if early else []  # a line under a table without a blank one would be read as its row
     scored = [(c, t, m, v) for c in r["cells"] for t, ms in c.get("tasks", {}).items() for m, v in ms.items()]
     if scored:

@@ -14,7 +14,7 @@ from typing import Any
 from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.study import StudyConfig
-from boost_jax.model.counts import count
+from boost_jax.model.counts import count, embedding_params
 
 SPEC_FILE = "study.json"
 # Keys the study sets per run: a command line or recipe that sets them is refused.
@@ -145,7 +145,7 @@ def _counts(base: dict, preset: str, arch: str, seq_len: int):
 
 def _non_embedding(m, c) -> int:
     """Parameters outside the embedding and the (untied) LM head."""
-    return c.params - m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    return c.params - embedding_params(m)
 
 
 def _with(raw: dict, values: dict[str, Any]) -> dict:

@@ -35,6 +35,11 @@ def layer_linear_groups(cfg: ModelConfig) -> dict[str, int]:
     return {name: cfg.attn_latent_heads if name in ("k", "v") else 1 for name in layer_linear_shapes(cfg)}
 
 
+def embedding_params(cfg: ModelConfig) -> int:
+    """The embedding table's parameters and, untied, the LM head's: what "non-embedding" leaves out."""
+    return cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+
+
 def count(cfg: ModelConfig, seq_len: int) -> Counts:
     """Parameters and FLOPs of a resolved model config at a sequence length (a block-diagonal B
     counted by its blocks: latent heads hold and multiply r d_out / g of its r d_out)."""
@@ -43,7 +48,7 @@ def count(cfg: ModelConfig, seq_len: int) -> Counts:
     groups = layer_linear_groups(cfg)
     per_layer = sum(ARCHS[cfg.arch].linear_params(*s, groups=groups[name]) for name, s in layer_linear_shapes(cfg).items())
     head = d * v
-    params = v * d + n * (per_layer + 2 * d) + d + (0 if cfg.tie_embeddings else head)
+    params = embedding_params(cfg) + n * (per_layer + 2 * d) + d
     matmul_params = n * per_layer + head
     attention = n * 2 * cfg.n_heads * cfg.head_dim * seq_len  # causal QK^T and AV, per token
     forward = 2.0 * matmul_params + attention
