@@ -137,9 +137,8 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
     assert bench_report.multiplier_reading(m, 90) == ("- a needs 2.00x the compute of b to reach loss 2.0000 "
                                                       "(90% interval 1.25-2.50x): a is the dearer.")
     assert "holds 1: no difference" in bench_report.multiplier_reading({**m, "interval": [0.8, 1.1]}, 90)
-    with pytest.raises(ValueError, match="llama-micro-s/cola: 10,017 non-embedding parameters, not its preset's"):
-        other = {**result["cells"][-1], "params_non_embedding": 10_017}
-        study_section.slots({**result, "cells": [*result["cells"][:-1], other]})
+    other = {**result, "cells": [*result["cells"][:-1], {**result["cells"][-1], "params_non_embedding": 10_017}]}
+    (tmp_path / "shapes.json").write_text(json.dumps(other))
     (m,) = [line for line in lines if line.startswith("| cola/adamw | dense/adamw |")]
     assert f"{mults[0]['value']:.3g}" in m and f"[{mults[0]['interval'][0]:.3g}, " in m
     fig = study_section.plot(result)
@@ -162,6 +161,10 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
     # beside a study, what it supersedes leaves the page: the quality protocol's comparison and its plot
     assert "## 6b. A trained dense model, factored" in page and "## 6. Low-rank quality, measured" not in page
     assert "## 6b. Optimizers for factorized weights" not in page and "quality.png" not in page
+    # a study run at other shapes than its presets': refused when read, before anything is measured
+    with pytest.raises(ConfigError, match=r"--study-json .*shapes.json: cell llama-micro-s/cola holds 10,017 "
+                                          r"non-embedding parameters, not its preset's 10,016"):
+        bench_report.main(["--study-json", str(tmp_path / "shapes.json"), "--out", str(tmp_path / "out")])
     (tmp_path / "other.json").write_text(json.dumps({"cells": []}))
     with pytest.raises(ConfigError, match=r"--study-json .*other.json: not the JSON this flag reads \(missing fits"):
         bench_report.main(["--study-json", str(tmp_path / "other.json"), "--out", str(tmp_path / "out")])

@@ -724,6 +724,8 @@ def main(argv: list[str]) -> None:
               ("--planner-json", ("settings", "rows")), *((flag, keys) for _, flag, keys in KEPT))
     saved = {flag: read_saved(path, flag, keys) for flag, keys in inputs
              if (path := given(a, flag))}
+    if "--study-json" in saved:
+        study_section.check(saved["--study-json"], a.study_json)
     latent = read_latent_heads(a)
     added = latent or any(flag in saved for _, flag, _ in KEPT)  # with --rerender: saved runs to add to results.json
     result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from boost_jax.comparison import report
-from boost_jax.config import from_dict
+from boost_jax.config import ConfigError, from_dict
 from boost_jax.model.counts import count, embedding_params
 
 KEYS = ("cells", "fits", "multipliers", "command")  # what a saved study must hold
@@ -21,11 +21,7 @@ def slots(r: dict) -> dict:
     """The slots of results_page.md's `study` part: what was run, the sizes, the study's own tables and
     the numbers its statement of scope quotes (parameters, vocabulary, embedding share, compute span)."""
     cells = r["cells"]
-    shapes = {(c["preset"], c["arch"]): shape(c["preset"], c["arch"]) for c in cells}
-    for c in cells:  # the page states the presets' shapes: a study run at other shapes is not this table
-        if c["params_non_embedding"] != shapes[c["preset"], c["arch"]]["non_embedding"]:
-            raise ValueError(f"study cell {c['preset']}/{c['arch']}: {c['params_non_embedding']:,} non-embedding "
-                             "parameters, not its preset's: the study ran at other shapes than the presets'")
+    shapes = cell_shapes(cells)
     # the scope's figures: each size's full-rank model
     dense = [shape(p, "dense") for p in dict.fromkeys(c["preset"] for c in cells)]
     shares = [s["embedding"] / s["params"] for s in dense]
@@ -43,6 +39,22 @@ def slots(r: dict) -> dict:
                 vocab="/".join(sorted({f"{s['vocab']:,}" for s in dense})),
                 share=f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%", span=f"{max(flops) / min(flops):.0f}x",
                 gpu_shares=", ".join(f"{p} {100 * s['embedding'] / s['params']:.0f}%" for p, s in at_gpu_sizes.items()))
+
+
+def check(r: dict, path: str) -> None:
+    """One ConfigError naming the file where a cell was not run at its preset's shape: the page's size
+    table states the presets' shapes (checked when the file is read, before anything is measured)."""
+    shapes = cell_shapes(r["cells"])
+    for c in r["cells"]:
+        if c["params_non_embedding"] != (want := shapes[c["preset"], c["arch"]]["non_embedding"]):
+            raise ConfigError(f"--study-json {path}: cell {c['preset']}/{c['arch']} holds {c['params_non_embedding']:,} "
+                              f"non-embedding parameters, not its preset's {want:,}: the study ran at other shapes than "
+                              "its presets', which section 6 states")
+
+
+def cell_shapes(cells: list[dict]) -> dict[tuple[str, str], dict]:
+    """(preset, arch) -> its shape, once per pair the cells hold."""
+    return {key: shape(*key) for key in dict.fromkeys((c["preset"], c["arch"]) for c in cells)}
 
 
 def shape(preset: str, arch: str) -> dict:
