@@ -97,3 +97,11 @@ def test_a_block_is_read_with_the_marker_on_the_line_above_it(tmp_path):
                    "<!-- not run: needs a GPU -->\n```bash\necho c\n```\n```python\nx = 1\n```\n")
     found = [(marker, script) for marker, _, script in blocks(doc)]
     assert found == [("<!-- runs: fast -->", "echo a\n"), ("", "echo b\n"), ("<!-- not run: needs a GPU -->", "echo c\n")]
+
+
+def test_ci_runs_the_readmes_set_up_commands_verbatim():
+    """.ci/run installs and tests with the README's two set-up commands, as written there."""
+    (setup,) = [script for _, _, script in blocks(ROOT / "README.md") if "pip install" in script]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert setup.splitlines() == ['pip install -e ".[dev,gpu-compile]"', "python -m pytest -n 2 -q"]
+    assert [line for line in ci if line in setup.splitlines()] == setup.splitlines()
