@@ -298,7 +298,7 @@ def test_the_lm_eval_command_runs_local_tasks_of_every_request_type(run_dir, har
 
 @pytest.mark.slow  # eight tiny training runs and their evals: ~40 s
 def test_bench_quality_trains_evaluates_and_reports(tmp_path, cache_dir):
-    from boost_jax.bench import quality, report
+    from boost_jax.bench import quality, quality_section  # the results page's section 6 without a study
 
     q = quality.measure(["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
                          f"data.cache_dir={cache_dir}"], 5000, 4, tmp_path / "work", 1000, log=lambda s: None)
@@ -309,9 +309,9 @@ def test_bench_quality_trains_evaluates_and_reports(tmp_path, cache_dir):
     assert all(r["curve"] and math.isfinite(r["final"]["perplexity"]) for r in q["runs"])
     assert [c["method"] for c in q["recovery"]] == ["svd", "whiten"]
     assert all(c["compressed"]["step"] == 0 and c["recovered"]["step"] == 4 for c in q["recovery"])
-    lines = report.quality_section(q)
+    lines = quality_section.quality_section(q)
     assert lines[0] == "## 6. Low-rank quality, measured" and any("cola at dense's FLOPs" in line for line in lines)
-    factored = report.factored_section(q)  # beside a study: the recovery table alone
+    factored = quality_section.factored_section(q)  # beside a study: the recovery table alone
     assert factored[0] == "## 6b. A trained dense model, factored" and not any("cola at" in line for line in factored)
     methods = [line.split(" | ")[0] for line in factored if line.startswith(("| svd |", "| whiten |"))]
     assert methods == ["| svd", "| whiten"]
@@ -358,7 +358,7 @@ def test_bench_quality_compares_latent_heads_over_two_seeds(tmp_path, cache_dir)
 
 @pytest.mark.slow  # eight tiny training runs and their evals
 def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp_path, cache_dir):
-    from boost_jax.bench import quality, report
+    from boost_jax.bench import quality, quality_section  # the results page's section 6 without a study
 
     args = ["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
             f"data.cache_dir={cache_dir}"]
@@ -370,6 +370,6 @@ def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp
         assert r["best_lr"] == r["grid"][losses.index(min(losses))]["lr"] and r["seed_losses"][0] == min(losses)
         assert r["seed_losses"][1] != r["seed_losses"][0]  # another seed: another run
         assert (tmp_path / "work" / f"cola-{r['optimizer']}-lr{r['best_lr']}-seed1" / "metrics.jsonl").is_file()
-    lines = report.optimizers_section({"optimizers": o, "command": "python -m boost_jax.bench quality --vary ..."})
+    lines = quality_section.optimizers_section({"optimizers": o, "command": "python -m boost_jax.bench quality --vary ..."})
     assert lines[0].startswith("## 6b.") and sum(line.startswith("| cola |") for line in lines) == 2
-    assert report.optimizer_costs_section({"optimizers": o}) == []  # beside a study: the step times alone, none here
+    assert quality_section.optimizer_costs_section({"optimizers": o}) == []  # beside a study: the step times alone, none here

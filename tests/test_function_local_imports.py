@@ -1,4 +1,4 @@
-"""Imports sit at a module's head (docs/design.md, "How the code is organised"); one inside a function
+"""Imports sit at a module's head (docs/design/08-how-the-code-is-organised.md); one inside a function
 says on its line why it cannot: `# lazy: ...` (JAX, or another heavy package, kept out of a command's
 --help), `# optional: ...` (a package the install may lack: torch, transformers, lm_eval, grain, ...)
 or `# cycle: ...` (a circle that moving the code cannot break). And the commands' --help loads no JAX."""

@@ -1,4 +1,4 @@
-"""The code's rooms and floors (docs/design.md, "How the code is organised"): the package root holds
+"""The code's rooms and floors (docs/design/08-how-the-code-is-organised.md): the package root holds
 the commands (and the Python API); each module imports only from its own floor or those below, type-only
 imports included; no import closes a circle; the tables every command validates against load no JAX."""
 
@@ -240,7 +240,7 @@ def test_every_package_docstring_names_what_is_in_its_folder(package):
 def test_the_design_docs_floor_tables_are_the_ones_checked_here():
     import re
 
-    text = (ROOT / "docs" / "design.md").read_text()
+    text = (ROOT / "docs" / "design" / "08-how-the-code-is-organised.md").read_text()
     floors = text[text.index("| floor | modules | job |"):].split("\n\n")[0]  # the table, to its blank line
     rows = re.findall(r"^\| (\d) \| (.*?) \|", floors, re.M)
     table = [{name.strip("/") for name in re.findall(r"`([^`]+)`", names)} for _, names in rows]

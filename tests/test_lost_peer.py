@@ -135,7 +135,7 @@ def test_a_stopped_peer_ends_the_survivor(stopped, tmp_path, tiny_overrides):
 def test_a_killed_coordinator_ends_the_survivor_at_once(tmp_path, tiny_overrides):
     """Process 0 serves JAX's coordination service: killed, its survivors' JAX client aborts them at
     once with its own fatal log (jaxlib takes no Python callback for it), before any watchdog could
-    speak; bounded, but not our one message (README, "Multi-process runs")."""
+    speak; bounded, but not our one message (docs/guides/reliability.md, "Multi-process runs")."""
     run_dir = tmp_path / "run"
     procs = start(run_dir, tiny_overrides, steps=400)
     wait_for(lambda: len(rows(run_dir / "metrics.jsonl")) >= 6, procs)

@@ -13,7 +13,7 @@ from boost_jax.analysis.hlo import Collective
 from boost_jax.analysis.perf_model import Work, collective_seconds, gemm_seconds, predict
 from boost_jax.analysis.program import config_for
 from boost_jax.analysis.work import Gemm, Traffic
-from boost_jax.bench import paper, report
+from boost_jax.bench import page as results_page, paper, report
 from boost_jax.config import ConfigError
 from boost_jax.config.hardware import HARDWARE_FILE, load_hardware
 
@@ -362,16 +362,17 @@ def test_the_shipped_page_is_rendered_from_the_shipped_measurements(tmp_path):
 
 
 def test_the_results_page_template_is_all_rendered_and_has_no_holes():
-    """bench/results_page.md holds no part bench/report.py never renders; a table fills its own lines (an
-    empty one none), and a slot left unfilled or a part the template lacks is a KeyError, not a page with a hole."""
-    source = Path(report.__file__).read_text()
-    assert set(report.parts()) == set(re.findall(r'(?:render|phrase)\("(\w+)"', source))
-    lines = report.render("fit", hw="a100-80gb", table=["| a |", "|---|"])
+    """bench/results_page.md holds no part that bench/report.py and its sections' modules never render; a table
+    fills its own lines (an empty one none), and a slot left unfilled or a part the template lacks is a KeyError,
+    not a page with a hole."""
+    source = "".join(p.read_text() for p in Path(results_page.__file__).parent.glob("*.py"))
+    assert set(results_page.parts()) == set(re.findall(r'(?:render|phrase)\("(\w+)"', source))
+    lines = results_page.render("fit", hw="a100-80gb", table=["| a |", "|---|"])
     assert lines[0] == "### Which reading fits the paper (a100-80gb, model / paper)" and lines[4:] == ["| a |", "|---|", ""]
-    assert report.render("fit", hw="a100-80gb", table=[]) == lines[:4] + [""]
+    assert results_page.render("fit", hw="a100-80gb", table=[]) == lines[:4] + [""]
     for part, slots, missing in [("fit", {"table": []}, "hw"), ("fit", {"hw": "a100-80gb"}, "table"), ("nope", {}, "nope")]:
         with pytest.raises(KeyError, match=missing):
-            report.render(part, **slots)
+            results_page.render(part, **slots)
 
 
 def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch):

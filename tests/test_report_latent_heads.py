@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from boost_jax.bench import report
+from boost_jax.bench import latent_section, report
 from boost_jax.config import ConfigError
 from boost_jax.runtime.units import MIB
 
@@ -63,7 +63,7 @@ QUALITY = {"command": "python -m boost_jax.bench quality --tokens 4096 --vary mo
 
 
 def test_section_9_shows_each_saved_outputs_numbers():
-    lines = report.latent_heads_section({"decode": DECODE, "comm": [comm(8, True), comm(8, False)], "quality": QUALITY})
+    lines = latent_section.latent_heads_section({"decode": DECODE, "comm": [comm(8, True), comm(8, False)], "quality": QUALITY})
     page = "\n".join(lines)
     assert lines[0] == "## 9. Latent heads: a latent cache that tensor parallelism splits"
     # (a) one row per (cache, g, batch), each tp's MiB per device and tokens/s; tp=2, g=2: the latent cache halved
@@ -92,7 +92,7 @@ def test_section_9_shows_each_saved_outputs_numbers():
 
 
 def test_section_9_holds_only_the_parts_given():
-    lines = report.latent_heads_section({"quality": QUALITY})
+    lines = latent_section.latent_heads_section({"quality": QUALITY})
     assert not any(line.startswith(("### Decoding", "### Collectives")) for line in lines)
     assert any(line.startswith("### What the restriction costs") for line in lines)
 

@@ -125,7 +125,7 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
              "skipped": [], "eval_tokens": 1024, "interval": 0.9, "early_below": 10.0, "command": "python -m boost_jax.study x"}
     (tmp_path / "study.json").write_text(json.dumps(saved))
     result = json.loads((tmp_path / "study.json").read_text())
-    lines = bench_report.study_page_section(result)
+    lines = study_section.study_page_section(result)
     assert lines[0] == "## 6. Low-rank quality: a fair comparison" and "`python -m boost_jax.study x`" in lines[2]
     assert lines[6] == "| llama-micro-s | 32 | 2 | 512 | 8 | 58,016 (25,248; 56%) | 42,784 (10,016; 77%) |"
     assert lines[8:8 + len(table(result))] == table(result)  # every cell's grid, seeds, mean, spread, early
@@ -134,9 +134,9 @@ def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp
     assert "the models hold 0.06M to 0.06M parameters" in lines[-2] and "embedding and head are 56-56%" in lines[-2]
     assert f"- dense/adamw needs {mults[0]['value']:.2f}x the compute of cola/adamw to reach loss " in "\n".join(lines)
     m = {"of": "a", "against": "b", "value": 0.5, "interval": [0.4, 0.8], "at_loss": 2.0}
-    assert bench_report.multiplier_reading(m, 90) == ("- a needs 2.00x the compute of b to reach loss 2.0000 "
+    assert study_section.multiplier_reading(m, 90) == ("- a needs 2.00x the compute of b to reach loss 2.0000 "
                                                       "(90% interval 1.25-2.50x): a is the dearer.")
-    assert "holds 1: no difference" in bench_report.multiplier_reading({**m, "interval": [0.8, 1.1]}, 90)
+    assert "holds 1: no difference" in study_section.multiplier_reading({**m, "interval": [0.8, 1.1]}, 90)
     other = {**result, "cells": [*result["cells"][:-1], {**result["cells"][-1], "params_non_embedding": 10_017}]}
     (tmp_path / "shapes.json").write_text(json.dumps(other))
     (m,) = [line for line in lines if line.startswith("| cola/adamw | dense/adamw |")]
@@ -220,10 +220,10 @@ def test_micro_study_extends_the_grid_runs_every_seed_and_resumes_exactly(micro,
         assert sorted(p.name for p in runs.iterdir()) == sorted(
             [f"lr{lr:g}-seed0" for lr in c["lr_grid"]] + [f"lr{c['best_lr']:g}-seed1"])
     assert json.loads(json.dumps(out))["cells"][0]["seeds"] == cells[0]["seeds"]
-    from boost_jax.bench import report as bench_report, study_section  # the results page's section of this --json
+    from boost_jax.bench import study_section  # the results page's section of this --json
 
     saved = json.loads(json.dumps(out))
-    lines = bench_report.study_page_section(saved)  # a real study's cells: their parameters are the preset's
+    lines = study_section.study_page_section(saved)  # a real study's cells: their parameters are the preset's
     assert sum(line.startswith("| llama-tiny | cola | adamw | 512 |") for line in lines) == 1
     assert list(study_section.plot(saved).axes[0].get_lines()[0].get_ydata()) == [cells[0]["mean"]]
 

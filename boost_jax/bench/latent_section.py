@@ -2,14 +2,15 @@
 results page's section 9, latent heads (docs/design.md section 11): the per-device cache and decode
 speed of each cache kind over tp (`bench decode --vary`), the collectives per layer with and without
 latent heads, compiled HLO beside the formula (`bench comm`), and what the restriction costs in loss
-(`bench quality --vary model.attn_latent_heads`). bench/report.py renders them into the template's
-`latent_*` parts; the tables and figures are computed here."""
+(`bench quality --vary model.attn_latent_heads`): the tables computed and the template's `latent_*` parts
+rendered here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from boost_jax.bench import quality
+from boost_jax.bench.page import phrase, render
 from boost_jax.config import ConfigError
 from boost_jax.config.hardware import ring_bytes
 from boost_jax.runtime.units import MIB
@@ -209,3 +210,36 @@ def quality_costs(q: dict) -> str:
     first, *rest = q["latent_heads"]["rows"]
     return "; ".join(f"g = {r['attn_latent_heads']}: {r['mean_loss'] - first['mean_loss']:+.4f} (spread up to "
                      f"{max(r['spread'], first['spread']):.4f})" for r in rest)
+
+
+def latent_heads_section(lh: dict) -> list[str]:
+    """Section 9: latent heads, from the saved bench outputs it holds (bench/py)."""
+    lines = render("latent_heads")
+    if "decode" in lh:
+        dec, first = lh["decode"], lh["decode"]["runs"][0]
+        target = decode_target(dec)
+        value = target.pop("value_latent")  # latent_v beside the latent cache, where the run measured it
+        lines += render("latent_decode", command=decode_command(dec), device=dec["device"],
+                        model=first["model"], arch=first["arch"], dtype=first["dtype"], prompt_len=first["prompt_len"],
+                        new_tokens=first["new_tokens"], positions=first["prompt_len"] + first["new_tokens"],
+                        table=decode_table(dec), **target,
+                        value_latent=phrase("latent_decode_value", **value) if value else "")
+    if "comm" in lh:
+        comms = lh["comm"]
+        lines += render("latent_comm", command=comm_command(comms),
+                        tps=", ".join(map(str, sorted({c["tp"] for c in comms}))), table=comm_table(comms))
+        if kv := kv_forward(comms):  # a tp with both layouts
+            lines += render("latent_comm_kv", rows=[phrase("latent_comm_kv_row", **row) for row in kv])
+    if "quality" in lh:
+        q, o = lh["quality"], lh["quality"]["latent_heads"]
+        lines += render("latent_quality", command=q["command"], tokens=f"{o['tokens']:,}", steps=o["steps"],
+                        evaluated=f"{o['evaluated_tokens']:,}", table=quality_table(q),
+                        costs=quality_costs(q))
+    return lines
+
+
+def latent_heads_commands(lh: dict) -> list[str]:
+    """The commands of section 9's saved inputs, as the section states them."""
+    return [*([decode_command(lh["decode"])] if "decode" in lh else []),
+            *([comm_command(lh["comm"])] if "comm" in lh else []),
+            *([lh["quality"]["command"]] if "quality" in lh else [])]

@@ -22,7 +22,7 @@ from boost_jax.bench.common import child_failed, parse, parser
 from boost_jax.config import ConfigError, from_args
 from boost_jax.launch.startup import PHASES, parse_line
 
-PROMPT, NEW_TOKENS = "def main(", 40  # the README's generate example
+PROMPT, NEW_TOKENS = "def main(", 40  # a generate as docs/guides/inference.md shows it
 
 
 def commands(args: list[str], steps: int, work: Path, trial: str) -> dict[str, list[str]]:

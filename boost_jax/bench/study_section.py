@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from boost_jax.bench.page import phrase, render
 from boost_jax.comparison import report
 from boost_jax.config import ConfigError, from_dict
 from boost_jax.model.counts import count, embedding_params
@@ -116,3 +117,23 @@ def plot(r: dict):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def study_page_section(r: dict) -> list[str]:
+    """Markdown: section 6, a saved `python -m boost_jax.study --json` (bench/py)."""
+    pct = round(100 * r["interval"])
+    readings = [multiplier_reading(m, pct) for m in r["multipliers"]
+                if m["value"] is not None and m["interval"] is not None]
+    return render("study", **slots(r),
+                  readings=[phrase("study_readings"), "", *readings, ""] if readings else [])
+
+
+def multiplier_reading(m: dict, pct: int) -> str:
+    """A study's compute multiplier in words: its interval above 1, `of` is the cheaper; below 1, the
+    dearer (read the other way round); holding 1, no difference shown."""
+    (lo, hi), pair = m["interval"], dict(of=m["of"], against=m["against"], at=f"{m['at_loss']:.4f}", pct=pct)
+    if lo > 1:
+        return phrase("study_cheaper", **pair, times=f"{m['value']:.2f}", lo=f"{lo:.2f}", hi=f"{hi:.2f}")
+    if hi < 1:
+        return phrase("study_dearer", **pair, times=f"{1 / m['value']:.2f}", lo=f"{1 / hi:.2f}", hi=f"{1 / lo:.2f}")
+    return phrase("study_even", **pair, lo=f"{lo:.2f}", hi=f"{hi:.2f}")

@@ -5,8 +5,8 @@ pipeline stages (pipeline.py), context parallelism: its token order and the shar
 around the attention op of boost_jax/ops/ (context.py), the heartbeat that names a lost peer
 process (peers.py), and remat.py: the activations the blocks save and the checkpoint policies
 (`train.remat`) that keep them. The schemes themselves are a table in
-`boost_jax/config/schemes.py`; docs/design.md explains the math; the README's "Extending
-boost_jax" says where a new scheme goes."""
+`boost_jax/config/schemes.py`; docs/design.md explains the math; docs/guides/extending.md says
+where a new scheme goes."""
 
 from boost_jax.parallel.mesh import init_distributed, make_mesh
 from boost_jax.parallel.plan import Plan, abstract_plan, make_plan, single_device_plan
