@@ -60,9 +60,16 @@ def test_the_float32_default_compiles_for_an_h100_on_xlas_attention():
     """The finding of issue 70 in the inner tier: `python -m boost_jax.compile --hardware h100-80gb`
     stopped in `NotImplementedError: Q must be fp16/bf16/...` from the attention. The eval step
     traces the same attention forward as the train step, at a fifth of its compile."""
+    from boost_jax.model.counts import count
+    from boost_jax.training.run import banner
+
     plan, programs = compiled_defaults("h100-80gb", "float32", only=("eval_step",))
     assert list(programs) == ["eval_step"]
     check(plan, programs, "float32")
+    cfg = load_config(None, [])
+    line = banner(cfg, plan, count(cfg.model, cfg.train.seq_len), 0, 1.0, "")  # the run's line that names the plan
+    assert "attention xla (auto: cuDNN's fused attention takes float16 or bfloat16 only, not model.dtype=float32)" \
+        in line
 
 
 @pytest.mark.slow  # every program of the defaults, 6 x ~1 min on 2 cores
