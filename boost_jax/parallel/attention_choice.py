@@ -54,10 +54,12 @@ def checked_capability(device: jax.Device) -> tuple[int, int] | None:
 
 
 def _head_dim_why(s: AttentionSite) -> str:
-    where = "this GPU" if s.capability is not None else "a GPU that JAX does not run on (a deviceless compile)"
-    return (f"cuDNN's fused attention takes a head dim that is a multiple of {HEAD_DIM_MULTIPLE} up to "
-            f"{max_head_dim(s.capability)} on {where} (256 from Hopper, compute capability 9.0, where JAX runs "
-            f"on it), not model.head_dim={s.head_dim}")
+    if s.capability is None:
+        where = "here (JAX checks a deviceless compile or plan as before Hopper; 256 where it runs on a Hopper GPU)"
+    else:
+        where = f"on this GPU (compute capability {s.capability[0]}.{s.capability[1]}; 256 from Hopper, 9.0)"
+    return (f"cuDNN's fused attention takes a head dim that is a multiple of {HEAD_DIM_MULTIPLE} and at most "
+            f"{max_head_dim(s.capability)} {where}, not model.head_dim={s.head_dim}")
 
 
 # What cuDNN's attention needs of a site, in the order checked, each with why a site fails it and what
