@@ -72,7 +72,7 @@ def test_the_float32_default_compiles_for_an_h100_on_xlas_attention():
         in line
 
 
-@pytest.mark.slow  # every program of the defaults, 6 x ~1 min on 2 cores
+@pytest.mark.slow  # every program of the defaults: 6 x about 1 min of CPU, 4-6 min each on 2 busy cores
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gpu", GPUS)
 def test_every_program_of_the_defaults_compiles_for_every_gpu(gpu, dtype):
