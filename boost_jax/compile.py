@@ -91,14 +91,15 @@ def compile_run(cfg, hw, nodes: int, cache: str = "auto", gpus: int = 0) -> dict
     m = cfg.model
     return {"hardware": hw.name, "devices": len(devices), "nodes": nodes, "mesh": dict(plan.mesh.shape),
             "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "dtype": m.dtype,
-            "attention": plan.attention, "kernels": m.kernels, "batch": cfg.train.batch_size,
+            "attention": plan.attention, "attention_why": plan.attention_why, "kernels": m.kernels, "batch": cfg.train.batch_size,
             "seq": cfg.train.seq_len, "programs": programs, "_compiled": compiled}
 
 
 def print_result(r: dict) -> None:
     mesh = " x ".join(f"{k}={v}" for k, v in r["mesh"].items() if v > 1) or "one device"
+    why = f" ({r['attention_why']})" if r["attention_why"] else ""
     print(f"{r['model']} {r['arch']}/{r['scheme']} {r['dtype']}, batch {r['batch']} x {r['seq']}, attention "
-          f"{r['attention']}, kernels {r['kernels']}: compiled by XLA:GPU for {r['nodes']} x {r['hardware']} "
+          f"{r['attention']}{why}, kernels {r['kernels']}: compiled by XLA:GPU for {r['nodes']} x {r['hardware']} "
           f"({r['devices']} GPUs, {mesh}); per device:")
     for p in r["programs"]:
         mem = p["memory"]

@@ -989,6 +989,9 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
      {"JAX_COMPILATION_CACHE_DIR": "{xla_damaged}"}),
     ("train with $JAX_COMPILATION_CACHE_DIR a file", [*TRAIN, "run_dir={tmp}/run"], 0,
      "warning: $JAX_COMPILATION_CACHE_DIR: {a_file} is a file", 240, {"JAX_COMPILATION_CACHE_DIR": "{a_file}"}),
+    # issue 70 item 1: cuDNN's attention at float32 is refused by name while the plan is made, before any compile
+    ("compile model.attention=cudnn at float32", cmd("compile", "--hardware", "h100-80gb", "model.attention=cudnn"), 1,
+     "model.attention=cudnn: cuDNN's fused attention takes float16 or bfloat16 only, not model.dtype=float32"),
 ]
 
 # The default tier's few: a few seconds each (5 s together, warm), no fixture.

@@ -68,7 +68,8 @@ class ModelConfig:
     # that divides the sequence, so one block's scores live at a time; in one block, causal blocks of
     # 128 queries that skip the keys after them, ops/attention.py) | cudnn (cuDNN's fused flash
     # kernel, GPU only, for causal self-attention; decoding and document masks use xla) | auto
-    # (cudnn on GPU devices, xla elsewhere). The plan resolves it (parallel/plan.py).
+    # (cudnn on GPU devices where cuDNN takes the dtype, head dim and layout: bfloat16, not float32;
+    # xla elsewhere). The plan resolves it (parallel/attention_choice.py).
     attention: Literal["auto", "xla", "cudnn"] = "auto"
     attention_query_block: int = 512
     dtype: DType = "float32"

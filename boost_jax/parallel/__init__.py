@@ -1,4 +1,5 @@
-"""Parallelism: the mesh (mesh.py), the plan handed to the model (plan.py) and what the modules
+"""Parallelism: the mesh (mesh.py), the plan handed to the model (plan.py), which attention it runs
+(attention_choice.py: cuDNN's where cuDNN takes the dtype, head dim and layout) and what the modules
 under it read of it (view.py), how each scheme runs a block's projections and where attention
 finds its keys (projections.py), the shard_map blocks whose collectives must be exact (blocks.py),
 pipeline stages (pipeline.py), context parallelism: its token order and the shard_map regions

@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from boost_jax.config.schemes import DP, FSDP, LOGICAL_AXES, MESH_AXES, PP, SCHEMES, TP, Rules, Scheme, default_scheme
+from boost_jax.parallel.attention_choice import AttentionSite, checked_capability, resolve_attention
 from boost_jax.parallel.mesh import make_mesh
 from boost_jax.parallel.pipeline import Schedule
 from boost_jax.parallel.projections import STRATEGIES, Projections
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Plan:
     """How a model runs: its mesh, its TP scheme and the scheme's rules for this model, pipeline
-    stages, and the attention implementation (`model.attention` resolved for the mesh's devices).
+    stages, and the attention implementation (`model.attention` resolved for the mesh's devices, the
+    model's dtype and head dim and the layout: parallel/attention_choice.py).
     The modules it builds on name its type by `view.PlanView`."""
 
     mesh: Mesh
@@ -45,6 +47,7 @@ class Plan:
     pipeline: Schedule | None = None  # pipeline stages over the pp axis; None: one stage
     attention: str = "xla"  # xla | cudnn (ops/attention.py)
     cp_attention: str = "gather"  # how attention reaches other devices' tokens under cp (parallel/context.py)
+    attention_why: str = ""  # why model.attention=auto took XLA's attention on GPUs ("" where it did not)
 
     def __post_init__(self):
         if self.scheme.name not in STRATEGIES:
@@ -134,31 +137,17 @@ class Plan:
 ATTENTION_IMPLS = ("xla", "cudnn")
 
 
-def resolve_attention(choice: str, platform: str | None, rules: Rules, n_kv_heads: int, tp: int) -> str:
-    """`model.attention` on devices of `platform` under `rules`: auto is cuDNN's fused kernel on GPUs,
-    XLA elsewhere (an abstract mesh, platform None, has no devices: auto stands for the CPU compile
-    that prices it). cuDNN's partitioner needs q, k and v split alike: where tp does not divide the kv
-    heads (replicated, `Scheme.rules_for`) while the query heads are split, auto takes XLA's attention
-    and an explicit cudnn is refused (XLA:GPU's compile fails there: "Query, key and value should have
-    same sharding")."""
-    alike = rules.get("act_heads") == rules.get("act_kv_heads")
-    if choice == "auto":
-        return "cudnn" if platform == "gpu" and alike else "xla"
-    if choice == "cudnn" and platform not in ("gpu", None):
-        raise ConfigError(f"model.attention=cudnn needs GPU devices, this mesh has {platform or 'none'} "
-                          "(auto picks cudnn on GPUs and xla elsewhere)")
-    if choice == "cudnn" and not alike:
-        raise ConfigError(f"model.attention=cudnn: parallel.tp={tp} does not divide model.n_kv_heads={n_kv_heads}, so "
-                          "the kv heads are replicated while the query heads are split, and cuDNN's attention "
-                          "cannot be partitioned that way; choose a tp that divides the kv heads, or "
-                          "model.attention=auto (XLA's attention here)")
-    return choice
+def attention_site(model: ModelConfig, devices: Sequence[jax.Device], rules: Rules, tp: int) -> AttentionSite:
+    """What decides the attention of `model` under `rules` on `devices` (none: a device-free mesh)."""
+    platform, capability = (devices[0].platform, checked_capability(devices[0])) if devices else (None, None)
+    return AttentionSite(platform, capability, model.dtype, model.head_dim, model.n_kv_heads, tp,
+                         rules.get("act_heads") == rules.get("act_kv_heads"))
 
 
 def make_plan(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Plan:
     """The plan of `cfg` on `devices` (default: all), after checking every split the scheme makes divides."""
     mesh = make_mesh(cfg.parallel, devices)
-    return _plan(cfg, mesh, dict(mesh.shape), mesh.devices.flat[0].platform)
+    return _plan(cfg, mesh, dict(mesh.shape), list(mesh.devices.flat))
 
 
 def abstract_plan(cfg: Config) -> Plan:
@@ -167,7 +156,7 @@ def abstract_plan(cfg: Config) -> Plan:
     cfg = abstract_config(cfg)
     sizes = tuple(getattr(cfg.parallel, a) for a in MESH_AXES)
     return _plan(cfg, AbstractMesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)),
-                 dict(zip(MESH_AXES, sizes)), None)
+                 dict(zip(MESH_AXES, sizes)), [])
 
 
 def abstract_config(cfg: Config) -> Config:
@@ -178,7 +167,7 @@ def abstract_config(cfg: Config) -> Config:
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=1))
 
 
-def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Plan:
+def _plan(cfg: Config, mesh, shape: dict[str, int], devices: Sequence[jax.Device]) -> Plan:
     scheme = SCHEMES[cfg.parallel.scheme]
     for req in scheme.requires:
         ways = math.prod(shape[a] for a in req.axes)
@@ -193,8 +182,8 @@ def _plan(cfg: Config, mesh, shape: dict[str, int], platform: str | None) -> Pla
         raise ConfigError(f"parallel: a micro-batch of train.batch_size / train.microbatches = {rows} rows must "
                           f"divide by dp x fsdp = {shards} (mesh {shape})")
     rules = scheme.rules_for(cfg.model.n_kv_heads, shape[TP], shape[PP], cfg.model.attn_latent_heads)
-    attention = resolve_attention(cfg.model.attention, platform, rules, cfg.model.n_kv_heads, shape[TP])
-    return Plan(mesh, scheme, rules, _schedule(cfg, shape[PP]), attention, cfg.parallel.cp_attention)
+    attention, why = resolve_attention(cfg.model.attention, attention_site(cfg.model, devices, rules, shape[TP]))
+    return Plan(mesh, scheme, rules, _schedule(cfg, shape[PP]), attention, cfg.parallel.cp_attention, why)
 
 
 def _schedule(cfg: Config, stages: int) -> Schedule | None:
@@ -220,8 +209,8 @@ def single_device_plan(model: ModelConfig, scheme: str | None = None) -> Plan:
     mesh = jax.make_mesh((1,) * len(MESH_AXES), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=[device])
     rules = chosen.rules_for(model.n_kv_heads, 1, 1, model.attn_latent_heads)
-    attention = resolve_attention(model.attention, device.platform, rules, model.n_kv_heads, 1)
-    return Plan(mesh, chosen, rules, None, attention)
+    attention, why = resolve_attention(model.attention, attention_site(model, [device], rules, 1))
+    return Plan(mesh, chosen, rules, None, attention, attention_why=why)
 
 
 def _flat(mesh_axes) -> tuple[str, ...]:

@@ -188,5 +188,6 @@ def banner(cfg: Config, plan: Plan, counts: Counts, train_tokens: int, peak: flo
     per = "host" if jax.devices()[0].platform == "cpu" else "device"
     return (f"model {m.preset} arch={m.arch} d={m.d_model} layers={m.n_layers} heads={m.n_heads}/{m.n_kv_heads} "
             f"ranks={m.attn_rank}/{m.mlp_rank} params={counts.params / 1e6:.2f}M "
-            f"| {cfg.parallel.scheme} on mesh {dict(plan.mesh.shape)} of {plan.mesh.size} x {kind} "
+            f"| {cfg.parallel.scheme} on mesh {dict(plan.mesh.shape)} of {plan.mesh.size} x {kind}, attention "
+            f"{plan.attention}{f' ({plan.attention_why})' if plan.attention_why else ''} "
             f"| data {train_tokens:,} train tokens | peak {peak / 1e12:.2f} TFLOP/s per {per} ({peak_source})")
