@@ -21,7 +21,7 @@ def run_steps(microbatches: int, *overrides, steps: int = 5):
         batch = device_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, run.batch_sharding)
         state, metrics = run.train_step(state, batch)
         losses.append(float(metrics["loss"]))
-        params.append(jax.device_get(state["params"]))
+        params.append(jax.device_get(state.params))
     return losses, params
 
 

@@ -46,7 +46,7 @@ def params_after_3_steps(cfg, devices):
         batch = device_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, run.batch_sharding)
         state, _ = run.train_step(state, batch)
     order = plan.layer_order(cfg.model.n_layers)
-    return jax.device_get(relayout_layers(state["params"], order, np.arange(len(order))))
+    return jax.device_get(relayout_layers(state.params, order, np.arange(len(order))))
 
 
 @functools.cache

@@ -74,7 +74,7 @@ class Runner:
                 "model_flops_per_s": flops / med,  # analytic training FLOPs (model/counts.py), all devices together
                 "peak_bytes_per_device": self.peak, "first_loss": self.first_loss,
                 "last_loss": float(self.metrics["loss"]), "optimizer": self.cfg.train.optimizer,
-                "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state["params"])}
+                "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state.params)}
 
 
 def optimizer_overheads(results: list[dict]) -> list[str]:

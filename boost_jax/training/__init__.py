@@ -1,6 +1,6 @@
 """Training, below the `train` command: optimizers.py (AdamW, Muon, Spectron and the factor-aware
 updates, with their schedules), health.py (the factors' spectra and the products' stable rank),
-step.py (the train state and the jitted train and eval steps), muon_layout.py (where each split
+step.py (the train state made and the jitted train and eval steps), muon_layout.py (where each split
 matrix is orthogonalised, priced three ways), local_tier.py (the frequent checkpoint tier on each host's own
 disk), recovery.py (what a restart cost, in the metrics), log.py (progress, metrics.jsonl, TensorBoard,
 W&B), metrics.py (the steps' metrics, fetched from the device when the loop syncs), parts.py (the named

@@ -43,7 +43,7 @@ def evaluate(run_dir: str | Path, overrides: Sequence[str] = (), step: int | Non
         else t.eval_batches
     evaluator = Evaluator(cfg, evaluation(cfg, run.plan), data, (jax.process_index(), jax.process_count()), split,
                           batches)
-    out = evaluator({"params": params})
+    out = evaluator(params)
     lap("run")
     per_dataset = {name: {"loss": out[f"eval_loss/{name}"], "bits_per_byte": out[f"eval_bpb/{name}"]}
                    for name in evaluator.sets if name}

@@ -36,11 +36,12 @@ from jax.experimental import multihost_utils
 from boost_jax.config import Config, ConfigError, from_dict, load_yaml
 from boost_jax.launch.peaks import remeasured_cpu_peak
 from boost_jax.model.checkpoint import CheckpointError, CheckpointStore, changed_keys, identity
+from boost_jax.model.train_state import TrainState
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import DivergenceError
 from boost_jax.runtime.paths import LOCK, check_writable_dir, disk_full, is_disk_full, lock_dir, refused_write
 from boost_jax.training.local_tier import LocalTier, local_path
-from boost_jax.training.step import OPTIONAL_STATE, device_batch
+from boost_jax.training.step import device_batch
 
 
 class RunDir:
@@ -148,11 +149,11 @@ class Checkpointing:
         self.source = None  # where the resumed step came from
         self.last_save = time.monotonic()
 
-    def resume(self, state):
+    def resume(self, state: TrainState) -> tuple[TrainState, int]:
         """(state, step) from the newest checkpoint of either tier
         (the persistent one on a tie; step 0: an import's, `python -m boost_jax.convert`), or the
         fresh state at step 0. The checkpoint's record stays in `meta`, where it came from in
-        `source`; parts of the state a persistent one lacks (`OPTIONAL_STATE`, e.g. the spike window
+        `source`; parts of the state a persistent one lacks (`TrainState.OPTIONAL`, e.g. the spike window
         of a run that turned train.spike_skip on) start fresh."""
         start = self.ckpt.latest_step() if self.ckpt else None
         local = self.local and self.local.restore(state, start, self.identity, self.cfg.train.optimizer)
@@ -174,18 +175,18 @@ class Checkpointing:
         self.saved_step, self.restored, self.meta = start, True, meta
         return state, start
 
-    def _restore(self, state, start: int):
+    def _restore(self, state: TrainState, start: int) -> tuple[TrainState, dict]:
         """(state, record) of persistent checkpoint `start`."""
         saved_optimizer = self.ckpt.record(start).get("optimizer", "adamw")  # older checkpoints: AdamW's
         switch = check_optimizer_switch(saved_optimizer, self.cfg, f"checkpoint step {start} in {self.ckpt.directory}")
         if switch:  # the checkpoint's optimizer state stays unread; this run's fresh one takes its place
-            like = {k: v for k, v in state.items() if k != "opt_state"}
-            restored, meta = self.ckpt.restore(start, like, self.identity, optional=(*OPTIONAL_STATE, "opt_state"))
+            like = state.replace(opt_state=None)
+            restored, meta = self.ckpt.restore(start, like, self.identity, optional=(*TrainState.OPTIONAL, *like.absent()))
             # A fresh optimizer state is the same for every layer (zeros, the same start vectors), so
             # the relayout to this run's layer order below leaves it as it is.
-            state, meta = {**restored, "opt_state": state["opt_state"]}, {**meta, "optimizer_reset": saved_optimizer}
+            state, meta = restored.replace(opt_state=state.opt_state), {**meta, "optimizer_reset": saved_optimizer}
         else:
-            state, meta = self.ckpt.restore(start, state, self.identity, optional=OPTIONAL_STATE)
+            state, meta = self.ckpt.restore(start, state, self.identity, optional=TrainState.OPTIONAL)
         return state, meta
 
     def resume_notes(self, fit_note: str | None) -> list[str]:
@@ -224,7 +225,7 @@ class Checkpointing:
         the run's stop (`stopped`: what stopped it) where checkpointing is on."""
         return any_process(self.overdue()) or (stopped is not None and self.enabled)
 
-    def save(self, done: int, state, loss: float | None, record: dict | None = None) -> None:
+    def save(self, done: int, state: TrainState, loss: float | None, record: dict | None = None) -> None:
         """Save the state after step `done` with its record (data position, layer order, loss,
         identity, and `record`: e.g. a mixture's weights history). Orbax copies the state off the
         devices, then writes it in the background (checkpoint.async_save)."""
@@ -236,7 +237,7 @@ class Checkpointing:
             self.ckpt.save(done, state, meta)
         self.saved_step, self.last_save = done, time.monotonic()
 
-    def save_local(self, done: int, state, loss: float | None, record: dict | None = None) -> None:
+    def save_local(self, done: int, state: TrainState, loss: float | None, record: dict | None = None) -> None:
         """Save the state after step `done` to the local tier (each host's own disk), with the same record."""
         self.local.save(done, state, self._record(done, loss, record))
 
@@ -418,12 +419,13 @@ class Evaluator:
         t = self.cfg.train
         return bool(self.sets) and t.eval_every > 0 and (done % t.eval_every == 0 or done == t.steps)
 
-    def __call__(self, state) -> dict:
+    def __call__(self, params) -> dict:
+        """The figures of the model with `params` (the state's, laid out as the eval step takes them)."""
         t = self.cfg.train
         tokens = self.batches * t.batch_size * t.seq_len
         out, losses, bpbs = {}, {}, {}
         for name, split in self.sets.items():
-            step_losses = [self.run.eval_step(state["params"], device_batch(b, self.run.batch_sharding))
+            step_losses = [self.run.eval_step(params, device_batch(b, self.run.batch_sharding))
                            for b in split.eval_batches(self.batches, t.batch_size, *self.process)]
             losses[name] = float(np.mean(jax.device_get(step_losses)))
             bpbs[name] = losses[name] * tokens / (self.bytes(name) * math.log(2))

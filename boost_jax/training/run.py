@@ -67,7 +67,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
             p.metrics.add(metrics)
             if evaluate.due(done):
                 with p.meter.paused(state):
-                    p.metrics.evaluated(done, evaluate(state))
+                    p.metrics.evaluated(done, evaluate(state.params))
             save, local, log_due = ckpt.due(done), ckpt.local_due(done), log.due(done)
             if jax.process_count() == 1 or save or log_due:  # where all processes meet (every step with one)
                 stopped = preempt.stop()  # a signal or the clock asks for a save: decided by all alike
