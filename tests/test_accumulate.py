@@ -6,7 +6,8 @@ import pytest
 
 from boost_jax.config import ConfigError, load_config
 from boost_jax.parallel import make_plan
-from boost_jax.training.step import device_batch, setup
+from boost_jax.training.loss import device_batch
+from boost_jax.training.step import setup
 
 
 def run_steps(microbatches: int, *overrides, steps: int = 5):

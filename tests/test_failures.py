@@ -23,8 +23,8 @@ from boost_jax.model.checkpoint import CheckpointStore
 from boost_jax.model.hf import ExportError
 from boost_jax.model.run_dir import open_run
 from boost_jax.runtime.errors import CheckpointError, DivergenceError
+from boost_jax.training.evaluate import Evaluator
 from boost_jax.training.log import RunLog
-from boost_jax.training.parts import Evaluator
 from boost_jax.training.run import train
 
 

@@ -10,8 +10,9 @@ from boost_jax.config import load_config
 from boost_jax.model.checkpoint import CheckpointStore, identity
 from boost_jax.model.train_state import TrainState
 from boost_jax.parallel import make_plan
-from boost_jax.training.parts import Checkpointing
-from boost_jax.training.step import device_batch, setup
+from boost_jax.training.checkpointing import Checkpointing
+from boost_jax.training.loss import device_batch
+from boost_jax.training.step import setup
 
 
 def test_a_checkpoint_of_the_dict_layout_restores_bitwise(tmp_path, tiny_overrides):

@@ -33,8 +33,9 @@ from boost_jax.model.counts import count
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.units import MIB
+from boost_jax.training.loss import batch_keys, device_batch
 from boost_jax.training.optimizers import newton_schulz_flops
-from boost_jax.training.step import batch_keys, device_batch, setup
+from boost_jax.training.step import setup
 
 
 class Runner:

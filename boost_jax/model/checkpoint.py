@@ -85,7 +85,7 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
 
 class CheckpointStore:
     """The Orbax store of one checkpoints folder: save, restore and list its steps. It decides nothing:
-    when to save and what to resume are the train loop's (training/parts.py's `Checkpointing`)."""
+    when to save and what to resume are the train loop's (training/checkpointing.py's `Checkpointing`)."""
 
     def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False, async_save: bool = True):
         self.directory = Path(directory).absolute()

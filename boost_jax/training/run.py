@@ -1,4 +1,5 @@
-"""`train(cfg)`: a run's parts (training/parts.py, metrics.py, log.py) made by `start`, then the loop
+"""`train(cfg)`: a run's parts (run_dir.py, checkpointing.py, preemption.py, meter.py, evaluate.py,
+guard.py, profiler.py, metrics.py, log.py) made by `start`, then the loop
 over them, each part deciding for itself when it acts (evaluate, log, save, stop) and saying what it
 did. `python -m boost_jax.train` is its command line; `bench` and `comparison` call it too.
 
@@ -21,16 +22,24 @@ from boost_jax.data.build import Data, build_data, check_run_tokenizer
 from boost_jax.launch.peaks import device_peak_flops
 from boost_jax.launch.startup import Startup, line as startup_line
 from boost_jax.model.counts import Counts, count
+from boost_jax.model.train_state import TrainState
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_writable_dir
+from boost_jax.training.checkpointing import Checkpointing
+from boost_jax.training.evaluate import Evaluator
+from boost_jax.training.guard import NonFiniteGuard
 from boost_jax.training.log import RunLog
+from boost_jax.training.loss import device_batch
+from boost_jax.training.meter import Meter
 from boost_jax.training.metrics import Metrics
 from boost_jax.training.muon_layout import placements
-from boost_jax.training.parts import Checkpointing, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir
+from boost_jax.training.preemption import Preemption
+from boost_jax.training.profiler import Profiler
 from boost_jax.training.recovery import Recovery
-from boost_jax.training.step import Setup, TrainState, device_batch, setup
+from boost_jax.training.run_dir import RunDir
+from boost_jax.training.step import Setup, setup
 
 # How a resume on fewer devices sizes its micro-batches: (cfg, plan) -> (cfg, the note of what it added).
 # The memory model answers (analysis/microbatch_fit.py's `fit_resume`, which sits above training/ and
