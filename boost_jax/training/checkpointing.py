@@ -19,7 +19,6 @@ from boost_jax.model.checkpoint import CheckpointError, CheckpointStore, identit
 from boost_jax.model.train_state import TrainState
 from boost_jax.runtime.paths import disk_full, is_disk_full, refused_write
 from boost_jax.training.local_tier import LocalTier
-from boost_jax.training.meeting import any_process
 from boost_jax.training.run_dir import check_optimizer_switch, saves_checkpoints
 
 
@@ -106,14 +105,10 @@ class Checkpointing:
         return self.local is not None and done % self.cfg.checkpoint.local_every == 0
 
     def overdue(self) -> bool:
-        """`checkpoint.every_minutes` have passed since the last save (or the start)."""
+        """`checkpoint.every_minutes` have passed since the last save (or the start), by this process's
+        clock (when a save it asks for is made is decided by all: training/meeting.py)."""
         minutes = self.cfg.checkpoint.every_minutes
         return self.ckpt is not None and minutes > 0 and time.monotonic() - self.last_save >= 60 * minutes
-
-    def asked(self, stopped: str | None) -> bool:
-        """A save the clock asks for on any process (a collective: called by all at the same step), or
-        the run's stop (`stopped`: what stopped it) where checkpointing is on."""
-        return any_process(self.overdue()) or (stopped is not None and self.enabled)
 
     def save(self, done: int, state: TrainState, loss: float | None, record: dict | None = None) -> None:
         """Save the state after step `done` with its record (data position, layer order, loss,

@@ -50,11 +50,15 @@ class Metrics:
         self.losses += [r["loss"] for r in rows]
         self.summary, self.pending = rows[-1], []
         if line or bad:
-            self.log.line(step_line(self.summary, self.steps, self.guard))
+            self.log_line()
         self.log.flush()  # rows up to `done` are on disk before its checkpoint can commit
         if not bad:
             self.log.advance(len(rows), loss=f"{self.summary['loss']:.3f}")
         return bad
+
+    def log_line(self) -> None:
+        """The log line of the last row fetched."""
+        self.log.line(step_line(self.summary, self.steps, self.guard))
 
     def loss(self) -> float | None:
         """The last row's loss, for the checkpoint's record (None where it is not finite)."""

@@ -9,14 +9,13 @@ import sys
 import threading
 from pathlib import Path
 
-from boost_jax.training.meeting import any_process
-
 
 class Preemption:
     """SIGTERM (a preemption notice) or SIGINT (Ctrl-C): the loop saves the step it is at and stops,
     exit status 0. A second signal exits at once, with status 128 + its number: Orbax commits a
     checkpoint by renaming its finished directory, so what is on disk stays usable. Handlers exist
-    only on the main thread (a run started from another thread keeps the default behaviour)."""
+    only on the main thread (a run started from another thread keeps the default behaviour). When the
+loop stops for a signal of one process is decided by all (training/meeting.py)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -34,13 +33,6 @@ class Preemption:
         self.received = name
         print(f"{name}: saving the current step and stopping (send it again to exit at once)", file=sys.stderr,
               flush=True)
-
-    def stop(self) -> str | None:
-        """What stops the run at this step: the signal this process received, or another process's
-        (a collective: all processes call it at the same step, and all stop alike); None to go on."""
-        if any_process(self.received is not None):
-            return self.received or "a signal to another process"
-        return None
 
     @staticmethod
     def line(stopped: str, done: int, directory: Path | None) -> str:
