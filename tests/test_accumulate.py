@@ -6,7 +6,8 @@ import pytest
 
 from boost_jax.config import ConfigError, load_config
 from boost_jax.parallel import make_plan
-from boost_jax.training.step import device_batch, setup
+from boost_jax.training.loss import device_batch
+from boost_jax.training.step import setup
 
 
 def run_steps(microbatches: int, *overrides, steps: int = 5):
@@ -21,7 +22,7 @@ def run_steps(microbatches: int, *overrides, steps: int = 5):
         batch = device_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, run.batch_sharding)
         state, metrics = run.train_step(state, batch)
         losses.append(float(metrics["loss"]))
-        params.append(jax.device_get(state["params"]))
+        params.append(jax.device_get(state.params))
     return losses, params
 
 

@@ -23,8 +23,8 @@ from boost_jax.model.checkpoint import CheckpointStore
 from boost_jax.model.hf import ExportError
 from boost_jax.model.run_dir import open_run
 from boost_jax.runtime.errors import CheckpointError, DivergenceError
+from boost_jax.training.evaluate import Evaluator
 from boost_jax.training.log import RunLog
-from boost_jax.training.parts import Evaluator
 from boost_jax.training.run import train
 
 
@@ -93,16 +93,16 @@ def test_skip_mode_drops_a_non_finite_update(tiny_overrides, tmp_path):
     batch = {"inputs": tokens, "targets": tokens}
     init = jax.device_get(state)
     poisoned = jax.tree.map(np.copy, init)
-    poisoned["params"]["embed"][0, 0] = np.nan
+    poisoned.params["embed"][0, 0] = np.nan
     new, metrics = run.train_step(jax.device_put(poisoned, run.state_shardings), batch)
     assert float(metrics["skipped"]) == 1 and not np.isfinite(float(metrics["loss"]))
     same = lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # NaN == NaN here
-    jax.tree.map(same, jax.device_get(new["params"]), poisoned["params"])
-    jax.tree.map(same, jax.device_get(new["opt_state"]), poisoned["opt_state"])
-    assert int(new["step"]) == 1  # the step (and its data) still advance
+    jax.tree.map(same, jax.device_get(new.params), poisoned.params)
+    jax.tree.map(same, jax.device_get(new.opt_state), poisoned.opt_state)
+    assert int(new.step) == 1  # the step (and its data) still advance
     clean, metrics = run.train_step(jax.device_put(init, run.state_shardings), batch)
     assert float(metrics["skipped"]) == 0
-    assert not np.array_equal(jax.device_get(clean["params"]["embed"]), init["params"]["embed"])
+    assert not np.array_equal(jax.device_get(clean.params["embed"]), init.params["embed"])
 
 
 def test_eval_perplexity_of_a_huge_loss_is_inf(tiny_overrides, tmp_path):
@@ -113,7 +113,7 @@ def test_eval_perplexity_of_a_huge_loss_is_inf(tiny_overrides, tmp_path):
     val = SimpleNamespace(eval_batches=lambda *_: [batch])
     data = SimpleNamespace(eval_sets=lambda split: {"": val}, parts={}, tokenizer=tokenizer)
     cfg = config(tmp_path, tiny_overrides, "train.eval_batches=1")
-    out = Evaluator(cfg, run, data, (0, 1))({"params": None})
+    out = Evaluator(cfg, run, data, (0, 1))(None)
     assert out["eval_loss"] == 1e4 and out["eval_ppl"] == math.inf and math.isfinite(out["eval_bpb"])
 
 

@@ -103,8 +103,8 @@ def test_an_mfu_over_100_percent_is_never_printed(tmp_path, monkeypatch, measure
     it has no MFU, and the log line says why instead of a number."""
     from boost_jax.config import load_config
     from boost_jax.launch import peaks
+    from boost_jax.training.meter import Meter
     from boost_jax.training.metrics import step_line
-    from boost_jax.training.parts import Meter
 
     cfg = load_config(None, ["model.preset=llama-tiny", f"data.cache_dir={tmp_path}"])
     (tmp_path / "cpu_peak.json").write_text(json.dumps({peaks.cpu_peak_key(cfg.model.dtype): 1.0}))

@@ -19,10 +19,12 @@ FLOORS = [
     {"config"},
     {"data", "parallel", "launch", "training.optimizers", "training.health"},
     {"layers"},
-    {"model", "model.transformer", "model.counts", "model.checkpoint", "model.compress", "model.hf"},
-    {"model.weights", "model.decode", "model.run_dir", "training.step", "training.muon_layout", "training.log",
-     "training.local_tier", "training.recovery"},
-    {"analysis", "training.parts", "training.metrics", "training.run", "training.evaluate", "training.importer", "api",
+    {"model", "model.transformer", "model.counts", "model.train_state", "model.checkpoint", "model.compress",
+     "model.hf"},
+    {"model.weights", "model.decode", "model.run_dir", "training.loss", "training.step", "training.muon_layout",
+     "training.log", "training.local_tier", "training.recovery"},
+    {"analysis", "training.run_dir", "training.checkpointing", "training.preemption", "training.meeting",
+     "training.meter", "training.guard", "training.profiler", "training.metrics", "training.run", "training.evaluate", "training.importer", "api",
      "train", "export", "generate", "eval", "lm_eval"},
     {"planner", "plan", "convert", "compile", "comparison", "study"},
     {"bench", "__main__"},
@@ -156,6 +158,13 @@ def test_inference_never_enters_training(command):
     """Serving a model reads its checkpoint through model/ (the Orbax store, the run dir): a change to
     training/ cannot break generate, lm_eval or export."""
     assert sorted(m for m in reached(command) if folder_of(m) in ("training", "analysis", "planner")) == []
+
+
+def test_eval_imports_no_optimizer():
+    """The eval command enters training/ only for the eval and the loss it runs (training/loss.py):
+    no optimizer, nor the train step that holds one, so a change there cannot break eval."""
+    entered = sorted(m for m in reached("boost_jax.eval") if folder_of(m) in ("training", "analysis", "planner"))
+    assert entered == ["boost_jax.training.evaluate", "boost_jax.training.loss"]
 
 
 def command_of(module: str) -> str | None:

@@ -11,8 +11,9 @@ import pytest
 from boost_jax.config import load_config
 from boost_jax.model.weights import init_params, relayout_layers
 from boost_jax.parallel import make_plan
+from boost_jax.training.loss import device_batch
 from boost_jax.training.optimizers import labels
-from boost_jax.training.step import device_batch, setup
+from boost_jax.training.step import setup
 
 SCHEME_ARCH = {"btp": "cola", "vanilla": "svd", "megatron": "dense"}
 # Layouts on 8 devices (dp fills the rest); pp and cp each with tp=2 beside them.
@@ -46,7 +47,7 @@ def params_after_3_steps(cfg, devices):
         batch = device_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, run.batch_sharding)
         state, _ = run.train_step(state, batch)
     order = plan.layer_order(cfg.model.n_layers)
-    return jax.device_get(relayout_layers(state["params"], order, np.arange(len(order))))
+    return jax.device_get(relayout_layers(state.params, order, np.arange(len(order))))
 
 
 @functools.cache

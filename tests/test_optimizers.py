@@ -389,9 +389,9 @@ def optimizer_collectives(*overrides):
     cfg = tiny("model.arch=cola", "log.health=false", "train.batch_size=4", "train.seq_len=32", "parallel.dp=1",
                *overrides)
     run, state = setup(cfg, make_plan(cfg, jax.devices()[:2]))
-    params = run.state_shardings["params"]
-    update = jax.jit(run.tx.update, in_shardings=(params, run.state_shardings["opt_state"], params))
-    return cfg, collectives(update.lower(state["params"], state["opt_state"], state["params"]).compile().as_text())
+    params = run.state_shardings.params
+    update = jax.jit(run.tx.update, in_shardings=(params, run.state_shardings.opt_state, params))
+    return cfg, collectives(update.lower(state.params, state.opt_state, state.params).compile().as_text())
 
 
 def test_adamw_under_tp_adds_no_collective_but_the_clips_norm():

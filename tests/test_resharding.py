@@ -12,7 +12,8 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from boost_jax.config import load_config
 from boost_jax.parallel import make_plan
-from boost_jax.training.step import batch_keys, setup
+from boost_jax.training.loss import batch_keys
+from boost_jax.training.step import setup
 
 WARNING = "Involuntary full rematerialization"
 

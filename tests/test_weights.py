@@ -15,6 +15,7 @@ from flax import nnx
 
 from boost_jax import api, eval as boost_eval, generate
 from boost_jax.model.checkpoint import CheckpointStore
+from boost_jax.model.train_state import TrainState
 from boost_jax.model.weights import param_shardings, restore_params
 from boost_jax.parallel import make_plan
 from boost_jax.runtime.errors import CheckpointError
@@ -68,7 +69,7 @@ def no_params_at_newest(run):
     """A newer checkpoint (step 6) whose state holds the step counter alone: no parameters."""
     ckpt = CheckpointStore(run / "checkpoints", 3)
     meta = ckpt.manager.restore(4, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    ckpt.save(6, {"step": jax.numpy.asarray(6, jax.numpy.int32)}, {**meta, "step": 6})
+    ckpt.save(6, TrainState(params=None, step=jax.numpy.asarray(6, jax.numpy.int32)), {**meta, "step": 6})
     ckpt.wait()
     ckpt.close()
 

@@ -48,7 +48,7 @@ def run_programs(cfg: Config, plan: Plan, cache: str = "auto") -> dict[str, Call
     batch = abstract_batch(cfg, plan)
     programs = {"train_step": lambda: run.train_step.lower(run.abstract_state, batch).compile()}
     if cfg.train.eval_every > 0:
-        programs["eval_step"] = lambda: run.eval_step.lower(run.abstract_state["params"], batch).compile()
+        programs["eval_step"] = lambda: run.eval_step.lower(run.abstract_state.params, batch).compile()
     if plan.pipeline is None and plan.size("seq") == 1:
         rows, seq = cfg.train.batch_size, cfg.train.seq_len
         decoding: dict = {}  # the decoder, and the prefill's cache that the decode loop compiles for

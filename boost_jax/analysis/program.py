@@ -21,7 +21,8 @@ from boost_jax.config import Config, load_config
 from boost_jax.model.weights import abstract_model, abstract_params
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.training.step import abstract_batch, abstract_optimizer_state, sharded_loss
+from boost_jax.training.loss import sharded_loss
+from boost_jax.training.step import abstract_batch, abstract_optimizer_state
 
 
 def config_for(model: str, arch: str, scheme: str = "auto", *, tp: int, batch_size: int, seq: int, dtype: str,

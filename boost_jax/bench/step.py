@@ -33,8 +33,9 @@ from boost_jax.model.counts import count
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.units import MIB
+from boost_jax.training.loss import batch_keys, device_batch
 from boost_jax.training.optimizers import newton_schulz_flops
-from boost_jax.training.step import batch_keys, device_batch, setup
+from boost_jax.training.step import setup
 
 
 class Runner:
@@ -74,7 +75,7 @@ class Runner:
                 "model_flops_per_s": flops / med,  # analytic training FLOPs (model/counts.py), all devices together
                 "peak_bytes_per_device": self.peak, "first_loss": self.first_loss,
                 "last_loss": float(self.metrics["loss"]), "optimizer": self.cfg.train.optimizer,
-                "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state["params"])}
+                "newton_schulz_flops": newton_schulz_flops(self.cfg.train, self.state.params)}
 
 
 def optimizer_overheads(results: list[dict]) -> list[str]:

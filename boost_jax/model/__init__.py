@@ -1,8 +1,9 @@
 """The model: transformer.py (the LLaMA decoder for every arch: embedding -> scanned stack of blocks
 -> RMSNorm -> LM head, and the loss), re-exported here.
 
-Beside the decoder: counts.py (a model's parameter counts and FLOPs per token), checkpoint.py (the
-Orbax store of a run's checkpoints and each checkpoint's identity), weights.py (a model's parameters:
+Beside the decoder: counts.py (a model's parameter counts and FLOPs per token), train_state.py (the
+typed train state and its checkpoint layout), checkpoint.py (the Orbax store of a run's checkpoints
+and each checkpoint's identity), weights.py (a model's parameters:
 init, placement on a plan, restore of a checkpoint's parameters only), decode.py (generation against
 the caches), compress.py (a dense model's weights factored by SVD), latent_heads.py (k/v's
 block-diagonal B written dense, and a low-rank model refactored into latent heads), hf.py (the

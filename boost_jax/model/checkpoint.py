@@ -20,6 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src import asyncio_utils
 
+from boost_jax.model.train_state import TrainState
 from boost_jax.runtime.errors import CheckpointError
 
 T = TypeVar("T")
@@ -84,7 +85,7 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
 
 class CheckpointStore:
     """The Orbax store of one checkpoints folder: save, restore and list its steps. It decides nothing:
-    when to save and what to resume are the train loop's (training/parts.py's `Checkpointing`)."""
+    when to save and what to resume are the train loop's (training/checkpointing.py's `Checkpointing`)."""
 
     def __init__(self, directory: str | Path, keep: int, *, read_only: bool = False, async_save: bool = True):
         self.directory = Path(directory).absolute()
@@ -146,22 +147,23 @@ class CheckpointStore:
         listed(self.manager.reload)
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, meta: dict) -> None:
+    def save(self, step: int, state: TrainState, meta: dict) -> None:
         self.manager.save(
-            step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta))
+            step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state.tree()), meta=ocp.args.JsonSave(meta))
         )
 
     def record(self, step: int) -> dict:
         """A checkpoint's JSON record (step, data position, identity, ...) without its arrays."""
         return dict(self._restore(step, meta=ocp.args.JsonRestore()).meta)
 
-    def restore(self, step: int, like: Any, run_identity: dict, optional: tuple[str, ...] = (), *,
-                subset: bool = False) -> tuple[Any, dict]:
-        """Restore `step` into arrays shaped and sharded like the `like` pytree (a dict), after
-        checking the checkpoint's identity agrees on every key of `run_identity`. Top-level keys in
-        `optional` may be missing from the checkpoint (they keep `like`'s values) or from `like`
-        (they are not read). `subset`: `like` names only the parts to read (e.g. the parameters
-        alone); the checkpoint's other parts are never read."""
+    def restore(self, step: int, like: TrainState, run_identity: dict, optional: tuple[str, ...] = (), *,
+                subset: bool = False) -> tuple[TrainState, dict]:
+        """Restore `step` into arrays shaped and sharded like the `like` state, after checking the
+        checkpoint's identity agrees on every key of `run_identity`. Parts named in `optional` may be
+        missing from the checkpoint (they keep `like`'s values) or from `like` (they are not read).
+        `subset`: `like` holds only the parts to read (e.g. the parameters alone); the checkpoint's
+        other parts are never read."""
+        like = like.tree()
         meta = self.record(step)
         if "identity" not in meta:
             raise CheckpointError(f"checkpoint step {step} in {self.directory} records no run identity "
@@ -184,7 +186,7 @@ class CheckpointStore:
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
         state = self._restore(step, state=ocp.args.PyTreeRestore(target, restore_args=restore_args,
                                                                  partial_restore=bool(unread))).state
-        return {**{k: like[k] for k in fresh}, **state}, {**meta, "fresh_state": sorted(fresh)}
+        return TrainState.of({**{k: like[k] for k in fresh}, **state}), {**meta, "fresh_state": sorted(fresh)}
 
     def _saved_keys(self, step: int) -> list[str]:
         """The top-level keys of a checkpoint's state."""

@@ -26,6 +26,7 @@ from flax import nnx
 from boost_jax.config import Config, ModelConfig
 from boost_jax.model import Model
 from boost_jax.model.checkpoint import CheckpointStore, model_identity
+from boost_jax.model.train_state import TrainState
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
 
@@ -111,7 +112,7 @@ def restore_params(run_dir: str | Path, cfg: Config, plan: Plan, step: int | Non
     laid out for `plan`; the step). Only the parameters are read, each device reading its own
     shards; the checkpoint must be of this model (its identity less checkpoint.COMPUTE_ONLY)."""
     shardings = param_shardings(cfg, plan)
-    like = {"params": abstract_params(cfg, plan)}
+    like = TrainState(params=abstract_params(cfg, plan))
     if not (Path(run_dir) / "checkpoints").is_dir():
         raise ConfigError(f"{run_dir} has no checkpoint (train with checkpoint.every > 0)")
     ckpt = CheckpointStore(Path(run_dir) / "checkpoints", cfg.checkpoint.keep, read_only=True)
@@ -121,7 +122,7 @@ def restore_params(run_dir: str | Path, cfg: Config, plan: Plan, step: int | Non
         (state, meta), step = ckpt.read_live(step, read, asked=asked)  # a live run's retention may delete it
     finally:
         ckpt.close()
-    return adopt_layers(state, meta, plan.layer_order(cfg.model.n_layers), {"params": shardings})["params"], step
+    return adopt_layers(state, meta, plan.layer_order(cfg.model.n_layers), TrainState(params=shardings)).params, step
 
 
 def adopt_layers(tree, meta: dict, order: np.ndarray, shardings):

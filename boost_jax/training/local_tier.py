@@ -18,7 +18,6 @@ import json
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
@@ -27,6 +26,7 @@ from jax.experimental import multihost_utils
 
 from boost_jax.config import Config
 from boost_jax.model.checkpoint import _first_line, changed_keys, listed
+from boost_jax.model.train_state import TrainState
 from boost_jax.runtime.errors import CheckpointError, ConfigError
 from boost_jax.runtime.paths import check_writable_dir, is_disk_full, refused_write
 
@@ -93,9 +93,10 @@ class LocalTier:
                               + (f" ({self.path})" if foreign else "") + " holds local checkpoints of another "
                               "run_dir; give each run its own local_dir (nothing was changed)")
 
-    def save(self, step: int, state: Any, meta: dict) -> None:
+    def save(self, step: int, state: TrainState, meta: dict) -> None:
         """Keep step `step`: the state copied to this host (a collective where it is sharded over
         processes), written in the background."""
+        state = state.tree()
         host = jax.tree.map(lambda x: self._copy(to_host(x)), state)
         with self._writes():
             self.manager.save(step, args=ocp.args.Composite(
@@ -108,14 +109,14 @@ class LocalTier:
         local = jax.device_put(host, self.cpus[jax.process_index()])
         return jax.make_array_from_single_device_arrays(host.shape, self.replicated, [local])
 
-    def restore(self, like: dict, newer_than: int | None, run_identity: dict, optimizer: str
-                ) -> tuple[dict, dict, str] | None:
+    def restore(self, like: TrainState, newer_than: int | None, run_identity: dict, optimizer: str
+                ) -> tuple[TrainState, dict, str] | None:
         """(state laid out like `like`, its record, where it came from) of the newest local step that
         any process can restore whole and this run's setup made, if newer than `newer_than` (the
         persistent tier's newest: it wins a tie); else None. A copy that cannot be read (damaged, cut
         short) or is another setup's gives way, with a line on stderr, to the same step in the next
         process's folder, then to older steps, then to the persistent tier."""
-        floor = newer_than if newer_than is not None else -1
+        like, floor = like.tree(), newer_than if newer_than is not None else -1
         held = all_processes_steps([s for s in self.manager.all_steps() if s > floor])
         # Newest step first, and of a step the lowest process index holding it.
         candidates = sorted(((s, p) for p, steps in enumerate(held) for s in steps), key=lambda sp: (-sp[0], sp[1]))
@@ -139,7 +140,7 @@ class LocalTier:
             host = multihost_utils.broadcast_one_to_all(host, is_source=jax.process_index() == source)
             state = jax.tree.map(lambda h, x: jax.make_array_from_callback(
                 x.shape, x.sharding, lambda idx: np.asarray(h)[idx]), host, like)
-            return state, meta, f"local tier of process {source}, {meta.get('local_dir', self.path)}"
+            return TrainState.of(state), meta, f"local tier of process {source}, {meta.get('local_dir', self.path)}"
         return None
 
     def _read_record(self, step: int) -> dict:

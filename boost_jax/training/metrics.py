@@ -9,8 +9,9 @@ import time
 
 import jax
 
+from boost_jax.training.guard import NonFiniteGuard, finite
 from boost_jax.training.log import RunLog
-from boost_jax.training.parts import Meter, NonFiniteGuard, finite
+from boost_jax.training.meter import Meter
 from boost_jax.training.recovery import Recovery
 
 
@@ -49,11 +50,15 @@ class Metrics:
         self.losses += [r["loss"] for r in rows]
         self.summary, self.pending = rows[-1], []
         if line or bad:
-            self.log.line(step_line(self.summary, self.steps, self.guard))
+            self.log_line()
         self.log.flush()  # rows up to `done` are on disk before its checkpoint can commit
         if not bad:
             self.log.advance(len(rows), loss=f"{self.summary['loss']:.3f}")
         return bad
+
+    def log_line(self) -> None:
+        """The log line of the last row fetched."""
+        self.log.line(step_line(self.summary, self.steps, self.guard))
 
     def loss(self) -> float | None:
         """The last row's loss, for the checkpoint's record (None where it is not finite)."""
@@ -64,7 +69,7 @@ def step_line(row: dict, steps: int, guard) -> str:
     """The log line of a step's metrics row, with the updates dropped so far (`NonFiniteGuard`)."""
     dropped = [f"{n} {what}" for n, what in ((guard.skipped, "non-finite updates skipped"),
                                             (guard.spikes, "loss spikes skipped")) if n]
-    # No MFU over 100%: the peak it divides by came out low (training.parts.Meter).
+    # No MFU over 100%: the peak it divides by came out low (training.meter.Meter).
     mfu = f"MFU {100 * row['mfu']:.1f}%" if "mfu" in row else "MFU n/a (over 100%: the peak is too low)"
     return (f"step {row['step']}/{steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | gnorm {row['grad_norm']:.3f} "
             f"| {row['tokens_per_s']:,.0f} tok/s | {row['step_time_s'] * 1e3:.0f} ms/step "

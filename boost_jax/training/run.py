@@ -1,4 +1,5 @@
-"""`train(cfg)`: a run's parts (training/parts.py, metrics.py, log.py) made by `start`, then the loop
+"""`train(cfg)`: a run's parts (run_dir.py, checkpointing.py, preemption.py, meter.py, evaluate.py,
+guard.py, profiler.py, metrics.py, log.py) made by `start`, then the loop
 over them, each part deciding for itself when it acts (evaluate, log, save, stop) and saying what it
 did. `python -m boost_jax.train` is its command line; `bench` and `comparison` call it too.
 
@@ -21,16 +22,25 @@ from boost_jax.data.build import Data, build_data, check_run_tokenizer
 from boost_jax.launch.peaks import device_peak_flops
 from boost_jax.launch.startup import Startup, line as startup_line
 from boost_jax.model.counts import Counts, count
+from boost_jax.model.train_state import TrainState
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_writable_dir
+from boost_jax.training.checkpointing import Checkpointing
+from boost_jax.training.evaluate import Evaluator
+from boost_jax.training.guard import NonFiniteGuard
 from boost_jax.training.log import RunLog
+from boost_jax.training.loss import device_batch
+from boost_jax.training.meeting import Meeting
+from boost_jax.training.meter import Meter
 from boost_jax.training.metrics import Metrics
 from boost_jax.training.muon_layout import placements
-from boost_jax.training.parts import Checkpointing, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir
+from boost_jax.training.preemption import Preemption
+from boost_jax.training.profiler import Profiler
 from boost_jax.training.recovery import Recovery
-from boost_jax.training.step import Setup, TrainState, device_batch, setup
+from boost_jax.training.run_dir import RunDir
+from boost_jax.training.step import Setup, setup
 
 # How a resume on fewer devices sizes its micro-batches: (cfg, plan) -> (cfg, the note of what it added).
 # The memory model answers (analysis/microbatch_fit.py's `fit_resume`, which sits above training/ and
@@ -56,6 +66,7 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
         closing.callback(profiler.close)
         preempt = Preemption()  # from here a signal saves the step the run is at, and stops it
         closing.callback(preempt.close)
+        meeting = Meeting(preempt, ckpt)
         stopped, loop_start = None, time.perf_counter()
         for step in range(first, cfg.train.steps):
             done = step + 1
@@ -67,18 +78,22 @@ def train(cfg: Config, devices: list[jax.Device] | None = None, startup: Startup
             p.metrics.add(metrics)
             if evaluate.due(done):
                 with p.meter.paused(state):
-                    p.metrics.evaluated(done, evaluate(state))
-            save, local, log_due = ckpt.due(done), ckpt.local_due(done), log.due(done)
-            if jax.process_count() == 1 or save or log_due:  # where all processes meet (every step with one)
-                stopped = preempt.stop()  # a signal or the clock asks for a save: decided by all alike
-                save = save or ckpt.asked(stopped)
-            if not (save or local or log_due or stopped):  # one host sync per log interval and before every checkpoint
+                    p.metrics.evaluated(done, evaluate(state.params))
+            save, local, log_due = ckpt.due(done), ckpt.local_due(done), log.due(done)  # by the step count
+            synced = save or local or log_due  # one host sync per log interval and before every checkpoint
+            if not meeting.meets(synced):
                 continue
-            if bad := p.metrics.fetch(done, line=bool(log_due or stopped)):
-                raise p.guard.stop(bad, ckpt.saved_step)
-            if save or local:
+            asks = meeting.asks()
+            bad = p.metrics.fetch(done, line=log_due) if synced or asks.any else None
+            agreed = meeting.decide(asks, save, diverged=bad is not None)  # the same on every process
+            if agreed.diverged:  # every process read the same replicated row
+                raise p.guard.stop(bad or p.metrics.summary, ckpt.saved_step)
+            stopped = agreed.stop
+            if stopped and not log_due:
+                p.metrics.log_line()
+            if agreed.save or local:
                 with p.meter.paused(state):
-                    (ckpt.save if save else ckpt.save_local)(done, state, p.metrics.loss(), p.record())
+                    (ckpt.save if agreed.save else ckpt.save_local)(done, state, p.metrics.loss(), p.record())
             if stopped:
                 log.line(preempt.line(stopped, done, ckpt.directory))
                 break

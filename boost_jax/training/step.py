@@ -1,16 +1,14 @@
 """Train state, optimizer, and the jitted train / eval steps.
 
-The state is a plain pytree `{params, opt_state, step, rng}` of sharded arrays, so Orbax saves it
-as is and restores it onto any mesh. The parameters themselves (their shapes, the seed's initial
+The state is a `TrainState` (model/train_state.py) of sharded arrays, so Orbax saves it as is and
+restores it onto any mesh. The parameters themselves (their shapes, the seed's initial
 values, their layout on a plan) are boost_jax/model/weights.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +17,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from boost_jax.config import Config, TrainConfig
-from boost_jax.model import loss_fn
+from boost_jax.config import Config
+from boost_jax.model.train_state import TrainState
 from boost_jax.model.weights import (
     abstract_model,
     abstract_params,
@@ -29,23 +27,12 @@ from boost_jax.model.weights import (
     param_shardings,
     place_params,
 )
-from boost_jax.parallel.context import balance
 from boost_jax.parallel.pipeline import split_microbatches
 from boost_jax.parallel.plan import Plan
 from boost_jax.training.health import health_norms
+from boost_jax.training.loss import batch_keys, evaluation, sharded_loss
 from boost_jax.training.muon_layout import Placements, placements
 from boost_jax.training.optimizers import latent_head_blocks, lr_schedule, make_optimizer
-
-TrainState = dict[str, Any]
-# Parts of the state that exist under some settings only: a checkpoint without one resumes with it
-# fresh, and one with it resumes without (train.spike_skip's window of recent losses).
-OPTIONAL_STATE = ("spike",)
-
-
-def batch_keys(cfg: Config) -> tuple[str, ...]:
-    """The arrays of a batch, each int32 [B, S] laid out on the batch axes: the tokens, their next
-    tokens, and with `data.document_mask` each token's document (data/loader.py)."""
-    return ("inputs", "targets", *(("segment_ids",) if cfg.data.document_mask else ()))
 
 
 @dataclass(frozen=True)
@@ -54,7 +41,7 @@ class Setup:
 
     graphdef: nnx.GraphDef
     tx: optax.GradientTransformation
-    state_shardings: Any
+    state_shardings: TrainState  # the state's shardings
     batch_sharding: NamedSharding
     train_step: Callable
     eval_step: Callable
@@ -87,16 +74,17 @@ def init_state(cfg: Config, plan: Plan, run: Setup, params: dict | None = None) 
     else:  # placed as they are: no seed's parameters beside them
         params = jax.device_put(in_plan_order(params, cfg, plan), param_shardings(cfg, plan))
     shardings = run.state_shardings
-    state = {
-        "params": params,
-        "opt_state": jax.jit(run.tx.init, out_shardings=shardings["opt_state"])(params),
-        "step": jax.device_put(jnp.zeros((), jnp.int32), shardings["step"]),
-        "rng": jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), shardings["rng"]),
-    }
+    spike = None
     if cfg.train.spike_skip:  # the losses of the last spike_window applied updates (a ring) and how many were seen
-        state["spike"] = jax.device_put({"losses": jnp.zeros((cfg.train.spike_window,), jnp.float32),
-                                         "seen": jnp.zeros((), jnp.int32)}, shardings["spike"])
-    return state
+        spike = jax.device_put({"losses": jnp.zeros((cfg.train.spike_window,), jnp.float32),
+                                "seen": jnp.zeros((), jnp.int32)}, shardings.spike)
+    return TrainState(
+        params=params,
+        opt_state=jax.jit(run.tx.init, out_shardings=shardings.opt_state)(params),
+        step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
+        rng=jax.device_put(jax.random.key_data(jax.random.key(cfg.train.seed)), shardings.rng),
+        spike=spike,
+    )
 
 
 def abstract_state(cfg: Config, plan: Plan, tx: optax.GradientTransformation) -> TrainState:
@@ -105,15 +93,15 @@ def abstract_state(cfg: Config, plan: Plan, tx: optax.GradientTransformation) ->
     params = abstract_params(cfg, plan)
     replicated = NamedSharding(plan.mesh, P())
     on = lambda shape, dtype, sharding=replicated: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-    state = {
-        "params": params,
-        "opt_state": abstract_optimizer_state(tx, params, plan),
-        "step": on((), jnp.int32),
-        "rng": on(*(lambda k: (k.shape, k.dtype))(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))),
-    }
-    if cfg.train.spike_skip:
-        state["spike"] = {"losses": on((cfg.train.spike_window,), jnp.float32), "seen": on((), jnp.int32)}
-    return state
+    key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    return TrainState(
+        params=params,
+        opt_state=abstract_optimizer_state(tx, params, plan),
+        step=on((), jnp.int32),
+        rng=on(key.shape, key.dtype),
+        spike={"losses": on((cfg.train.spike_window,), jnp.float32), "seen": on((), jnp.int32)}
+        if cfg.train.spike_skip else None,
+    )
 
 
 def abstract_optimizer_state(tx: optax.GradientTransformation, params: dict, plan: Plan) -> dict:
@@ -151,29 +139,30 @@ def build(cfg: Config, plan: Plan, moved: Placements | None = None) -> Setup:
     order = plan.layer_order(cfg.model.n_layers)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-        loss, grads = grad_of(state["params"], batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        loss, grads = grad_of(state.params, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
         # Reserved for stochastic layers: advanced every step so a resumed run stays exact once used.
-        rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state["rng"]))[0])
-        params = optax.apply_updates(state["params"], updates)
+        rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
+        params = optax.apply_updates(state.params, updates)
         grad_norm = optax.tree.norm(grads)
-        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(t)(state["step"])}
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(t)(state.step)}
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         apply = None  # whether this update is applied (None: always); the step and data advance regardless
         if t.on_nonfinite == "skip":
             apply = finite
             metrics["skipped"] = (~finite).astype(jnp.float32)
-        new = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": rng}
+        window = None
         if t.spike_skip:
-            spike, new["spike"] = spike_window(state["spike"], loss, finite, t.spike_skip)
+            spike, window = spike_window(state.spike, loss, finite, t.spike_skip)
             metrics["spike_skipped"] = spike.astype(jnp.float32)
             apply = ~spike if apply is None else apply & ~spike
-        if apply is not None:
-            for key in ("params", "opt_state"):
-                new[key] = jax.tree.map(lambda n, o: jnp.where(apply, n, o), new[key], state[key])
+        if apply is not None:  # the parameters and the optimizer's state keep their old values
+            params, opt_state = jax.tree.map(lambda n, o: jnp.where(apply, n, o), (params, opt_state),
+                                             (state.params, state.opt_state))
+        new = TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng, spike=window)
         if cfg.log.health:  # on the steps that log only: a cond, not a mask
-            due = (new["step"] % cfg.log.every == 0) | (new["step"] == t.steps)
-            norms = lambda: health_norms(grads, new["params"], updates, order, latent_head_blocks(cfg.model))
+            due = (new.step % cfg.log.every == 0) | (new.step == t.steps)
+            norms = lambda: health_norms(grads, new.params, updates, order, latent_head_blocks(cfg.model))
             metrics["health"] = jax.lax.cond(due, norms, lambda: jax.tree.map(jnp.zeros_like, jax.eval_shape(norms)))
         return new, metrics
 
@@ -184,24 +173,6 @@ def build(cfg: Config, plan: Plan, moved: Placements | None = None) -> Setup:
     )
     return Setup(graphdef, tx, state_shardings, batch_sharding, jitted_train, evaluation(cfg, plan).eval_step,
                  order, state)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A plan's jitted eval step, loss(params, batch), and the layout of the batches it takes: what
-    evaluating needs, without a train state (`python -m boost_jax.eval`)."""
-
-    eval_step: Callable
-    batch_sharding: NamedSharding
-
-
-def evaluation(cfg: Config, plan: Plan) -> Evaluation:
-    """The eval step of `cfg`'s model under `plan`: the cross-entropy alone (no z-loss term)."""
-    batch_sharding = plan.sharding(("batch", None))
-    eval_of = sharded_loss(abstract_model(cfg)[0], plan, dataclasses.replace(cfg.train, z_loss=0.0))
-    jitted = jax.jit(eval_of, in_shardings=(param_shardings(cfg, plan), dict.fromkeys(batch_keys(cfg), batch_sharding)),
-                     out_shardings=NamedSharding(plan.mesh, P()))
-    return Evaluation(jitted, batch_sharding)
 
 
 def optimizer_state_specs(opt_shapes, params: dict, param_specs):
@@ -253,21 +224,3 @@ def accumulated_grad(loss_of: Callable, plan: Plan, microbatches: int, param_sha
         return loss / microbatches, jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), grads, params)
 
     return grad_of
-
-
-def sharded_loss(graphdef: nnx.GraphDef, plan: Plan, train: TrainConfig) -> Callable:
-    """loss(params, batch) of the model run under `plan`, with the train config's remat and loss
-    chunking; under context parallelism the batch is put in the load-balanced order first."""
-    cp = plan.size("seq")
-
-    def loss_of(params, batch):
-        if cp > 1:
-            batch = balance(batch, cp)
-        return loss_fn(nnx.merge(graphdef, params), batch, plan, train.remat, train.loss_chunk, train.z_loss)
-
-    return loss_of
-
-
-def device_batch(host_batch: dict, sharding: NamedSharding) -> dict:
-    """This process's rows -> one global array per key, laid out over the mesh's batch axes."""
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in host_batch.items()}
