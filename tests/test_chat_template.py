@@ -93,7 +93,7 @@ def test_shipped_chatml_on_the_default_tokenizer(tmp_path):
 
 def test_bad_templates_and_rows(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
-    with pytest.raises(ConfigError, match="needs a chat template"):
+    with pytest.raises(ConfigError, match="a chat needs a chat template"):
         load_chat_template(tmp_path / "tokenizer.json")
     (tmp_path / "broken.jinja").write_text("{% for m in messages %}")
     with pytest.raises(ConfigError, match="broken.jinja does not parse"):

@@ -142,7 +142,7 @@ def test_bad_rows_are_named(folder, tmp_path):
         encode_rows([("f.jsonl:2", {"prompt": "x"})], Recipe("prompt_completion", True, 65, "none", 0.0), tok, None)
     cut, stats = encode_rows([("f.jsonl:4", long)], Recipe("chat", True, 65, "right", 0.0, "chatml"), tok, chat)
     assert cut["train"].lengths.tolist() == [65] and stats["truncated_rows"] == 1
-    with pytest.raises(ConfigError, match="needs a chat template"):
+    with pytest.raises(ConfigError, match="a chat needs a chat template"):
         load_chat_template(folder / "tokenizer.json", "", tok)
 
 

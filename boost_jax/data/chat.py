@@ -5,6 +5,7 @@
     chat = template.bind(tokenizer)                 # a tokenizers.Tokenizer (data/tokenizer.py)
     ids = chat.encode(messages, add_generation_prompt=True)   # == apply_chat_template(messages, ...)
     ids, targets = chat.encode_turns(messages)     # targets: the assistant turns' tokens (and end of turn)
+    check_turns(messages, where) / check_messages(row, where)   # DataError naming `where` on bad input
     chat.stop_ids                                   # the end-of-turn token(s) generation stops at
 
 The template comes from `template_file` (data.chat_template) if given, else `chat_template.jinja`
@@ -201,9 +202,17 @@ class ChatTokens:
 
 
 def check_messages(messages, where: str) -> list[dict]:
-    """A row's `messages`: a non-empty list of {role, content} with a known role and non-empty text,
-    and at least one assistant turn to learn from. Anything else raises DataError naming `where`."""
-    if not isinstance(messages, list) or not messages:
+    """A training row's `messages`: `check_turns`, with at least one assistant turn to learn from."""
+    out = check_turns(messages, where)
+    if not any(m["role"] == TRAINED_ROLE for m in out):
+        raise DataError(f"{where}: no {TRAINED_ROLE} message: nothing to learn from")
+    return out
+
+
+def check_turns(messages, where: str) -> list[dict]:
+    """A conversation: a non-empty list of {role, content} with a known role and non-empty text, as
+    plain dicts of those two keys. Anything else raises DataError naming `where`."""
+    if not isinstance(messages, (list, tuple)) or not messages:
         raise DataError(f"{where}: 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}")
     out = []
     for i, m in enumerate(messages):
@@ -215,8 +224,6 @@ def check_messages(messages, where: str) -> list[dict]:
         if not isinstance(m["content"], str) or not m["content"].strip():
             raise DataError(f"{where}: message {i} ({m['role']}) has empty content")
         out.append({"role": m["role"], "content": m["content"]})
-    if not any(m["role"] == TRAINED_ROLE for m in out):
-        raise DataError(f"{where}: no {TRAINED_ROLE} message: nothing to learn from")
     return out
 
 
@@ -245,7 +252,7 @@ def load_chat_template(tokenizer_path: str | Path, template_file: str | Path = "
                                 specials)
     else:
         beside = f"beside {tokenizer_path}" if tokenizer_path else "(data.tokenizer_path is not set)"
-        raise ConfigError(f"data.format=chat needs a chat template: none in {TEMPLATE_FILE} or the chat_template key "
+        raise ConfigError(f"a chat needs a chat template: none in {TEMPLATE_FILE} or the chat_template key "
                           f"of {CONFIG_FILE} {beside}; set data.chat_template=FILE (a ChatML one ships as "
                           "boost_jax/configs/chatml.jinja)")
     try:

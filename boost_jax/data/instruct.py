@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from boost_jax.config import DataConfig
 from boost_jax.configs import CHATML
-from boost_jax.data.chat import ChatTokens, check_messages, load_chat_template
+from boost_jax.data.chat import CONFIG_FILE, TEMPLATE_FILE, ChatTokens, check_messages, load_chat_template
 from boost_jax.data.corpus import records, unit_hash
 from boost_jax.data.packing import Documents
 from boost_jax.data.shards import TOKENIZER
@@ -63,6 +64,14 @@ def template_path(name: str) -> str:
 def chat_tokens(tok: Tokenizer, tokenizer_path: str, chat_template: str) -> ChatTokens:
     """The chat template for `tok` (data.chat_template, else the one beside `tokenizer_path`), bound."""
     return load_chat_template(tokenizer_path, template_path(chat_template) if chat_template else "", tok).bind(tok)
+
+
+def run_chat(tok: Tokenizer, saved: Path, data: DataConfig) -> ChatTokens:
+    """A run's chat template bound to its tokenizer (`saved`, the run dir's tokenizer.json):
+    data.chat_template, else the template beside `saved` (an imported model's folder keeps its
+    tokenizer_config.json), else the one beside data.tokenizer_path (what the run was fine-tuned with)."""
+    beside = saved if any((saved.parent / f).is_file() for f in (TEMPLATE_FILE, CONFIG_FILE)) else data.tokenizer_path
+    return chat_tokens(tok, str(beside), data.chat_template)
 
 
 def encode_row(row: dict, where: str, fmt: str, tok: Tokenizer, chat: ChatTokens | None,
