@@ -240,7 +240,7 @@ class DataConfig:
     # chat template | prompt_completion: rows with `prompt` and `completion`. Rows are packed whole into
     # windows, each attending only within itself (segment ids and positions, whatever document_mask)
     format: Literal["text", "chat", "prompt_completion"] = "text"
-    # format=chat: a Jinja chat template file instead of the tokenizer's own (the chat_template of the
+    # format=chat (and generate --chat): a Jinja chat template file instead of the tokenizer's own (the chat_template of the
     # tokenizer_config.json, or chat_template.jinja, beside data.tokenizer_path); "chatml" = the ChatML
     # template shipped for a tokenizer without one (boost_jax/configs/chatml.jinja)
     chat_template: str = ""
@@ -596,8 +596,6 @@ def _validate(c: Config) -> None:
              f"{d.format} rows are read from data.source=files or a prepared dataset, not {d.source}")
     _require(d.format == "text" or bool(d.tokenizer_path) or d.source == "prepared", "data.tokenizer_path",
              f"data.format={d.format} fine-tunes a model: name its tokenizer.json (e.g. RUN_DIR/tokenizer.json)")
-    _require(not d.chat_template or d.format == "chat", "data.chat_template",
-             f"is read only with data.format=chat (now {d.format})")
     _require(d.source != "files" or bool(d.paths), "data.paths", "source=files needs data.paths")
     _require(d.source != "prepared" or bool(d.path), "data.path", "source=prepared needs data.path")
     _require((d.source == "mixture") == bool(d.mixture), "data.mixture",
