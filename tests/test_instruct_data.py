@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boost_jax.config import DataConfig
+from boost_jax.config import DataConfig, load_config
 from boost_jax.data.build import build_data
 from boost_jax.data.chat import load_chat_template
 from boost_jax.data.instruct import Recipe, chat_tokens, encode_rows
@@ -17,6 +17,7 @@ from boost_jax.data.packing import Documents, PackedSplit, pack
 from boost_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from boost_jax.layers.cross_entropy import cross_entropy_sum
 from boost_jax.runtime.errors import ConfigError, DataError
+from boost_jax.training.run import train
 
 
 def rows(n, seed=0):
@@ -150,3 +151,41 @@ def test_split_needs_rows():
     empty = Documents(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(1, np.int64))
     with pytest.raises(ConfigError, match="train data has no rows"):
         PackedSplit(empty, seq_len=8, seed=0, name="train", pad_id=0)
+
+
+# ----------------------------------------------------------------------------- training on it
+
+
+def finetune(tmp_path, tiny_overrides, folder, name, *extra):
+    cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / name}", "data.source=files",
+                             f"data.paths=[{folder / 'chat.jsonl'}]", "data.format=chat", "data.chat_template=chatml",
+                             f"data.tokenizer_path={folder / 'tokenizer.json'}", "parallel.dp=1", *extra])
+    return train(cfg, jax.devices()[:1]), tmp_path / name
+
+
+@pytest.mark.slow  # three short runs
+def test_a_chat_finetune_resumes_mid_epoch_bitwise(tmp_path, tiny_overrides, folder):
+    """200 rows of ~56 tokens pack into ~50 windows of 65 slots: 6 steps of 8 windows; a resume at
+    step 3 starts inside epoch 0's windows and steps past its end into epoch 1's reshuffle."""
+    common = ["train.schedule_steps=9", "checkpoint.every=3", "train.eval_every=3", "data.val_fraction=0.1"]
+    full, _ = finetune(tmp_path, tiny_overrides, folder, "full", *common, "train.steps=9")
+    first, run_dir = finetune(tmp_path, tiny_overrides, folder, "split", *common, "train.steps=4")
+    (run_dir / "checkpoints" / "4").rename(tmp_path / "moved-4")  # as if it stopped before saving step 4
+    second, _ = finetune(tmp_path, tiny_overrides, folder, "split", *common, "train.steps=9")
+    assert second["start_step"] == 3 and second["losses"] == full["losses"][3:]  # bitwise equal floats
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[2]["eval_tokens"] > 0 and rows[2]["eval_tokens"] < 2 * 8 * 64  # targets only, counted
+
+
+def test_a_bad_row_stops_the_run_before_anything_is_written(tmp_path, tiny_overrides, folder):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text((folder / "chat.jsonl").read_text() + json.dumps({"messages": [{"role": "user"}]}) + "\n")
+    cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / 'run'}", "data.source=files",
+                             f"data.paths=[{bad}]", "data.format=chat", "data.chat_template=chatml",
+                             f"data.cache_dir={tmp_path / 'cache'}",
+                             f"data.tokenizer_path={folder / 'tokenizer.json'}", "parallel.dp=1"])
+    with pytest.raises(DataError, match="bad.jsonl:201: message 0 must be an object with 'role' and 'content'"):
+        train(cfg, jax.devices()[:1])
+    # Only the run dir's lock (taken before anything, as every run takes it) and no dataset in the cache.
+    assert {p.name for p in (tmp_path / "run").iterdir()} <= {".boost_jax.lock"}
+    assert not list((tmp_path / "cache").glob("instruct/*"))
