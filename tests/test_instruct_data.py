@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from boost_jax.analysis.program import build
 from boost_jax.config import DataConfig, load_config
 from boost_jax.data.build import build_data
 from boost_jax.data.chat import load_chat_template
@@ -16,6 +17,7 @@ from boost_jax.data.instruct import Recipe, chat_tokens, encode_rows
 from boost_jax.data.packing import Documents, PackedSplit, pack
 from boost_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from boost_jax.layers.cross_entropy import cross_entropy_sum
+from boost_jax.model.weights import init_params
 from boost_jax.runtime.errors import ConfigError, DataError
 from boost_jax.training.run import train
 
@@ -189,3 +191,33 @@ def test_a_bad_row_stops_the_run_before_anything_is_written(tmp_path, tiny_overr
     # Only the run dir's lock (taken before anything, as every run takes it) and no dataset in the cache.
     assert {p.name for p in (tmp_path / "run").iterdir()} <= {".boost_jax.lock"}
     assert not list((tmp_path / "cache").glob("instruct/*"))
+
+
+def packed_loss_and_grads(*overrides):
+    """The loss and gradients of a packed batch (rows of 2-3 documents, positions from 0 in each, a
+    loss mask) under a layout."""
+    cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=4", "train.seq_len=32",
+                             "parallel.dp=1", "data.source=prepared", "data.path=unused", "data.format=chat",
+                             *overrides])
+    prog = build(cfg)
+    params = jax.device_put(init_params(cfg), jax.tree.map(lambda p: p.sharding, prog.params))
+    rng = np.random.default_rng(0)
+    cuts = [sorted(rng.choice(np.arange(3, 30), 2, replace=False)) for _ in range(4)]
+    segments = np.stack([np.searchsorted(c, np.arange(32), side="right") for c in cuts]).astype(np.int32)
+    positions = np.stack([np.arange(32) - np.concatenate([[0], c])[s] for c, s in zip(cuts, segments)])
+    mask = (rng.random((4, 32)) < 0.4) & (np.roll(segments, -1, 1) == segments)
+    batch = {"inputs": rng.integers(0, 512, (4, 32)).astype(np.int32),
+             "targets": rng.integers(0, 512, (4, 32)).astype(np.int32), "segment_ids": segments,
+             "positions": positions.astype(np.int32), "weights": (mask * (mask.size / mask.sum())).astype(np.float32)}
+    batch = jax.device_put(batch, prog.batch["inputs"].sharding)
+    return jax.device_get(jax.jit(jax.value_and_grad(prog.loss))(params, batch))
+
+
+def test_packed_rows_under_cp_and_tp_equal_one_device():
+    """A packed batch (its segments, positions and loss weights put in cp's balanced order with the
+    tokens) under cp=2 x tp=2 is the single-device loss and gradient. (RoPE is relative, so within a
+    row the positions' origin does not change the loss; the segments and weights do.)"""
+    (ref, ref_grads), (value, grads) = packed_loss_and_grads(), packed_loss_and_grads("parallel.cp=2", "parallel.tp=2")
+    assert value == pytest.approx(ref, rel=1e-5)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        assert np.abs(g - r).max() <= 1e-5 * np.abs(r).max()
