@@ -11,6 +11,7 @@ import pytest
 
 from boost_jax.analysis.program import build
 from boost_jax.config import DataConfig, load_config
+from boost_jax.data.__main__ import main as prepare_main
 from boost_jax.data.build import build_data
 from boost_jax.data.chat import load_chat_template
 from boost_jax.data.instruct import Recipe, chat_tokens, encode_rows
@@ -221,3 +222,20 @@ def test_packed_rows_under_cp_and_tp_equal_one_device():
     assert value == pytest.approx(ref, rel=1e-5)
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
         assert np.abs(g - r).max() <= 1e-5 * np.abs(r).max()
+
+
+def test_data_prepare_gives_the_batches_of_source_files(folder, tmp_path):
+    prepare_main(["prepare", str(folder / "chat.jsonl"), "--out", str(tmp_path / "prepared"), "--format", "chat",
+                  "--tokenizer", str(folder / "tokenizer.json"), "--chat-template", "chatml", "--seq-len", "64",
+                  "--val-fraction", "0.1"])
+    prepared = build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared"), format="chat"),
+                          vocab_size=512, seq_len=64, seed=0, completion_only=True)
+    files = chat_data(folder, tmp_path / "cache", val_fraction=0.1)
+    for k in (0, 7):
+        a, b = prepared.train.batch(k, 4), files.train.batch(k, 4)
+        assert all(np.array_equal(a[key], b[key]) for key in a)
+    with pytest.raises(DataError, match="holds instruction rows: set data.format"):
+        build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared")), vocab_size=512, seq_len=64, seed=0)
+    with pytest.raises(DataError, match="a row of .* tokens, longer than a window of train.seq_len . 1 = 33"):
+        build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared"), format="chat"),
+                   vocab_size=512, seq_len=32, seed=0, completion_only=True)
