@@ -214,6 +214,7 @@ def packed_loss_and_grads(*overrides):
     return jax.device_get(jax.jit(jax.value_and_grad(prog.loss))(params, batch))
 
 
+@pytest.mark.slow  # two compiles, ~17 s on 2 cores
 def test_packed_rows_under_cp_and_tp_equal_one_device():
     """A packed batch (its segments, positions and loss weights put in cp's balanced order with the
     tokens) under cp=2 x tp=2 is the single-device loss and gradient. (RoPE is relative, so within a
