@@ -7,6 +7,8 @@ import random
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from boost_jax.analysis.program import build
@@ -14,6 +16,7 @@ from boost_jax.config import DataConfig, load_config
 from boost_jax.data.__main__ import main as prepare_main
 from boost_jax.data.build import build_data
 from boost_jax.data.chat import load_chat_template
+from boost_jax.data.corpus import records
 from boost_jax.data.instruct import Recipe, chat_tokens, encode_rows
 from boost_jax.data.packing import Documents, PackedSplit, pack
 from boost_jax.data.tokenizer import load_tokenizer, train_tokenizer
@@ -240,3 +243,14 @@ def test_data_prepare_gives_the_batches_of_source_files(folder, tmp_path):
     with pytest.raises(DataError, match="a row of .* tokens, longer than a window of train.seq_len . 1 = 33"):
         build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared"), format="chat"),
                    vocab_size=512, seq_len=32, seed=0, completion_only=True)
+
+
+def test_parquet_rows_read_as_jsonl_rows(folder, tmp_path):
+    data = rows(5)
+    pq.write_table(pa.Table.from_pylist(data), tmp_path / "chat.parquet")
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    got = list(records([tmp_path / "chat.parquet"]))
+    assert [w for w, _ in got][:2] == [f"{tmp_path / 'chat.parquet'}#0", f"{tmp_path / 'chat.parquet'}#1"]
+    assert [r for _, r in got] == [r for _, r in records([tmp_path / "chat.jsonl"])] == data
+    with pytest.raises(DataError, match="instruction rows are read from .jsonl"):
+        list(records([folder / "tokenizer.json"]))
