@@ -18,10 +18,15 @@ from boost_jax.model.weights import abstract_model, param_shardings
 from boost_jax.parallel.context import balance
 from boost_jax.parallel.plan import Plan
 
+PACKED_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")  # instruction data (data/packing.py)
+
 
 def batch_keys(cfg: Config) -> tuple[str, ...]:
-    """The arrays of a batch, each int32 [B, S] laid out on the batch axes: the tokens, their next
-    tokens, and with `data.document_mask` each token's document (data/loader.py)."""
+    """The arrays of a batch, each [B, S] laid out on the batch axes: the tokens, their next tokens,
+    and with `data.document_mask` each token's document (data/loader.py); instruction data's packed
+    rows also carry each token's position in its document and the targets' loss weights (float32)."""
+    if cfg.data.format != "text":
+        return PACKED_KEYS
     return ("inputs", "targets", *(("segment_ids",) if cfg.data.document_mask else ()))
 
 

@@ -114,9 +114,9 @@ def abstract_optimizer_state(tx: optax.GradientTransformation, params: dict, pla
 
 def abstract_batch(cfg: Config, plan: Plan) -> dict:
     """A global batch's shapes and layout (jax.ShapeDtypeStructs), as the train and eval steps take it."""
-    rows = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
-                                sharding=plan.sharding(("batch", None)))
-    return dict.fromkeys(batch_keys(cfg), rows)
+    rows = lambda dtype: jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), dtype,
+                                              sharding=plan.sharding(("batch", None)))
+    return {k: rows(jnp.float32 if k == "weights" else jnp.int32) for k in batch_keys(cfg)}
 
 
 def build(cfg: Config, plan: Plan, moved: Placements | None = None) -> Setup:
