@@ -20,7 +20,7 @@ FLOORS = [
     {"data", "parallel", "launch", "training.optimizers", "training.health"},
     {"layers"},
     {"model", "model.transformer", "model.counts", "model.checkpoint", "model.compress", "model.hf"},
-    {"model.weights", "model.decode", "model.run_dir", "training.step", "training.muon_layout", "training.log",
+    {"model.weights", "model.decode", "model.run_dir", "model.harness", "training.step", "training.muon_layout", "training.log",
      "training.local_tier", "training.recovery"},
     {"analysis", "training.parts", "training.metrics", "training.run", "training.evaluate", "training.importer", "api",
      "train", "export", "generate", "eval", "lm_eval"},

@@ -1,5 +1,5 @@
 """A study's downstream tasks (`study.tasks`): lm-evaluation-harness tasks the user has locally, run
-through our adapter (boost_jax/lm_eval.py) on each seed of every cell's best rate. Every task is
+through our adapter (boost_jax/model/harness.py) on each seed of every cell's best rate. Every task is
 looked up and its data loaded before any training, so an unknown or unavailable one is refused by
 name; each run's scores go to <run_dir>/study_tasks.json, so a rerun scores only what is missing."""
 
@@ -50,7 +50,7 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
     if todo:
         from lm_eval import simple_evaluate  # optional: lm_eval
 
-        from boost_jax.lm_eval import BoostLM  # optional: lm_eval (the adapter imports it)
+        from boost_jax.model.harness import BoostLM  # optional: lm_eval (the harness subclasses its model)
 
         out = simple_evaluate(model=BoostLM(run_dir=cfg.run_dir), tasks=todo, task_manager=manager,
                               limit=s.tasks_limit or None, log_samples=False, bootstrap_iters=0)
