@@ -89,19 +89,25 @@ def run_harness(argv: list[str]) -> None:
     saved, sys.argv = sys.argv, argv
     try:
         cli_evaluate()
-    except ValueError as e:  # lm-eval (0.4.13) refuses its arguments only in ValueErrors of its own
+    except Exception as e:  # lm-eval (0.4.13) refuses its flags only in exceptions of its own
         if isinstance(e, BoostJaxError):
             raise
-        if str(e).startswith("Tasks not found"):
+        if isinstance(e, ValueError) and str(e).startswith("Tasks not found"):
             missing = str(e).split(":", 1)[-1].strip()
             raise ConfigError(f"--tasks: lm-eval has no task {missing} (`lm-eval ls tasks` lists them; "
                               "--include_path DIR adds a folder of local task YAML files)") from None
-        if any(f"lm_eval{sep}config{sep}" in frame.filename or f"lm_eval{sep}_cli{sep}" in frame.filename
-               for frame in traceback.extract_tb(e.__traceback__) for sep in "/\\"):
-            raise ConfigError(f"lm-eval refused its flags: {e}") from None
+        if reading_flags(e):
+            raise ConfigError(f"lm-eval refused its flags: {type(e).__name__}: {e}") from None
         raise
     finally:
         sys.argv = saved
+
+
+def reading_flags(error: BaseException) -> bool:
+    """Whether lm-eval raised `error` while it read its command line and --config file (the last of
+    its own frames in lm_eval/_cli/ or lm_eval/config/), not while it evaluated."""
+    own = [f.filename.replace("\\", "/") for f in traceback.extract_tb(error.__traceback__) if "lm_eval" in f.filename]
+    return bool(own) and ("lm_eval/_cli/" in own[-1] or "lm_eval/config/" in own[-1])
 
 
 def saved_results(output_path: str, since: float) -> list[Path]:

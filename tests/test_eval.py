@@ -226,6 +226,21 @@ def test_the_lm_eval_command_refuses_bad_input_by_name(run_dir, tmp_path):
             main(argv)
 
 
+def test_results_count_as_saved_only_where_lm_eval_writes_them_and_only_new_ones(tmp_path):
+    import time
+
+    from boost_jax.lm_eval import saved_results
+
+    started = time.time()
+    (tmp_path / "out" / "boost_jax").mkdir(parents=True)
+    assert saved_results(str(tmp_path / "out"), started) == []
+    (tmp_path / "out" / "boost_jax" / "results_2026-12-07T06-00-00.json").write_text("{}")
+    (tmp_path / "r_2026-12-07T06-00-00.json").write_text("{}")
+    assert len(saved_results(str(tmp_path / "out"), started)) == 1
+    assert len(saved_results(str(tmp_path / "r.json"), started)) == 1
+    assert saved_results(str(tmp_path / "out"), time.time() + 10) == []  # written before this run: not its results
+
+
 def test_the_harness_refuses_a_model_argument_it_does_not_have(run_dir):
     with pytest.raises(ConfigError, match="no model argument 'overides'"):
         BoostLM(run_dir, overides="parallel.tp=2")

@@ -1098,12 +1098,14 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
      "--num_fewshot must be a count"),
     ("lm_eval --output_path a file", cmd("lm_eval", "{run}", "--tasks", "x", "--output_path", "{a_file}"), 1,
      "--output_path: {a_file} cannot be a folder"),
+    ("lm_eval --config a YAML list", cmd("lm_eval", "{run}", "--config", "{not_mapping_yaml}"), 1,
+     "lm-eval refused its flags: TypeError: YAML root must be a mapping", 300),
     ("full disk: lm_eval --output_path", script(DISK_FULL, "{tmp}/out", "4k", *cmd(
         "lm_eval", "{run}", "--tasks", "boost_probe", "--include_path", "{probe_tasks}", "--output_path", "{tmp}/out")),
      1, "--output_path {tmp}/out: lm-eval could not save the results there", 400),
 ]
 # Rows that run lm-eval itself: skipped where it is not installed (the eval extra).
-NEEDS_LM_EVAL = {"lm_eval --tasks no_such_task", "full disk: lm_eval --output_path"}
+NEEDS_LM_EVAL = {"lm_eval --tasks no_such_task", "lm_eval --config a YAML list", "full disk: lm_eval --output_path"}
 
 # The default tier's few: a few seconds each (5 s together, warm), no fixture.
 FAST = {"train model.d_modle=5", "bench unknown command", "bench without a command", "plan without --gpus",
