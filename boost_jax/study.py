@@ -7,7 +7,11 @@ cell of a preset and budget trains on the same tokens, batch, data order and sch
 ordinary run dir under study.dir, evaluated on study.eval_tokens held-out tokens (refused before any
 training when the validation split holds fewer) and, with study.tasks, on those lm-eval tasks (each
 found and loaded before any training, else refused by name). A rerun (after kill -9 too) skips finished runs and
-resumes unfinished ones from their checkpoints; a study.dir of another spec is refused. The report:
+resumes unfinished ones from their checkpoints; a study.dir of another spec, or one that cannot be written
+or whose study.json cannot be read, is refused before any work, and a finished run whose study_result.json
+cannot be read back is said in one line and computed again from its checkpoints. SIGTERM or SIGINT stops
+the study (the run in progress saves its step; between runs, none is started) with a message and exit
+status 1, its report not made: rerun the same command to resume it. The report:
 every grid point, each cell's seeds, mean and spread, loss against training FLOPs fitted per (arch,
 optimizer), and the compute multipliers of each low-rank arch against dense and of each optimizer
 against adamw, with bootstrap intervals over seeds. --json prints it as one object.
