@@ -111,11 +111,20 @@ def reading_flags(error: BaseException) -> bool:
 
 
 def saved_results(output_path: str, since: float) -> list[Path]:
-    """The results files lm-eval wrote under --output_path since `since` (a .json path: its dated
-    siblings; else the folder's model folders)."""
+    """The results files lm-eval wrote whole under --output_path since `since` (a .json path: its
+    dated siblings; else the folder's model folders). A write that found the disk full leaves a
+    partial file: it is no saved result."""
     out = Path(output_path)
     found = out.parent.glob(f"{out.stem}_*.json") if out.suffix == ".json" else out.glob("*/results_*.json")
-    return [f for f in found if f.stat().st_mtime >= since]
+    return [f for f in found if f.stat().st_mtime >= since and whole_json(f)]
+
+
+def whole_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return True
 
 
 SECTIONS = {f.name for f in dataclasses.fields(Config)}  # what starts a `section.key=value` override

@@ -239,6 +239,8 @@ def test_results_count_as_saved_only_where_lm_eval_writes_them_and_only_new_ones
     assert len(saved_results(str(tmp_path / "out"), started)) == 1
     assert len(saved_results(str(tmp_path / "r.json"), started)) == 1
     assert saved_results(str(tmp_path / "out"), time.time() + 10) == []  # written before this run: not its results
+    (tmp_path / "out" / "boost_jax" / "results_2026-12-07T06-00-00.json").write_text('{"results": {"x"')
+    assert saved_results(str(tmp_path / "out"), started) == []  # cut short by a full disk
 
 
 def test_the_harness_refuses_a_model_argument_it_does_not_have(run_dir):
