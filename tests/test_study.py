@@ -252,6 +252,31 @@ def test_a_saved_report_the_page_cannot_draw_is_named_by_its_key():
     assert saved_problem({**saved, "fits": [{**saved["fits"][0], "E": "x"}]}) == "fits[0].E: 'x'"
 
 
+def test_a_signal_to_a_study_or_to_its_run_counts_for_both():
+    """A signal the study's watch received before a run's own began stops that run; one the run's watch
+    received after its last step asked stops the study before the next run."""
+    import os
+    import signal
+
+    from boost_jax.training.parts import Preemption
+
+    before = signal.getsignal(signal.SIGTERM)
+    study_watch = Preemption()
+    os.kill(os.getpid(), signal.SIGTERM)  # between runs, or during a run's start
+    run_watch = Preemption()
+    assert (study_watch.received, run_watch.received) == ("SIGTERM", "SIGTERM")
+    run_watch.close()
+    study_watch.close()
+    study_watch = Preemption()
+    run_watch = Preemption()
+    os.kill(os.getpid(), signal.SIGTERM)  # after the run's last step asked
+    assert (study_watch.received, run_watch.received) == (None, "SIGTERM")
+    run_watch.close()
+    assert study_watch.received == "SIGTERM" and signal.getsignal(signal.SIGTERM) == study_watch._handle
+    study_watch.close()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 @pytest.mark.slow  # two runs of the micro study
 def test_a_signal_between_two_runs_stops_the_study_by_name_and_the_rerun_matches(micro, tmp_path, monkeypatch):
     import os
