@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from boost_jax.comparison import fit
-from boost_jax.comparison.grid import Search
+from boost_jax.comparison.grid import Search, finite_number
 from boost_jax.comparison.spec import Cell, Spec
 
 
@@ -95,7 +95,7 @@ def report(spec: Spec, rows: list[dict], command: str) -> dict:
             "eval_tokens": s.eval_tokens, "interval": s.interval, "early_below": s.early_below, "command": command}
 
 
-_number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+_number = finite_number
 _count = lambda x: isinstance(x, int) and not isinstance(x, bool)
 _maybe = lambda ok: lambda x: x is None or ok(x)
 _numbers = lambda ok: lambda x: isinstance(x, list) and all(map(ok, x))

@@ -5,13 +5,13 @@ evaluator; the figures go to <run_dir>/study_result.json, whose presence is what
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
 
+from boost_jax.comparison.grid import finite_number
 from boost_jax.config import Config, ConfigError
 from boost_jax.runtime.cache import atomic_write
 from boost_jax.runtime.errors import DivergenceError
@@ -60,13 +60,12 @@ def read_result(path: Path) -> tuple[dict | None, str]:
         return None, f"{type(e).__name__}: {e}"
     if not isinstance(out, dict):
         return None, "not a JSON object"
-    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
     if out.get("loss") is None:  # a diverged run
         return (out, "") if out.get("bits_per_byte") is None and isinstance(out.get("diverged"), str) else \
             (None, "loss null without a divergence")
-    for key, ok in (("loss", number), ("bits_per_byte", number), ("step", lambda x: isinstance(x, int)),
+    for key, ok in (("loss", finite_number), ("bits_per_byte", finite_number), ("step", lambda x: isinstance(x, int)),
                     ("tokens", lambda x: isinstance(x, int)),
-                    ("spectra", lambda x: x is None or isinstance(x, dict) and all(map(number, x.values())))):
+                    ("spectra", lambda x: x is None or isinstance(x, dict) and all(map(finite_number, x.values())))):
         if not ok(out.get(key)):
             return None, f"{key}: {out.get(key)!r}"
     return out, ""

@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from boost_jax.comparison.grid import finite_number
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.study import StudyConfig
 from boost_jax.runtime.cache import atomic_write
@@ -45,7 +46,7 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
     """task -> metric -> value of one finished run: read back where scored before, the rest scored now
     (study.tasks_limit documents per task; 0 all of them)."""
     path = Path(cfg.run_dir) / SCORES
-    done = json.loads(path.read_text()) if path.is_file() else {}
+    done = read_scores(path, log) if path.is_file() else {}
     todo = [t for t in s.tasks if t not in done]
     if todo:
         from lm_eval import simple_evaluate  # optional: lm_eval
@@ -60,6 +61,21 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
         atomic_write(path, lambda f: f.write(json.dumps(done).encode()))
         log(f"  {cfg.run_dir}: " + ", ".join(f"{t} {m} {v:.4f}" for t in todo for m, v in done[t].items()))
     return {t: done[t] for t in s.tasks}
+
+
+def read_scores(path: Path, log) -> dict[str, dict[str, float]]:
+    """A run's saved scores (task -> metric -> value); a file that cannot be read back is said in one
+    line and its tasks scored again."""
+    try:
+        done = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        done, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "not task -> metric -> value"
+    if isinstance(done, dict) and all(isinstance(m, dict) and all(map(finite_number, m.values())) for m in done.values()):
+        return done
+    log(f"  {path} is damaged ({why}): scoring its tasks again")
+    return {}
 
 
 def per_cell(runs: list[dict[str, dict[str, float]] | None]) -> dict[str, dict[str, list[float | None]]]:
