@@ -1,5 +1,5 @@
 """python -m boost_jax.compile [CONFIG.yaml] [section.key=value ...] --hardware NAME [--nodes N | --gpus N]
-[--json] [--save DIR]
+[--json] [--save DIR [--force]]
 
 Compiles every program a run executes (the train step exactly as `train` builds it, the eval step,
 and on a layout that decodes the prefill and the decode loop) with XLA's GPU compiler for N nodes of
@@ -9,7 +9,8 @@ memory beside the memory model's prediction, the collectives per step (kind, cou
 decoder layers' collective bytes beside the scheme's formulas, the library calls and generated kernels
 (cuDNN attention, cuBLAS, Triton), and the compile time. A program that does not fit the GPU's memory
 is named and the command exits 1. --save DIR writes each program's optimised HLO, its serialised
-executable where JAX can serialise it, and a manifest, which scripts/gpu_check.sh reads on a real GPU.
+executable where JAX can serialise it, and a manifest, which scripts/gpu_check.sh reads on a real GPU
+(DIR is checked before compiling: a folder it can write, empty unless --force).
 What a deviceless compile cannot do: autotune GEMMs (XLA's default tiles), size cuDNN's workspace, or
 time anything.
 """
@@ -28,6 +29,7 @@ from boost_jax.config.archs import AUTO_CACHE, CACHE_KINDS
 from boost_jax.config.hardware import one_machine
 from boost_jax.runtime.cli import config_parser, refuse_retired_flags, run_main
 from boost_jax.runtime.errors import ConfigError
+from boost_jax.runtime.paths import check_out_dir
 from boost_jax.runtime.units import GIB, MIB
 
 
@@ -44,13 +46,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
                    help="the KV cache of the decoding programs (auto: as generate, the fewest bytes per device)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--save", type=Path, default=None, help="write the serialised executables here")
+    p.add_argument("--save", type=Path, default=None, help="write the serialised executables here (an empty folder)")
+    p.add_argument("--force", action="store_true", help="--save into a non-empty folder, replacing its files")
     refuse_retired_flags(argv)
     a = p.parse_intermixed_args(argv)
     if a.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, got {a.nodes}")
-    if a.save is not None and a.save.exists() and not a.save.is_dir():
-        raise ConfigError(f"--save {a.save}: exists and is not a folder")
+    if a.save is not None:
+        check_out_dir(a.save, "--save", a.force)  # before the compiles, which take minutes
+    elif a.force:
+        raise ConfigError("--force applies to --save DIR, which is not given")
     return a
 
 

@@ -7,7 +7,11 @@ cell of a preset and budget trains on the same tokens, batch, data order and sch
 ordinary run dir under study.dir, evaluated on study.eval_tokens held-out tokens (refused before any
 training when the validation split holds fewer) and, with study.tasks, on those lm-eval tasks (each
 found and loaded before any training, else refused by name). A rerun (after kill -9 too) skips finished runs and
-resumes unfinished ones from their checkpoints; a study.dir of another spec is refused. The report:
+resumes unfinished ones from their checkpoints; a study.dir of another spec, or one that cannot be written
+or whose study.json cannot be read, is refused before any work, and a finished run whose study_result.json
+cannot be read back is said in one line and computed again from its checkpoints. SIGTERM or SIGINT stops
+the study (the run in progress saves its step; between runs, none is started) with a message and exit
+status 1, its report not made: rerun the same command to resume it. The report:
 every grid point, each cell's seeds, mean and spread, loss against training FLOPs fitted per (arch,
 optimizer), and the compute multipliers of each low-rank arch against dense and of each optimizer
 against adamw, with bootstrap intervals over seeds. --json prints it as one object.
@@ -21,6 +25,7 @@ import sys
 from boost_jax.comparison import grid, report, runs, spec as specs, tasks
 from boost_jax.launch.prepare import prepare_jax
 from boost_jax.runtime.cli import config_parser, refuse_retired_flags, run_main
+from boost_jax.training.preemption import Preemption
 
 PROG = "python -m boost_jax.study"
 
@@ -41,6 +46,7 @@ def _main(argv: list[str]) -> None:
 def study(args: list[str], log=print) -> dict:
     """Run (or resume) the study of a command line's config and return its report."""
     spec = specs.load(args)
+    specs.check(spec)  # study.dir, before any work
     s = spec.study
     prepare_jax(spec.run_config(spec.cells[0], s.lrs[0], 0))
     for preset in s.presets:  # each preset's vocabulary is its own tokenizer and dataset
@@ -48,17 +54,22 @@ def study(args: list[str], log=print) -> dict:
         runs.check_eval_split(spec.run_config(cell, s.lrs[0], 0), s.eval_tokens)
     manager = tasks.task_manager(s)  # every downstream task found and loaded, before anything is written
     specs.claim(spec)
-    rows = [cell_row(spec, cell, manager, log) for cell in spec.cells]
+    # SIGTERM or SIGINT between two runs stops the study before the next one (within a run, the loop saves its step)
+    signals = Preemption()
+    try:
+        rows = [cell_row(spec, cell, manager, log, lambda: signals.received) for cell in spec.cells]
+    finally:
+        signals.close()
     return report.report(spec, rows, " ".join([PROG, *args]))
 
 
-def cell_row(spec: specs.Spec, cell: specs.Cell, manager, log) -> dict:
+def cell_row(spec: specs.Spec, cell: specs.Cell, manager, log, stopped=lambda: None) -> dict:
     """One cell: its learning-rate search on seed 0, then the best rate with every seed (and each seed
-    scored on study.tasks)."""
+    scored on study.tasks); `stopped` as runs.result takes it."""
     s = spec.study
     log(f"{cell.name}: {cell.steps} steps, {cell.tokens:,} tokens ({cell.tokens_per_param:.1f} per non-embedding "
         "parameter)")
-    run = lambda lr, seed: runs.result(spec.run_config(cell, lr, seed), s.eval_tokens, log)
+    run = lambda lr, seed: runs.result(spec.run_config(cell, lr, seed), s.eval_tokens, log, stopped)
     found = grid.search(s.lrs, lambda lr: run(lr, 0)["loss"], s.max_extensions)
     seeds = [run(found.best, seed) for seed in range(s.seeds)]  # seed 0 is the grid's run, read back
     scored = [None if r["loss"] is None else tasks.scores(spec.run_config(cell, found.best, seed), s, manager, log)

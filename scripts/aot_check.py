@@ -28,7 +28,12 @@ def zeros(info, sharding):
 
 
 def main(folder: Path, overrides: list[str]) -> dict:
-    manifest = json.loads((folder / "manifest.json").read_text())
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert isinstance(manifest["devices"], int) and isinstance(manifest["programs"], list)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        sys.exit(f"{folder / 'manifest.json'}: not the manifest `python -m boost_jax.compile --save` writes "
+                 f"({type(e).__name__}: {e})")
     cfg = load_config(None, overrides)
     plan = make_plan(cfg, jax.devices()[:manifest["devices"]])
     out = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "programs": []}

@@ -17,7 +17,7 @@ import pytest
 from boost_jax import api, eval as boost_eval
 from boost_jax.data.synthetic import write_synthetic
 from boost_jax.launch.startup import PHASES
-from boost_jax.lm_eval import BoostLM
+from boost_jax.model.harness import BoostLM
 from boost_jax.runtime.errors import ConfigError, DataError
 from boost_jax.training.evaluate import evaluate
 
@@ -214,9 +214,33 @@ def test_the_lm_eval_command_refuses_bad_input_by_name(run_dir, tmp_path):
                          ([str(run_dir), "--tasks", "x", "--limit", "nan"], "--limit must be a count"),
                          ([str(run_dir), "--tasks", "x", "--batch_size", "0"], "--batch_size must be a whole number"),
                          ([str(run_dir), "--tasks", "x", "-b", "many"], "--batch_size must be a whole number"),
-                         ([str(run_dir), "--tasks", "x", "parallel.pp=2"], "decoding runs without pipeline stages")]:
+                         ([str(run_dir), "--tasks", "x", "parallel.pp=2"], "decoding runs without pipeline stages"),
+                         ([str(run_dir), "--tasks", ""], "--tasks '': names no task"),
+                         ([str(run_dir), "--tasks", "x", "--num_fewshot", "-1"], "--num_fewshot must be a count"),
+                         ([str(run_dir), "--config", str(tmp_path / "no.yaml")], "no.yaml: no such file"),
+                         ([str(run_dir), "--tasks", "x", "--output_path", str(run_dir / "config.yaml")],
+                          "config.yaml is a file"),
+                         ([str(run_dir), "--tasks", "x", "-o", str(run_dir / "config.yaml" / "r.json")],
+                          "config.yaml is a file")]:
         with pytest.raises(SystemExit, match=needle):
             main(argv)
+
+
+def test_results_count_as_saved_only_where_lm_eval_writes_them_and_only_new_ones(tmp_path):
+    import time
+
+    from boost_jax.lm_eval import saved_results
+
+    started = time.time()
+    (tmp_path / "out" / "boost_jax").mkdir(parents=True)
+    assert saved_results(str(tmp_path / "out"), started) == []
+    (tmp_path / "out" / "boost_jax" / "results_2026-12-07T06-00-00.json").write_text("{}")
+    (tmp_path / "r_2026-12-07T06-00-00.json").write_text("{}")
+    assert len(saved_results(str(tmp_path / "out"), started)) == 1
+    assert len(saved_results(str(tmp_path / "r.json"), started)) == 1
+    assert saved_results(str(tmp_path / "out"), time.time() + 10) == []  # written before this run: not its results
+    (tmp_path / "out" / "boost_jax" / "results_2026-12-07T06-00-00.json").write_text('{"results": {"x"')
+    assert saved_results(str(tmp_path / "out"), started) == []  # cut short by a full disk
 
 
 def test_the_harness_refuses_a_model_argument_it_does_not_have(run_dir):

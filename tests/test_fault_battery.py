@@ -15,6 +15,7 @@ marked `battery`, which the default run leaves out: `python -m pytest tests/test
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +33,12 @@ TINY = ["model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "da
 TINY_TRAIN = ["-m", "boost_jax.train", *TINY]
 TRAIN = [*TINY_TRAIN, "train.steps=2"]
 PLAN = ["-m", "boost_jax.plan", "model.preset=llama-tiny", "model.arch=cola", "train.batch_size=8", "train.seq_len=64"]
+# A study of two 4-step runs (llama-tiny cola under adamw at two rates, one seed); study.dir= is the case's.
+STUDY = ["-m", "boost_jax.study", "train.batch_size=4", "train.seq_len=32", "data.max_bytes=300000", "log.progress=false",
+         "log.tensorboard=false", "log.health=false", "train.eval_batches=2", "checkpoint.every=2",
+         "study.presets=[llama-tiny]", "study.archs=[cola]", "study.optimizers=[adamw]", "study.tokens=[512]",
+         "study.tokens_unit=absolute", "study.lrs=[1e-3,3e-3]", "study.max_extensions=0", "study.seeds=1",
+         "study.eval_tokens=1024", "study.early_below=0", "study.bootstrap=50"]
 
 
 def chat_data(path: str) -> list[str]:
@@ -161,6 +168,26 @@ def _docs30(w: World) -> Path:
 
 CHAT = "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
                                         {"role": "assistant", "content": str(i + 1)}]}) + "\n" for i in range(3))
+def _saved_study(w: World, name: str, change) -> Path:
+    """docs/results.json's saved study, changed."""
+    saved = ROOT / "docs/results.json"
+    if not saved.is_file() or "study" not in (data := json.loads(saved.read_text())):
+        pytest.skip("no saved study in docs/results.json")
+    change(data["study"])
+    return _file(name, json.dumps(data["study"]))(w)
+
+
+def _probe_tasks(w: World) -> Path:
+    """A folder with one local lm-eval task (boost_probe, two multiple-choice documents; no network)."""
+    docs = [{"question": "def main(", "choices": [" return 1", " pass"], "answer": 1},
+            {"question": "import", "choices": [" os", " sys"], "answer": 0}]
+    data = _file("probe_docs.json", json.dumps(docs))(w)
+    return _file("probe_tasks/boost_probe.yaml", (
+        f"task: boost_probe\ndataset_path: json\ndataset_kwargs: {{data_files: {{test: {data}}}}}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{answer}}'\nmetric_list: [{metric: acc}]\n"))(w).parent
+
+
 LINES = "".join(json.dumps({"text": f"def f_{i}(x):\n    return x + {i}\n" * 20}) + "\n" for i in range(60))
 FIXTURES = {  # name -> maker(world) -> path, made on first use
     "run": lambda w: _made(w, "run", *TINY_TRAIN, "model.arch=dense", "train.steps=4", "checkpoint.every=4",
@@ -219,6 +246,11 @@ FIXTURES = {  # name -> maker(world) -> path, made on first use
         {"role": "user", "content": "def f(x): return x " * 60}, {"role": "assistant", "content": "ok"}]}) + "\n"),
     "pc_no_completion_jsonl": _file("pc_no_completion.jsonl", '{"prompt": "1 + 1 ="}\n'),
     "broken_jinja": _file("broken.jinja", "{% for m in messages %}{{ m.content }}"),
+    "study": lambda w: _made(w, "study", *STUDY, f"study.dir={w.root / 'study'}"),
+    "study_empty_cells_json": lambda w: _saved_study(w, "study_empty_cells.json", lambda r: r.update(cells=[])),
+    "study_string_mean_json": lambda w: _saved_study(w, "study_string_mean.json",
+                                                     lambda r: r["cells"][0].update(mean="abc")),
+    "probe_tasks": _probe_tasks,
 }
 
 
@@ -264,6 +296,7 @@ def _int32(name: str):
     return _tensors(lambda t: t.update({name: t[name].astype("int32")}))
 
 
+RESULT = "llama-tiny/cola-adamw/budget512/lr0.001-seed0/study_result.json"  # the study fixture's first run's
 COPIES = {  # name -> (the fixture copied for one case, how the copy is changed)
     "run_copy": ("run", None),
     "run_damaged": ("run", _damage_checkpoints),
@@ -289,6 +322,11 @@ COPIES = {  # name -> (the fixture copied for one case, how the copy is changed)
     "hf_no_tokenizer": ("hf", lambda d: (d / "tokenizer.json").unlink()),
     "hf_tokenizer_binary": ("hf", _write("tokenizer.json", bytes(range(256)))),
     "hf_int_norm": ("hf", _int32("model.norm.weight")),
+    "study_json_truncated": ("study", lambda d: _write("study.json", (d / "study.json").read_bytes()[:100])(d)),
+    "study_json_garbage": ("study", _write("study.json", os.urandom(300))),
+    "study_json_empty": ("study", _write("study.json", "")),
+    "study_result_truncated": ("study", lambda d: _write(RESULT, (d / RESULT).read_bytes()[:30])(d)),
+    "study_result_string_loss": ("study", _write(RESULT, '{"loss": "abc"}')),
 }
 EMPTY_FOLDERS = {  # name -> a run dir holding a folder where a file belongs
     "run_metrics_folder": "metrics.jsonl", "run_lock_folder": ".boost_jax.lock"}
@@ -416,6 +454,40 @@ while run.poll() is None:
         run.kill()
         sys.exit(1)
 print(reads, "reads")
+"""
+
+
+# A command whose folder is a read-only mount (unmounted after): its stderr and exit status.
+READ_ONLY = """
+import pathlib, subprocess, sys
+where, argv = pathlib.Path(sys.argv[1]), sys.argv[2:]
+where.mkdir(parents=True, exist_ok=True)
+mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)], capture_output=True, text=True)
+if mount.returncode:
+    sys.exit(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+try:
+    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+finally:
+    subprocess.run(["umount", "-l", str(where)])
+sys.stderr.write(p.stderr)
+sys.exit(p.returncode)
+"""
+
+# A study sent SIGTERM as its first run's result appears (between runs, or early in the next), then rerun: the
+# first's stderr and exit status, or 9 if the rerun failed or computed a finished run again.
+STUDY_SIGTERM = """
+import pathlib, signal, subprocess, sys, time
+where, argv = pathlib.Path(sys.argv[1]), [sys.executable, *sys.argv[2:], f"study.dir={sys.argv[1]}"]
+first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+while not list(where.glob("**/study_result.json")) and first.poll() is None:
+    time.sleep(0.05)
+first.send_signal(signal.SIGTERM)
+err = first.communicate()[1]
+finished = {p: p.stat().st_mtime_ns for p in where.glob("**/study_result.json")}
+again = subprocess.run(argv, capture_output=True, text=True)
+kept = again.returncode == 0 and all(p.stat().st_mtime_ns == t for p, t in finished.items())
+sys.stderr.write(err + ("" if kept else "the rerun failed or computed a finished run again: " + again.stderr))
+sys.exit(first.returncode if kept else 9)
 """
 
 
@@ -1037,12 +1109,57 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
     ("data prepare --format chat without --seq-len", cmd("data", "prepare", "{chat_robot_jsonl}", "--out", "{tmp}/out",
                                                         "--format", "chat", "--tokenizer", "{data}/tokenizer.json"), 1,
      "--seq-len (train.seq_len) is needed"),
+    # --- what the new commands read back, and checked too late (issue 70)
+    ("study study.dir a file", [*STUDY, "study.dir={a_file}"], 1, "study.dir: {a_file} cannot be a folder"),
+    ("study study.dir under a file", [*STUDY, "study.dir={a_file}/s"], 1, "{a_file} is a file"),
+    ("study study.dir read-only", script(READ_ONLY, "{tmp}/ro", *STUDY, "study.dir={tmp}/ro/s"), 1,
+     "study.dir: cannot write in {tmp}/ro (Read-only file system)"),
+    ("study study.json truncated", [*STUDY, "study.dir={study_json_truncated}"], 1,
+     "{study_json_truncated}/study.json is damaged (JSONDecodeError"),
+    ("study study.json garbage bytes", [*STUDY, "study.dir={study_json_garbage}"], 1,
+     "{study_json_garbage}/study.json is damaged"),
+    ("study study.json empty", [*STUDY, "study.dir={study_json_empty}"], 1, "{study_json_empty}/study.json is damaged"),
+    ("study study_result.json truncated", [*STUDY, "study.dir={study_result_truncated}"], 0,
+     f"{{study_result_truncated}}/{RESULT} is damaged (JSONDecodeError"),
+    ('study study_result.json {"loss": "abc"}', [*STUDY, "study.dir={study_result_string_loss}"], 0,
+     f"{{study_result_string_loss}}/{RESULT} is damaged (loss: 'abc'): computing the run's result again"),
+    ("study SIGTERM after its first run", script(STUDY_SIGTERM, "{tmp}/s", *STUDY), 1,
+     "rerun the same command to resume the study", 400),
+    ("study study.lrs=[]", [*STUDY, "study.lrs=[]", "study.dir={tmp}/s"], 1, "study.lrs: empty grid"),
+    ("train checkpoint.local_dir with {{proc}}", [*TRAIN, "checkpoint.local_dir={tmp}/{{proc}}",
+                                                  "checkpoint.local_every=1", "run_dir={tmp}/run"], 1,
+     "{{proc}} is not a placeholder; the one it takes is {{process}}"),
+    ("bench report --study-json of no cells", cmd("bench", "report", "--study-json", "{study_empty_cells_json}",
+                                                  "--out", "{tmp}/page"), 1, "cells: [] (a study has at least one cell)"),
+    ("bench report --study-json a string mean", cmd("bench", "report", "--study-json", "{study_string_mean_json}",
+                                                    "--out", "{tmp}/page"), 1, "cells[0].mean: 'abc'"),
+    ("compile --save a non-empty folder", cmd("compile", "--hardware", "h100-80gb", "--save", "{texts}"), 1,
+     "--save {texts}: the folder is not empty; pass --force"),
+    ("compile --save a file", cmd("compile", "--hardware", "h100-80gb", "--save", "{a_file}"), 1,
+     "--save: {a_file} cannot be a folder"),
+    ("compile --save read-only", script(READ_ONLY, "{tmp}/ro", *cmd("compile", "--hardware", "h100-80gb", "--save",
+                                                                     "{tmp}/ro/exe")), 1, "Read-only file system"),
+    ("lm_eval --config missing", cmd("lm_eval", "{run}", "--config", "{tmp}/none.yaml"), 1,
+     "--config {tmp}/none.yaml: no such file"),
+    ('lm_eval --tasks ""', cmd("lm_eval", "{run}", "--tasks", ""), 1, "--tasks '': names no task"),
+    ("lm_eval --num_fewshot -1", cmd("lm_eval", "{run}", "--tasks", "x", "--num_fewshot", "-1"), 1,
+     "--num_fewshot must be a count"),
+    ("lm_eval --output_path a file", cmd("lm_eval", "{run}", "--tasks", "x", "--output_path", "{a_file}"), 1,
+     "--output_path: {a_file} cannot be a folder"),
+    ("lm_eval --config a YAML list", cmd("lm_eval", "{run}", "--config", "{not_mapping_yaml}"), 1,
+     "lm-eval refused its flags: TypeError: YAML root must be a mapping", 300),
+    ("full disk: lm_eval --output_path", script(DISK_FULL, "{tmp}/out", "4k", *cmd(
+        "lm_eval", "{run}", "--tasks", "boost_probe", "--include_path", "{probe_tasks}", "--output_path", "{tmp}/out")),
+     1, "--output_path {tmp}/out: lm-eval could not save the results there", 400),
 ]
+# Rows that run lm-eval itself: skipped where it is not installed (the eval extra).
+NEEDS_LM_EVAL = {"lm_eval --tasks no_such_task", "lm_eval --config a YAML list", "full disk: lm_eval --output_path"}
 
 # The default tier's few: a few seconds each (5 s together, warm), no fixture.
 FAST = {"train model.d_modle=5", "bench unknown command", "bench without a command", "plan without --gpus",
         "api.config unknown preset", "train train.loss_on=completion on text"}
 assert FAST <= {row[0] for row in CASES} and len({row[0] for row in CASES}) == len(CASES)
+assert NEEDS_LM_EVAL <= {row[0] for row in CASES}
 
 
 @pytest.fixture(scope="module")
@@ -1056,6 +1173,8 @@ def world(tmp_path_factory) -> World:
 @pytest.mark.parametrize("case", [pytest.param(Case(*row), id=row[0], marks=() if row[0] in FAST else (pytest.mark.slow, pytest.mark.battery))
                                   for row in CASES])
 def test_a_bad_input_or_fault_ends_cleanly(case: Case, world: World, tmp_path):
+    if case.name in NEEDS_LM_EVAL and importlib.util.find_spec("lm_eval") is None:
+        pytest.skip("lm-eval is not installed (pip install -e '.[eval]')")
     paths = Paths(world, tmp_path)
     argv = [a.format_map(paths) for a in case.argv]
     env = {**world.env, **{k: v.format_map(paths) for k, v in (case.env or {}).items()}}

@@ -21,7 +21,7 @@ FLOORS = [
     {"layers"},
     {"model", "model.transformer", "model.counts", "model.train_state", "model.checkpoint", "model.compress",
      "model.hf"},
-    {"model.weights", "model.decode", "model.run_dir", "training.loss", "training.step", "training.muon_layout",
+    {"model.weights", "model.decode", "model.run_dir", "model.harness", "training.loss", "training.step", "training.muon_layout",
      "training.log", "training.local_tier", "training.recovery"},
     {"analysis", "training.run_dir", "training.checkpointing", "training.preemption", "training.meeting",
      "training.meter", "training.guard", "training.profiler", "training.metrics", "training.run", "training.evaluate", "training.importer", "api",

@@ -28,6 +28,8 @@ def tiers(tmp_path, tiny_overrides, *extra):
     (["checkpoint.local_dir=/tmp/x", "checkpoint.local_every=2", "checkpoint.every=0"],
      "checkpoint.local_dir: is the frequent tier beside the persistent checkpoints"),
     (["checkpoint.local_every=-1"], "checkpoint.local_every: must be >= 0"),
+    (["checkpoint.local_dir=/tmp/{proc}", "checkpoint.local_every=2"],
+     r"checkpoint.local_dir: '/tmp/\{proc\}': \{proc\} is not a placeholder; the one it takes is \{process\}"),
 ])
 def test_the_local_tier_keys_are_checked(overrides, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -186,6 +186,7 @@ def test_fit_takes_the_simplest_form_the_points_support():
     ("study.tokens=[0]", "study.tokens: budget 0.0 is not positive"),
     ("study.seeds=0", "study.seeds: must be >= 1"),
     ("study.lrs=[1e-3]", "study.lrs: [0.001] is one value"),
+    ("study.lrs=[]", "study.lrs: empty grid; give at least two learning rates"),
     ("study.eval_tokens=100000000", "study.eval_tokens=100,000,000: the validation split of"),
     ("train.lr=1e-3", "train.lr: the study sets it for each run"),
 ])
@@ -202,6 +203,110 @@ def test_a_study_dir_of_another_spec_is_refused_by_name(micro, tmp_path):
     with pytest.raises(SystemExit, match="holds the runs of another spec .*study.seeds"):
         main(micro)
     assert sorted(p.name for p in (tmp_path / "study").iterdir()) == ["study.json"]
+
+
+def test_a_study_dir_that_cannot_be_written_or_holds_a_damaged_record_is_refused_before_any_work(micro, tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    for where, needle in [("a_file", "study.dir: {d} cannot be a folder: {d} is a file"),
+                          ("a_file/s", "study.dir: {d} cannot be a folder: {f} is a file")]:
+        d = tmp_path / where
+        with pytest.raises(SystemExit) as e:
+            main([*micro, f"study.dir={d}"])
+        assert needle.format(d=d, f=tmp_path / "a_file") in str(e.value)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for content, why in [(b'{"study": {"seeds"', "JSONDecodeError"), (bytes(range(128, 256)), "UnicodeDecodeError"),
+                         (b"", "JSONDecodeError"), (b"[1, 2]", "not a study's record")]:
+        (damaged / "study.json").write_bytes(content)
+        with pytest.raises(SystemExit) as e:
+            main([*micro, f"study.dir={damaged}"])
+        assert f"study.dir: {damaged / 'study.json'} is damaged ({why}" in str(e.value)
+        assert (damaged / "study.json").read_bytes() == content and len(list(damaged.iterdir())) == 1  # nothing changed
+
+
+def test_a_finished_runs_result_is_read_back_only_when_whole(tmp_path):
+    from boost_jax.comparison.runs import read_result
+
+    good = {"step": 4, "loss": 6.0, "bits_per_byte": 6.3, "tokens": 1024, "spectra": {}}
+    diverged = {"loss": None, "bits_per_byte": None, "diverged": "training diverged at step 3"}
+    for saved, why in [(good, ""), (diverged, ""), ({**good, "loss": "abc"}, "loss: 'abc'"),
+                       ({**good, "loss": float("nan")}, "loss: nan"), ({**good, "spectra": {"a": "x"}}, "spectra"),
+                       ({"loss": None}, "loss null without a divergence"), ([1], "not a JSON object")]:
+        path = tmp_path / "study_result.json"
+        path.write_text(json.dumps(saved))
+        out, problem = read_result(path)
+        assert (out, problem.split(":")[0]) == ((saved, "") if not why else (None, why.split(":")[0])), saved
+    path.write_text('{"step": 4, "loss": 6.0, "bits')
+    assert read_result(path)[0] is None and read_result(path)[1].startswith("JSONDecodeError")
+
+
+def test_a_saved_report_the_page_cannot_draw_is_named_by_its_key():
+    from boost_jax.comparison.report import saved_problem
+
+    saved = json.loads((DOCS / "results.json").read_text())["study"]
+    assert saved_problem(saved) is None
+    assert saved_problem({**saved, "cells": []}) == "cells: [] (a study has at least one cell)"
+    cells = [{**saved["cells"][0], "mean": "abc"}, *saved["cells"][1:]]
+    assert saved_problem({**saved, "cells": cells}) == "cells[0].mean: 'abc'"
+    assert saved_problem({**saved, "interval": 1.5}) == "interval: 1.5"
+    assert saved_problem({**saved, "fits": [{**saved["fits"][0], "E": "x"}]}) == "fits[0].E: 'x'"
+
+
+def test_a_signal_to_a_study_or_to_its_run_counts_for_both():
+    """A signal the study's watch received before a run's own began stops that run; one the run's watch
+    received after its last step asked stops the study before the next run."""
+    import os
+    import signal
+
+    from boost_jax.training.preemption import Preemption
+
+    before = signal.getsignal(signal.SIGTERM)
+    study_watch = Preemption()
+    os.kill(os.getpid(), signal.SIGTERM)  # between runs, or during a run's start
+    run_watch = Preemption()
+    assert (study_watch.received, run_watch.received) == ("SIGTERM", "SIGTERM")
+    run_watch.close()
+    study_watch.close()
+    study_watch = Preemption()
+    run_watch = Preemption()
+    os.kill(os.getpid(), signal.SIGTERM)  # after the run's last step asked
+    assert (study_watch.received, run_watch.received) == (None, "SIGTERM")
+    run_watch.close()
+    assert study_watch.received == "SIGTERM" and signal.getsignal(signal.SIGTERM) == study_watch._handle
+    study_watch.close()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.slow  # two runs of the micro study
+def test_a_signal_between_two_runs_stops_the_study_by_name_and_the_rerun_matches(micro, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import boost_jax.training.evaluate
+
+    one = [o for o in micro if not o.startswith(("study.seeds=", "study.max_extensions="))] + [
+        "study.seeds=1", "study.max_extensions=0"]
+    real = boost_jax.training.evaluate.evaluate
+    sent = []
+
+    def evaluate_then_signal(*a, **k):  # the first run's eval, then SIGTERM: it lands between two runs
+        out = real(*a, **k)
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        return out
+
+    monkeypatch.setattr(boost_jax.training.evaluate, "evaluate", evaluate_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit, match=r"stopped by SIGTERM before .*lr0.003-seed0: every finished run is saved; "
+                                         "rerun the same command to resume the study"):
+        study(one, log=lambda line: None)
+    runs = tmp_path / "study" / "llama-tiny" / "cola-adamw" / "budget512"
+    assert [p.parent.name for p in runs.glob("*/study_result.json")] == ["lr0.001-seed0"]
+    assert signal.getsignal(signal.SIGTERM) == before  # the study's handler is gone
+    monkeypatch.setattr(boost_jax.training.evaluate, "evaluate", real)
+    again = study(one, log=lambda line: None)["cells"]
+    shutil.rmtree(tmp_path / "study")
+    assert again == study(one, log=lambda line: None)["cells"]  # the resumed study is the uninterrupted one
 
 
 @pytest.mark.slow  # multi-step training runs: a grid of lrs and two seeds

@@ -10,6 +10,8 @@ import numpy as np
 from boost_jax.bench.page import phrase, render
 from boost_jax.comparison import report
 from boost_jax.config import ConfigError, from_dict
+from boost_jax.config.archs import ARCHS
+from boost_jax.config.presets import PRESETS
 from boost_jax.model.counts import count, embedding_params
 
 KEYS = ("cells", "fits", "multipliers", "command")  # what a saved study must hold
@@ -43,8 +45,15 @@ def slots(r: dict) -> dict:
 
 
 def check(r: dict, path: str) -> None:
-    """One ConfigError naming the file where a cell was not run at its preset's shape: the page's size
-    table states the presets' shapes (checked when the file is read, before anything is measured)."""
+    """One ConfigError naming the file where a value the page reads is missing or of another kind, or
+    a cell was not run at its preset's shape (the page's size table states the presets' shapes);
+    checked when the file is read, before anything is measured."""
+    if problem := report.saved_problem(r):
+        raise ConfigError(f"--study-json {path}: {problem}: not a saved `python -m boost_jax.study --json` the page "
+                          "can draw")
+    for key, known in (("preset", PRESETS), ("arch", ARCHS)):
+        if bad := next((c[key] for c in r["cells"] if c[key] not in known), None):
+            raise ConfigError(f"--study-json {path}: a cell's {key} {bad!r} is not one of this version's {sorted(known)}")
     shapes = cell_shapes(r["cells"])
     for c in r["cells"]:
         if c["params_non_embedding"] != (want := shapes[c["preset"], c["arch"]]["non_embedding"]):

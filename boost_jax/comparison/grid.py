@@ -42,3 +42,8 @@ def search(start: Sequence[float], loss_of: Callable[[float], float], max_extens
 def _finite(loss: float) -> float:
     """A diverged run (None or NaN) counts as the worst loss."""
     return math.inf if loss is None or not math.isfinite(loss) else loss
+
+
+def finite_number(x) -> bool:
+    """A number read back from a saved file that the study can compute with: finite, not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from boost_jax.comparison import fit
-from boost_jax.comparison.grid import Search
+from boost_jax.comparison.grid import Search, finite_number
 from boost_jax.comparison.spec import Cell, Spec
 
 
@@ -93,6 +93,50 @@ def report(spec: Spec, rows: list[dict], command: str) -> dict:
     fits = [{**f, "regime_tested": tested[f["curve"]]} for f in fits]
     return {"cells": rows, "fits": fits, "multipliers": mults, "skipped": list(spec.skipped),
             "eval_tokens": s.eval_tokens, "interval": s.interval, "early_below": s.early_below, "command": command}
+
+
+_number = finite_number
+_count = lambda x: isinstance(x, int) and not isinstance(x, bool)
+_maybe = lambda ok: lambda x: x is None or ok(x)
+_numbers = lambda ok: lambda x: isinstance(x, list) and all(map(ok, x))
+_text = lambda x: isinstance(x, str)
+_flag = lambda x: isinstance(x, bool)
+# What `table` and the results page read of a saved report (`--json`): key -> the test its value passes.
+SAVED = {"eval_tokens": _count, "interval": lambda x: _number(x) and 0 < x < 1, "early_below": _number,
+         "command": _text, "skipped": _numbers(_text)}
+SAVED_CELL = {"preset": _text, "arch": _text, "optimizer": _text, "tokens": _count, "tokens_per_param": _number,
+              "train_flops": lambda x: _number(x) and x > 0, "params_non_embedding": _count,
+              "lr_grid": _numbers(_number), "lr_losses": _numbers(_maybe(_number)), "best_lr": _number,
+              "extensions": _count, "bracketed": _flag, "seeds": lambda x: bool(x) and _numbers(_maybe(_number))(x),
+              "mean": _maybe(_number), "spread": _maybe(_number), "bpb_mean": _maybe(_number), "early": _flag,
+              "early_reason": _maybe(_text),
+              "tasks": _maybe(lambda x: isinstance(x, dict) and all(  # task -> metric -> a value per seed
+                  isinstance(m, dict) and all(map(_numbers(_maybe(_number)), m.values())) for m in x.values()))}
+SAVED_FIT = {"curve": _text, "form": _maybe(_text), "points": _count, "regime_tested": _flag,
+             **dict.fromkeys(("E", "A", "alpha"), _maybe(_number))}
+SAVED_MULTIPLIER = {"of": _text, "against": _text, "value": _number, "at_loss": _number,
+                    "interval": _maybe(lambda x: isinstance(x, list) and len(x) == 2 and all(map(_number, x)))}
+
+
+def saved_problem(r) -> str | None:
+    """What is wrong with a saved report `r` for `table` and the page (the first key whose value is
+    missing or of another kind, as `cells[2].mean: 'abc'`), or None when nothing is."""
+    if not isinstance(r, dict):
+        return "not a JSON object"
+    for key, ok in SAVED.items():
+        if not ok(r.get(key)):
+            return f"{key}: {r.get(key)!r}"
+    for key, schema, fits_one in (("cells", SAVED_CELL, True), ("fits", SAVED_FIT, False),
+                                  ("multipliers", SAVED_MULTIPLIER, False)):
+        rows = r.get(key)
+        if not isinstance(rows, list) or (fits_one and not rows):
+            return f"{key}: {rows!r}" + (" (a study has at least one cell)" if fits_one else "")
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                return f"{key}[{i}]: {row!r}"
+            if bad := next((k for k, ok in schema.items() if not ok(row.get(k))), None):
+                return f"{key}[{i}].{bad}: {row.get(bad)!r}"
+    return None
 
 
 def table(r: dict) -> list[str]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 
+from boost_jax.comparison.grid import finite_number
 from boost_jax.config import Config, ConfigError
 from boost_jax.runtime.cache import atomic_write
 from boost_jax.runtime.errors import DivergenceError
@@ -17,15 +19,23 @@ from boost_jax.runtime.errors import DivergenceError
 RESULT = "study_result.json"
 
 
-def result(cfg: Config, eval_tokens: int, log=print) -> dict:
+def result(cfg: Config, eval_tokens: int, log=print, stopped: Callable[[], str | None] = lambda: None) -> dict:
     """The run's final figures: read when it finished before, else trained (resumed) and evaluated.
-    A run that diverges is finished too, with loss None."""
+    A run that diverges is finished too, with loss None. A result file that cannot be read back is
+    said in one line and computed again from the run's checkpoints. `stopped`: the signal that
+    stopped the study (None to go on), asked before a run is trained."""
     from boost_jax.training.evaluate import evaluate  # optional: grain (the loop's loader)
     from boost_jax.training.run import train  # optional: grain (the loop's loader)
 
     path = Path(cfg.run_dir) / RESULT
     if path.is_file():
-        return json.loads(path.read_text())
+        done, why = read_result(path)
+        if done is not None:
+            return done
+        log(f"  {path} is damaged ({why}): computing the run's result again from its checkpoints")
+    if signal := stopped():
+        raise SystemExit(f"stopped by {signal} before {cfg.run_dir}: every finished run is saved; rerun the same "
+                         "command to resume the study")
     try:
         summary = train(cfg, jax.devices()[:1])
     except DivergenceError as e:
@@ -40,6 +50,25 @@ def result(cfg: Config, eval_tokens: int, log=print) -> dict:
     loss = "diverged" if out["loss"] is None else f"val loss {out['loss']:.4f}, bpb {out['bits_per_byte']:.4f}"
     log(f"  {cfg.run_dir}: {loss}")
     return out
+
+
+def read_result(path: Path) -> tuple[dict | None, str]:
+    """(a finished run's figures, "") as `result` wrote them, or (None, what is wrong with the file)."""
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"{type(e).__name__}: {e}"
+    if not isinstance(out, dict):
+        return None, "not a JSON object"
+    if out.get("loss") is None:  # a diverged run
+        return (out, "") if out.get("bits_per_byte") is None and isinstance(out.get("diverged"), str) else \
+            (None, "loss null without a divergence")
+    for key, ok in (("loss", finite_number), ("bits_per_byte", finite_number), ("step", lambda x: isinstance(x, int)),
+                    ("tokens", lambda x: isinstance(x, int)),
+                    ("spectra", lambda x: x is None or isinstance(x, dict) and all(map(finite_number, x.values())))):
+        if not ok(out.get(key)):
+            return None, f"{key}: {out.get(key)!r}"
+    return out, ""
 
 
 def final_spectra(cfg: Config) -> dict[str, float]:

@@ -15,6 +15,8 @@ from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.study import StudyConfig
 from boost_jax.model.counts import count, embedding_params
+from boost_jax.runtime.cache import atomic_write
+from boost_jax.runtime.paths import check_writable_dir
 
 SPEC_FILE = "study.json"
 # Keys the study sets per run: a command line or recipe that sets them is refused.
@@ -120,22 +122,44 @@ def load(args: list[str]) -> Spec:
     return Spec(s, base, tuple(cells), tuple(dict.fromkeys(skipped)))
 
 
-def claim(spec: Spec) -> None:
-    """Refuse a study dir that holds another spec's runs (or anything but a study); else write the
-    spec there (the first time) so a later run of another spec is refused by name."""
+def check(spec: Spec) -> None:
+    """Refuse, before any work and writing nothing, a study.dir that cannot be written (a file, under a
+    file, read-only), one whose study.json cannot be read, one that holds another spec's runs, or a
+    non-empty folder that is not a study dir."""
+    check_writable_dir(spec.dir, "study.dir")
     path = spec.dir / SPEC_FILE
     mine = spec.record()
     if path.is_file():
-        theirs = json.loads(path.read_text())
+        theirs = read_record(path)
         if theirs != mine:
             diff = sorted(k for k in set(_flat(theirs)) | set(_flat(mine)) if _flat(theirs).get(k) != _flat(mine).get(k))
             raise ConfigError(f"study.dir {spec.dir} holds the runs of another spec (it differs in {', '.join(diff)}); "
                               "use another study.dir, or the same spec to resume it (runs are never mixed)")
-        return
-    if spec.dir.is_dir() and any(spec.dir.iterdir()):
+    elif spec.dir.is_dir() and any(spec.dir.iterdir()):
         raise ConfigError(f"study.dir {spec.dir} is not empty and holds no {SPEC_FILE}: not a study dir; use another")
-    spec.dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine, indent=1, sort_keys=True))
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A study dir's study.json, or one ConfigError naming it and what is wrong (nothing is changed)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        record, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "not a study's record (no study and run sections)"
+    if not (isinstance(record, dict) and isinstance(record.get("study"), dict) and isinstance(record.get("run"), dict)):
+        raise ConfigError(f"study.dir: {path} is damaged ({why}); it records which spec the runs beside it belong to, "
+                          "so they are not resumed without it: restore it, or use another study.dir")
+    return record
+
+
+def claim(spec: Spec) -> None:
+    """Write the spec in study.dir (the first time; `check` has passed) so a later run of another spec
+    is refused by name."""
+    path = spec.dir / SPEC_FILE
+    if not path.is_file():
+        spec.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: f.write(json.dumps(spec.record(), indent=1, sort_keys=True).encode()))
 
 
 def _counts(base: dict, preset: str, arch: str, seq_len: int):

@@ -1,5 +1,5 @@
 """A study's downstream tasks (`study.tasks`): lm-evaluation-harness tasks the user has locally, run
-through our adapter (boost_jax/lm_eval.py) on each seed of every cell's best rate. Every task is
+through our adapter (boost_jax/model/harness.py) on each seed of every cell's best rate. Every task is
 looked up and its data loaded before any training, so an unknown or unavailable one is refused by
 name; each run's scores go to <run_dir>/study_tasks.json, so a rerun scores only what is missing."""
 
@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from boost_jax.comparison.grid import finite_number
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.study import StudyConfig
 from boost_jax.runtime.cache import atomic_write
@@ -45,12 +46,12 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
     """task -> metric -> value of one finished run: read back where scored before, the rest scored now
     (study.tasks_limit documents per task; 0 all of them)."""
     path = Path(cfg.run_dir) / SCORES
-    done = json.loads(path.read_text()) if path.is_file() else {}
+    done = read_scores(path, log) if path.is_file() else {}
     todo = [t for t in s.tasks if t not in done]
     if todo:
         from lm_eval import simple_evaluate  # optional: lm_eval
 
-        from boost_jax.lm_eval import BoostLM  # optional: lm_eval (the adapter imports it)
+        from boost_jax.model.harness import BoostLM  # optional: lm_eval (the harness subclasses its model)
 
         out = simple_evaluate(model=BoostLM(run_dir=cfg.run_dir), tasks=todo, task_manager=manager,
                               limit=s.tasks_limit or None, log_samples=False, bootstrap_iters=0)
@@ -60,6 +61,21 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
         atomic_write(path, lambda f: f.write(json.dumps(done).encode()))
         log(f"  {cfg.run_dir}: " + ", ".join(f"{t} {m} {v:.4f}" for t in todo for m, v in done[t].items()))
     return {t: done[t] for t in s.tasks}
+
+
+def read_scores(path: Path, log) -> dict[str, dict[str, float]]:
+    """A run's saved scores (task -> metric -> value); a file that cannot be read back is said in one
+    line and its tasks scored again."""
+    try:
+        done = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        done, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "not task -> metric -> value"
+    if isinstance(done, dict) and all(isinstance(m, dict) and all(map(finite_number, m.values())) for m in done.values()):
+        return done
+    log(f"  {path} is damaged ({why}): scoring its tasks again")
+    return {}
 
 
 def per_cell(runs: list[dict[str, dict[str, float]] | None]) -> dict[str, dict[str, list[float | None]]]:

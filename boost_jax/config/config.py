@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -248,6 +249,10 @@ class DataConfig:
     # A row longer than a window (train.seq_len + 1 tokens): none = refused, naming it | right = its
     # first seq_len + 1 tokens kept | drop = left out (counted in the data stats)
     truncate: Literal["none", "right", "drop"] = "none"
+
+
+
+LOCAL_DIR_PROCESS = "{process}"  # in checkpoint.local_dir: the process index (training/local_tier.py)
 
 
 @dataclass(frozen=True)
@@ -617,6 +622,9 @@ def _validate(c: Config) -> None:
     _require(k.local_every >= 0, "checkpoint.local_every", f"must be >= 0, got {k.local_every}")
     _require(k.local_every == 0 or bool(k.local_dir), "checkpoint.local_every",
              f"{k.local_every} needs checkpoint.local_dir (a folder on each host's own disk) to save into")
+    stray = re.search(r"\{[^}]*\}?|\}", k.local_dir.replace(LOCAL_DIR_PROCESS, ""))
+    _require(stray is None, "checkpoint.local_dir", f"{k.local_dir!r}: {stray and stray.group()} is not a placeholder; "
+             f"the one it takes is {LOCAL_DIR_PROCESS} (the process index), e.g. /local/ckpt/{LOCAL_DIR_PROCESS}")
     _require(not k.local_dir or k.local_every > 0, "checkpoint.local_dir",
              "needs checkpoint.local_every > 0 (the steps between its saves)")
     _require(not k.local_dir or k.every > 0 or k.every_minutes > 0, "checkpoint.local_dir",

@@ -54,6 +54,9 @@ def validate_study(s: StudyConfig, optimizers: tuple[str, ...]) -> None:
         raise ConfigError("study.tokens: empty axis; give at least one training budget")
     if bad := [t for t in s.tokens if t <= 0]:
         raise ConfigError(f"study.tokens: budget {bad[0]} is not positive")
+    if not s.lrs:
+        raise ConfigError("study.lrs: empty grid; give at least two learning rates (the starting log grid, "
+                          "extended until its best has a worse neighbour on both sides)")
     if len(s.lrs) < 2:
         raise ConfigError(f"study.lrs: {list(s.lrs)} is one value; a grid needs at least two rates to be extended "
                           "until its best has a worse neighbour on both sides")

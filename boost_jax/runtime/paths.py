@@ -43,6 +43,16 @@ def check_writable_file(path: str | Path, key: str) -> None:
     check_writable_dir(path.parent, key)
 
 
+def check_out_dir(path: str | Path, key: str, force: bool) -> None:
+    """`path` is an output folder to write: one we can create or write in, empty unless `force` (so
+    nothing there is replaced without asking)."""
+    path = Path(path).expanduser()
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise ConfigError(f"{key} {path}: the folder is not empty; pass --force to write into it (files of the same "
+                          "names are replaced)")
+    check_writable_dir(path, key)
+
+
 LOCK = ".boost_jax.lock"
 
 

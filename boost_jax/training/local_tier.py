@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from boost_jax.config import Config
+from boost_jax.config.config import LOCAL_DIR_PROCESS
 from boost_jax.model.checkpoint import _first_line, changed_keys, listed
 from boost_jax.model.train_state import TrainState
 from boost_jax.runtime.errors import CheckpointError, ConfigError
@@ -45,7 +46,7 @@ EVERY_PROCESS = ocp.type_handlers.create_type_handler_registry(
 
 def local_path(template: str) -> Path:
     """`checkpoint.local_dir` of this process: "{process}" is its index."""
-    return Path(template.replace("{process}", str(jax.process_index()))).expanduser().absolute()
+    return Path(template.replace(LOCAL_DIR_PROCESS, str(jax.process_index()))).expanduser().absolute()
 
 
 class LocalTier:

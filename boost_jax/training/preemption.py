@@ -24,6 +24,10 @@ loop stops for a signal of one process is decided by all (training/meeting.py)."
         self.previous = {}
         if threading.current_thread() is threading.main_thread():
             self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        # Inside another's watch (a study's runs): a signal it received before this one began counts here too.
+        self.outer = next((h.__self__ for h in self.previous.values()
+                           if isinstance(getattr(h, "__self__", None), Preemption)), None)
+        self.received = self.received or (self.outer.received if self.outer else None)
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
@@ -43,3 +47,5 @@ loop stops for a signal of one process is decided by all (training/meeting.py)."
     def close(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.outer and self.received:  # and one received here, after the last step that asked, counts there
+            self.outer.received = self.outer.received or self.received
