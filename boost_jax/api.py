@@ -9,6 +9,7 @@ argument, not a failure deep inside JAX.
     cfg, model, step = api.restore("runs/default")            # newest checkpoint of a run dir (its parameters only)
     out = api.generate(model, [[5, 9, 31]], max_new_tokens=32)   # token ids in, new token ids out
     texts = api.generate_text(model, tokenizer, ["def main("], max_new_tokens=32)
+    replies = api.generate_chat(model, api.restore_chat("runs/chat"), ["What is 2 + 3?"], max_new_tokens=32)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from flax import nnx
 
 from boost_jax.config import Config, ConfigError, load_config
 from boost_jax.config.presets import PRESETS
+from boost_jax.data.chat import ChatTokens, check_turns
+from boost_jax.data.instruct import chat_tokens
 from boost_jax.data.tokenizer import eos_id as eos_id_of  # `generate` has an argument eos_id
 from boost_jax.model import Model
 from boost_jax.model.decode import Decoder, Sampling
@@ -103,9 +106,9 @@ MAX_POSITIONS = 32768
 
 def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, plan: Plan | None = None, cache: str = "auto",
-             eos_id: int | None = None, max_len: int | None = None) -> list[list[int]]:
+             eos_id: int | Sequence[int] | None = None, max_len: int | None = None) -> list[list[int]]:
     """Each prompt's (token ids) continuation: up to `max_new_tokens` new ids, a row stopping at
-    `eos_id` (not returned). Greedy at temperature 0, else sampled (top-k, top-p), reproducible from
+    `eos_id` (or any of several: a chat template's stop ids; not returned). Greedy at temperature 0, else sampled (top-k, top-p), reproducible from
     `seed`. `plan` None: one device. `cache`: auto (the kind with the fewest bytes per device for the
     model and plan, model/decode.choose_cache), full (keys and values), latent_v or latent (the
     rank-r latents of v, or of k and v: low-rank archs). `max_len`: the positions a row may reach (prompt + new), refused
@@ -134,8 +137,9 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
                           + ("" if max_len else " (MAX_POSITIONS; pass max_len=cfg.train.seq_len, the context "
                                                 "the model was trained on)"))
     plan = plan or single_device_plan(model.cfg)
-    decoder = _kept(model, ("decode", nnx.graphdef(model), plan, cache, eos_id),
-                    lambda: Decoder(model, plan, cache=cache, eos_id=eos_id))
+    stops = eos_id if eos_id is None or np.ndim(eos_id) == 0 else tuple(eos_id)
+    decoder = _kept(model, ("decode", nnx.graphdef(model), plan, cache, stops),
+                    lambda: Decoder(model, plan, cache=cache, eos_id=stops))
     decoder.refresh(model)
     return decoder.generate(prompts, max_new_tokens, Sampling(temperature, top_k, top_p, seed)).tokens
 
@@ -150,6 +154,41 @@ def generate_text(model: Model, tokenizer, prompts: Sequence[str], *, max_new_to
     ids = [tokenizer.encode(p).ids for p in prompts]
     out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=eos_id_of(tokenizer), **kwargs)
     return [tokenizer.decode(o) for o in out]
+
+
+def chat_template(tokenizer, tokenizer_path: str | Path = "", template: str | Path = "") -> ChatTokens:
+    """A chat template bound to `tokenizer` (a tokenizers.Tokenizer): `template` (a Jinja file, or
+    "chatml" for the one shipped for a tokenizer without its own), else the template beside
+    `tokenizer_path` (chat_template.jinja, or the chat_template of tokenizer_config.json). A run's
+    own: api.restore_chat(run_dir)."""
+    if not hasattr(tokenizer, "to_str"):
+        raise ConfigError("api.chat_template: tokenizer must be a tokenizers.Tokenizer (a run dir's tokenizer.json)")
+    return chat_tokens(tokenizer, str(tokenizer_path), str(template))
+
+
+def restore_chat(run_dir: str | Path, *overrides: str) -> ChatTokens:
+    """A run dir's chat template with its tokenizer (data.chat_template, else the template beside its
+    tokenizer), as `generate --chat` renders it."""
+    return open_run(Path(run_dir), list(overrides)).chat
+
+
+def generate_chat(model: Model, chat: ChatTokens, conversations: Sequence[str | Sequence[dict]], *,
+                  max_new_tokens: int, **kwargs) -> list[str]:
+    """`generate` on chats: each conversation (a string: one user turn; or a list of {role, content})
+    rendered by `chat`'s template with the assistant's opening (api.chat_template / api.restore_chat),
+    each reply stopping at the template's end-of-turn token and decoded."""
+    if not isinstance(chat, ChatTokens):
+        raise ConfigError("api.generate_chat: chat must be api.chat_template(...) or api.restore_chat(run_dir)")
+    if isinstance(conversations, str) or not isinstance(conversations, Sequence):
+        raise ConfigError("api.generate_chat: conversations is a list, each a string (one user turn) or a list "
+                          "of {role, content}")
+    ids = []
+    for i, c in enumerate(conversations):
+        messages = [{"role": "user", "content": c}] if isinstance(c, str) else c
+        ids.append(chat.encode(check_turns(messages, f"api.generate_chat: conversations[{i}]"), True,
+                               f"api.generate_chat: conversations[{i}]"))
+    out = generate(model, ids, max_new_tokens=max_new_tokens, eos_id=chat.stop_ids, **kwargs)
+    return [chat.tokenizer.decode(o) for o in out]
 
 
 # What the first call of forward/generate on a model compiled, kept for its later calls: a list of

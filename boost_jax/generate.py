@@ -1,10 +1,13 @@
 """python -m boost_jax.generate RUN_DIR (--prompt TEXT | --prompts-file FILE) [--step N] [--max-new-tokens N]
-[--temperature T] [--top-k K] [--top-p P] [--seed S] [--cache auto|full|latent_v|latent] [section.key=value ...] [--json]
+[--chat] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--cache auto|full|latent_v|latent] [section.key=value ...]
+[--json]
 
 Continues text with a trained run's model (its newest checkpoint, or --step), tokenized by the run's
 own tokenizer. One --prompt streams its continuation to stdout as it is produced; --prompts-file
 takes one prompt per line (a batch: prompts of different lengths are decoded together, each row
-stopping at the end-of-document token). --json prints one object: prompts, the new token ids and
+stopping at the end-of-document token). --chat makes each prompt one user turn of a chat, rendered by
+the run's chat template (data.chat_template, else the template beside its tokenizer) with the
+assistant's opening, each reply stopping at the template's end-of-turn token. --json prints one object: prompts, the new token ids and
 texts, and timings (prefill and decode tokens/s). The overrides are the train config's: the layout
 (`parallel.tp=2 parallel.dp=1`; decoding runs with parallel.pp=1) or how the model computes
 (`model.dtype=bfloat16`); a key that would change what the parameters mean is refused. A prompt plus
@@ -33,6 +36,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     given = p.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="one prompt (its continuation is streamed)")
     given.add_argument("--prompts-file", type=Path, help="a UTF-8 text file, one prompt per line")
+    p.add_argument("--chat", action="store_true",
+                   help="each prompt is one user turn, rendered by the run's chat template with the assistant's "
+                        "opening; the reply stops at the template's end-of-turn token")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
@@ -91,13 +97,17 @@ def _main(argv: list[str]) -> None:
     if not (a.run_dir / "tokenizer.json").is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     plan, tok = run.plan, run.tokenizer
-    ids = [tok.encode(p).ids for p in prompts]
+    if a.chat:  # the template's rendering (its control tokens parsed) and its end-of-turn stops
+        ids = [run.chat.encode([{"role": "user", "content": p}], True, f"prompt {i}") for i, p in enumerate(prompts)]
+        stops = run.chat.stop_ids
+    else:
+        ids, stops = [tok.encode(p).ids for p in prompts], run.eos
     if empty := [i for i, x in enumerate(ids) if not x]:
         raise ConfigError(f"prompt {empty[0]} encodes to no tokens")
     startup.lap("data")
     # The parameters read straight onto the plan; the decoder keeps them (no other copy is held).
     model, step = run.model(a.step)
-    decoder = Decoder(model, plan, cache=a.cache, eos_id=run.eos)
+    decoder = Decoder(model, plan, cache=a.cache, eos_id=stops)
     del model
     cache = {"cache": decoder.cache_name, "cache_auto": a.cache == AUTO_CACHE}
     if a.cache == AUTO_CACHE:  # one line saying what auto chose and why
@@ -124,7 +134,7 @@ def _main(argv: list[str]) -> None:
         if streaming:
             stream(rows)
 
-    if streaming:
+    if streaming and not a.chat:  # a chat shows the reply alone
         sys.stdout.write(prompts[0])
     out = decoder.generate(ids, a.max_new_tokens, a.sampling, max_len=cfg.train.seq_len, on_tokens=on_tokens)
     texts = [tok.decode(t) for t in out.tokens]
@@ -136,7 +146,7 @@ def _main(argv: list[str]) -> None:
         print()  # the continuation was streamed
     else:
         for prompt, text in zip(prompts, texts):
-            print(f"{prompt}{text}\n")
+            print(f"{prompt}\n> {text}\n" if a.chat else f"{prompt}{text}\n")
     if a.timings:
         print(line(first, "first token"), file=sys.stderr)
 

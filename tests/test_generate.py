@@ -454,3 +454,32 @@ def test_bench_decode_hf_times_a_steps_matmuls_in_both_libraries(capsys):
     shapes = [w.shape for w in hf.step_weights(hf.load_llama(full))]
     d, q, kv, f = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.d_ff
     assert shapes == [(q, d), (kv, d), (kv, d), (d, q), (f, d), (f, d), (d, f)] * cfg.n_layers + [(cfg.vocab_size, d)]
+
+
+# ----------------------------------------------------------------------------- chat (generate --chat)
+
+
+def test_a_row_stops_at_any_of_several_stop_tokens():
+    """A chat template's end-of-turn token and the eos: a row stops at whichever comes first."""
+    model = model_of("cola")
+    plan = single_device_plan(model.cfg)
+    free = Decoder(model, plan).generate(PROMPTS[:1], 16).tokens[0]
+    got = api.generate(model, PROMPTS[:1], max_new_tokens=16, eos_id=(free[7], free[4]))[0]
+    assert got == free[:min(free.index(free[4]), free.index(free[7]))]
+
+
+def test_cli_chat_renders_the_template_and_the_api_agrees(run_dir, capsys):
+    """--chat: each prompt one user turn in the run's template (here the shipped ChatML one, the
+    tiny run's tokenizer having none) with the assistant's opening; it stops at the <eos> that
+    closes a turn, and api.generate_chat replies the same."""
+    generate.main([str(run_dir), "--chat", "--prompt", "What is 2 + 3?", "--max-new-tokens", "6", "--json",
+                   "data.chat_template=chatml"])
+    out = json.loads(capsys.readouterr().out)
+    chat = api.restore_chat(run_dir, "data.chat_template=chatml")
+    assert chat.stop_ids == (chat.tokenizer.token_to_id("<eos>"),)
+    assert out["prompt_ids"][0] == chat.tokenizer.encode("<|im_start|>user\nWhat is 2 + 3?<eos>\n"
+                                                         "<|im_start|>assistant\n").ids
+    _, model, _ = api.restore(run_dir)
+    assert api.generate_chat(model, chat, ["What is 2 + 3?"], max_new_tokens=6) == out["texts"]
+    with pytest.raises(api.DataError, match="conversations.0.: message 0 has the unknown role 'robot'"):
+        api.generate_chat(model, chat, [[{"role": "robot", "content": "hi"}]], max_new_tokens=6)

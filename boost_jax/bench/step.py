@@ -47,7 +47,11 @@ class Runner:
         t = cfg.train
         tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), np.int32)
         # With data.document_mask: one document per row (the mask's cost, not a particular corpus's).
-        self.host_batch = {k: np.zeros_like(tokens) if k == "segment_ids" else tokens for k in batch_keys(cfg)}
+        # Instruction data's: every position a target of weight 1, positions 0.. (one document a row).
+        filled = {"segment_ids": np.zeros_like(tokens), "positions": np.broadcast_to(np.arange(t.seq_len, dtype=np.int32),
+                                                                                     tokens.shape),
+                  "weights": np.ones(tokens.shape, np.float32)}
+        self.host_batch = {k: filled.get(k, tokens) for k in batch_keys(cfg)}
         self.batch = device_batch(self.host_batch, run.batch_sharding)
         self.compiled = run.train_step.lower(self.state, self.batch).compile()
         self.cfg, self.tokens, self.peak = cfg, t.batch_size * t.seq_len, peak_bytes(self.compiled)

@@ -192,6 +192,14 @@ class TrainConfig:
     # many of their standard deviations (counted as `spike_skipped`); 0 = off.
     spike_skip: float = 0.0
     spike_window: int = 100
+    # The tokens the loss is taken over: completion = the assistant's turns (data.format=chat) or the
+    # completion (prompt_completion), each with its end-of-turn token; all = every token; auto =
+    # completion for those formats, all for text
+    loss_on: Literal["auto", "completion", "all"] = "auto"
+
+    def loss_on_completion(self, fmt: str) -> bool:
+        """Whether only completion tokens are targets under data.format=`fmt`."""
+        return self.loss_on == "completion" or (self.loss_on == "auto" and fmt != "text")
 
 
 @dataclass(frozen=True)
@@ -228,6 +236,17 @@ class DataConfig:
     # (the loader computes them) mask attention across a boundary. Off: every token of a window
     # attends to every earlier one, as the loss has always been measured here.
     document_mask: bool = False
+    # text: documents (text_key) | chat: rows with `messages`, [{role, content}, ...], rendered by the
+    # chat template | prompt_completion: rows with `prompt` and `completion`. Rows are packed whole into
+    # windows, each attending only within itself (segment ids and positions, whatever document_mask)
+    format: Literal["text", "chat", "prompt_completion"] = "text"
+    # format=chat (and generate --chat): a Jinja chat template file instead of the tokenizer's own (the chat_template of the
+    # tokenizer_config.json, or chat_template.jinja, beside data.tokenizer_path); "chatml" = the ChatML
+    # template shipped for a tokenizer without one (boost_jax/configs/chatml.jinja)
+    chat_template: str = ""
+    # A row longer than a window (train.seq_len + 1 tokens): none = refused, naming it | right = its
+    # first seq_len + 1 tokens kept | drop = left out (counted in the data stats)
+    truncate: Literal["none", "right", "drop"] = "none"
 
 
 @dataclass(frozen=True)
@@ -584,6 +603,12 @@ def _validate(c: Config) -> None:
              f"0 holds no validation data out, so train.eval_every={t.eval_every} would evaluate nothing: set "
              "train.eval_every=0 too, or a val_fraction > 0")
     _require(d.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+    _require(t.loss_on != "completion" or d.format != "text", "train.loss_on",
+             "completion needs instruction data (data.format=chat or prompt_completion): text has no completion")
+    _require(d.format == "text" or d.source in ("files", "prepared"), "data.format",
+             f"{d.format} rows are read from data.source=files or a prepared dataset, not {d.source}")
+    _require(d.format == "text" or bool(d.tokenizer_path) or d.source == "prepared", "data.tokenizer_path",
+             f"data.format={d.format} fine-tunes a model: name its tokenizer.json (e.g. RUN_DIR/tokenizer.json)")
     _require(d.source != "files" or bool(d.paths), "data.paths", "source=files needs data.paths")
     _require(d.source != "prepared" or bool(d.path), "data.path", "source=prepared needs data.path")
     _require((d.source == "mixture") == bool(d.mixture), "data.mixture",

@@ -19,12 +19,14 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from boost_jax.config import DataConfig, mixture_name
-from boost_jax.data.corpus import files_corpus, stdlib_corpus
+from boost_jax.data.corpus import Corpus, expand, files_corpus, stdlib_corpus
+from boost_jax.data.instruct import Recipe, chat_tokens, is_prepared, open_prepared, prepare_instruct
 from boost_jax.data.loader import Split, TokenWindows
 from boost_jax.data.mixture import Mixture, dataset_seed
+from boost_jax.data.packing import PackedSplit
 from boost_jax.data.prepare import PrepareConfig, prepare, resumes
 from boost_jax.data.shards import INDEX, TOKENIZER, Index, read_index, verify_ids
-from boost_jax.data.tokenizer import load_tokenizer, tokenizer_hash
+from boost_jax.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash
 from boost_jax.runtime.cache import cache_root, digest
 from boost_jax.runtime.errors import DataError
 
@@ -33,8 +35,8 @@ from boost_jax.runtime.errors import DataError
 class Data:
     directory: Path  # the prepared dataset (a mixture's first)
     tokenizer: Tokenizer
-    train: Split | Mixture
-    val: Split | None  # None when the dataset has no val documents, or for a mixture (`parts`)
+    train: Split | Mixture | PackedSplit
+    val: Split | PackedSplit | None  # None when the dataset has no val documents, or for a mixture (`parts`)
     eos_id: int
     stats: dict[str, float]  # sizes and seconds spent, for the caller to log
     parts: dict[str, tuple[Split, Split | None]] = field(default_factory=dict)  # a mixture's (train, val) by name
@@ -46,10 +48,14 @@ class Data:
         return {name: s for name, s in sets.items() if s is not None}
 
 
-def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, batch_size: int = 0) -> Data:
+def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, batch_size: int = 0,
+               completion_only: bool = False) -> Data:
     """Open (preparing first for stdlib / files) and check the dataset. Prints nothing. `batch_size`:
-    the global batch a mixture draws (data.source=mixture only)."""
+    the global batch a mixture draws (data.source=mixture only); `completion_only`: only completions
+    are targets (train.loss_on, instruction data only)."""
     t0 = time.perf_counter()
+    if cfg.format != "text" or (cfg.source == "prepared" and is_prepared(Path(cfg.path).expanduser())):
+        return _instruct(cfg, vocab_size=vocab_size, seq_len=seq_len, seed=seed, completion_only=completion_only)
     if cfg.source == "mixture":
         return _mixture(cfg, vocab_size=vocab_size, seq_len=seq_len, seed=seed, batch_size=batch_size)
     if cfg.source == "prepared":
@@ -69,6 +75,45 @@ def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, bat
         "skipped_lines": index.stats["skipped_lines"], "prepare_seconds": t1 - t0,
     }
     return Data(directory, tok, split("train"), split("val") if index.tokens("val") else None, index.eos_id, stats)
+
+
+def _instruct(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, completion_only: bool) -> Data:
+    """Instruction rows (data.format=chat / prompt_completion), encoded into the cache on first use
+    (or a prepared instruction dataset), packed whole into windows (data/packing.py)."""
+    t0 = time.perf_counter()
+    if cfg.source == "prepared":
+        directory = Path(cfg.path).expanduser()
+        if not is_prepared(directory):
+            raise DataError(f"data.format={cfg.format}: {directory} is not a prepared instruction dataset "
+                            f"(python -m boost_jax.data prepare --format {cfg.format} ...)")
+    else:
+        tok = load_tokenizer(Path(cfg.tokenizer_path).expanduser())
+        recipe = Recipe(cfg.format, completion_only, seq_len + 1, cfg.truncate, cfg.val_fraction, cfg.chat_template)
+        chat = chat_tokens(tok, cfg.tokenizer_path, cfg.chat_template) if cfg.format == "chat" else None
+        files = expand(cfg.paths)
+        directory = cache_root(cfg.cache_dir) / "instruct" / digest(
+            Corpus(files).fingerprint(), tokenizer_hash(tok), json.dumps(recipe.key(chat)))
+        if not is_prepared(directory):
+            prepare_instruct(files, directory, tok, chat, recipe)
+    index, tok, docs = open_prepared(directory)
+    recipe = index["recipe"]
+    if recipe["format"] != cfg.format and cfg.format != "text":
+        raise DataError(f"{directory} holds data.format={recipe['format']} rows, not {cfg.format}")
+    if recipe["completion_only"] != completion_only:
+        raise DataError(f"{directory} was prepared with train.loss_on="
+                        f"{'completion' if recipe['completion_only'] else 'all'}: set it so, or prepare again")
+    if (longest := max((int(d.lengths.max()) for d in docs.values() if d.count), default=0)) > seq_len + 1:
+        raise DataError(f"{directory} holds a row of {longest} tokens, longer than a window of train.seq_len + 1 = "
+                        f"{seq_len + 1}: raise train.seq_len or prepare again with --seq-len {seq_len}")
+    if tok.get_vocab_size() > vocab_size:
+        raise DataError(f"{directory / 'tokenizer.json'} has {tok.get_vocab_size():,} tokens, more than "
+                        f"model.vocab_size={vocab_size:,}")
+    eos = eos_id(tok)
+    split = lambda name: PackedSplit(docs[name], seq_len=seq_len, seed=seed, name=name, pad_id=eos)
+    train = split("train")
+    stats = {**index["stats"], "documents": docs["train"].count + docs["val"].count, "vocab_size": tok.get_vocab_size(),
+             "fill": train.fill(), "prepare_seconds": time.perf_counter() - t0}
+    return Data(directory, tok, train, split("val") if docs["val"].count else None, eos, stats)
 
 
 def _mixture(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, batch_size: int) -> Data:

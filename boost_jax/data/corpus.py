@@ -213,6 +213,52 @@ def _jsonl(path: Path, key: str, skipped: Skipped | None) -> Iterator[Document]:
             raise DataError(f"{path} cannot be decompressed ({e})") from None
 
 
+def records(files: Sequence[Path]) -> Iterator[tuple[str, dict]]:
+    """Each row of .jsonl(.gz/.zst) and Parquet files, whole (instruction data: data.format=chat or
+    prompt_completion), named as "file:line" or "file#row". Another kind of file, a line that is not
+    a JSON object, or a damaged stream raises DataError naming it."""
+    for path in files:
+        name = path.name.lower()
+        if name.endswith(_JSONL):
+            yield from _jsonl_records(path)
+        elif name.endswith(_PARQUET):
+            yield from _parquet_records(path)
+        else:
+            raise DataError(f"{path}: instruction rows are read from {', '.join(_JSONL)} or {_PARQUET} files, "
+                            "one row per line or record")
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, dict]]:
+    with _open(path) as f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{path}:{lineno} is not valid JSON ({e})") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{path}:{lineno} is not a JSON object")
+                yield f"{path}:{lineno}", obj
+        except _stream_errors(path) as e:
+            raise DataError(f"{path} cannot be decompressed ({e})") from None
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
+    import pyarrow.parquet as pq  # optional: pyarrow (Parquet corpora; 0.4 s of import)
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid and friends for a non-Parquet file
+        raise DataError(f"{path} is not a Parquet file ({e})") from None
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for obj in batch.to_pylist():
+            yield f"{path}#{row}", obj
+            row += 1
+
+
 def _parquet(path: Path, key: str) -> Iterator[Document]:
     import pyarrow.parquet as pq  # optional: pyarrow (Parquet corpora; 0.4 s of import)
 

@@ -161,13 +161,15 @@ class Decoder:
     whose programs compile (`compiled`: what `bench memory --inference` reads) but never run.
     `cache="auto"` takes `choose_cache`'s kind (`cache_name` says which)."""
 
-    def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | None = None,
+    def __init__(self, model: Model, plan: Plan, *, cache: str = "full", eos_id: int | Sequence[int] | None = None,
                  compiler_options: dict | None = None):
         if cache not in (*CACHES, AUTO_CACHE):
             raise ConfigError(f"cache {cache!r}: choose one of {[*CACHES, AUTO_CACHE]}")
         if plan.pipeline is not None or plan.size("seq") > 1:
             raise ConfigError(DECODING_LAYOUT)
         self.cfg, self.plan, self.eos_id = model.cfg, plan, eos_id
+        # The ids a row stops at: the end-of-document token, or a chat template's end-of-turn ones.
+        self.stops = () if eos_id is None else (int(eos_id),) if np.ndim(eos_id) == 0 else tuple(map(int, eos_id))
         self.cache_name = choose_cache(self.cfg, plan)[0] if cache == AUTO_CACHE else cache
         try:
             CACHES[self.cache_name].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
@@ -249,7 +251,7 @@ class Decoder:
             # A done row writes nothing (its slot index is out of range) and stays where it is.
             out = s["out"].at[jnp.arange(token.shape[0]), jnp.where(live, s["count"], max_new)].set(token, mode="drop")
             count = s["count"] + live
-            done = s["done"] | (live & (token == self._eos())) | (count >= max_new)
+            done = s["done"] | (live & jnp.isin(token, self._eos())) | (count >= max_new)
             return i + 1, cache, {"last": jnp.where(live, token, s["last"]), "position": s["position"] + live,
                                   "count": count, "done": done, "out": out, "index": s["index"] + 1}
 
@@ -258,8 +260,8 @@ class Decoder:
         rows = lambda v: self.plan.constrain(v, ("batch",) + (None,) * (v.ndim - 1)) if v.ndim else v
         return cache, jax.tree.map(rows, state)
 
-    def _eos(self) -> int:
-        return -1 if self.eos_id is None else self.eos_id
+    def _eos(self) -> np.ndarray:
+        return np.asarray(self.stops or (-1,), np.int32)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: Sampling = Sampling(), *,
                  max_len: int | None = None, on_tokens: Callable[[list[list[int]]], None] | None = None) -> Generation:
@@ -285,7 +287,7 @@ class Decoder:
         first, cache = self._prefill(self.params, put(tokens), put(lengths), key, length=length, sampling=sampling)
         first = np.asarray(first)
         prefill_s = time.perf_counter() - t0
-        done = (first == self._eos()) | (max_new_tokens <= 1)
+        done = np.isin(first, self._eos()) | (max_new_tokens <= 1)
         out = np.full((b, max_new_tokens), -1, np.int32)
         out[:, 0] = first
         if on_tokens is not None:
@@ -338,7 +340,7 @@ class Decoder:
         """Each row's tokens up to its first <eos> or unwritten slot."""
         rows = []
         for r in out.tolist():
-            end = next((i for i, t in enumerate(r) if t < 0 or t == self.eos_id), len(r))
+            end = next((i for i, t in enumerate(r) if t < 0 or t in self.stops), len(r))
             rows.append(r[:end])
         return rows
 

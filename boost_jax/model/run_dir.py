@@ -19,6 +19,8 @@ from flax import nnx
 from tokenizers import Tokenizer
 
 from boost_jax.config import Config, ConfigError, from_dict, load_config, load_yaml
+from boost_jax.data.chat import ChatTokens
+from boost_jax.data.instruct import run_chat
 from boost_jax.data.tokenizer import eos_id, load_tokenizer
 from boost_jax.launch.prepare import prepare_jax
 from boost_jax.model import Model
@@ -94,6 +96,12 @@ class Run:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer.json every training run saves in its run dir."""
         return load_tokenizer(self.run_dir / "tokenizer.json")
+
+    @functools.cached_property
+    def chat(self) -> ChatTokens:
+        """The run's chat template with its tokenizer (data/instruct.run_chat): what a chat renders
+        and the end-of-turn tokens it stops at."""
+        return run_chat(self.tokenizer, self.run_dir / "tokenizer.json", self.cfg.data)
 
     @property
     def eos(self) -> int:

@@ -172,20 +172,24 @@ def decoder_layer(graphdef: nnx.GraphDef, plan: Plan, remat_mode: str):
 
 def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: str = "none",
             loss_chunk: int = 0, z_loss: float = 0.0) -> jax.Array:
-    """Mean next-token cross-entropy over all tokens of a packed batch (its `segment_ids`, when the
-    batch has them, keep attention within each document); with `loss_chunk`, the LM head and
+    """Mean next-token cross-entropy over all tokens of a packed batch (its `segment_ids` and
+    `positions`, when the batch has them, keep attention within each document; its `weights`, a loss
+    mask); with `loss_chunk`, the LM head and
     cross-entropy run that many positions at a time (`train.loss_chunk`); with `z_loss`, plus that
     weight times the mean log^2 Z of the softmax normaliser (PaLM's z-loss: it keeps log Z near 0)."""
     where = Positions(batch.get("positions"), batch.get("segment_ids"))
     x = model.hidden(batch["inputs"], plan=plan, where=where, remat_mode=remat_mode)
     targets = batch["targets"]
+    # Instruction data weighs each target (0 off the completions; data/packing.py): the mean is
+    # still over the batch's positions, the weights having been scaled to make it the targets' mean.
+    weights = batch.get("weights", jnp.ones(targets.shape, jnp.float32))
 
-    def xent_sum(x, t):
-        return cross_entropy_sum(model.logits(x, plan), t, z_loss)
+    def xent_sum(x, t, w):
+        return cross_entropy_sum(model.logits(x, plan), t, z_loss, w)
 
     b, s, d = x.shape
     if not loss_chunk or loss_chunk == s:
-        return xent_sum(x, targets) / targets.size
+        return xent_sum(x, targets, weights) / targets.size
     # Chunks along the sequence keep the batch axis (and its data-parallel split) whole. Checkpointing
     # each chunk makes the backward recompute its logits rather than keep them: at most one chunk's
     # fp32 [B, loss_chunk, V] logits (and their gradient) are alive at a time. Under context
@@ -200,5 +204,5 @@ def loss_fn(model: Model, batch: dict[str, jax.Array], plan: Plan, remat_mode: s
         return a.reshape(n, b, cp * k, *a.shape[3 + len(devices):])
 
     total, _ = jax.lax.scan(lambda acc, xt: (acc + jax.checkpoint(xent_sum)(*xt), None), jnp.float32(0),
-                            (chunks(x), chunks(targets)))
+                            (chunks(x), chunks(targets), chunks(weights)))
     return total / targets.size

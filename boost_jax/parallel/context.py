@@ -58,7 +58,8 @@ def balance(batch: dict, cp: int) -> dict:
     b, s = batch["inputs"].shape
     order = balanced_order(s, cp)
     out = {k: v[:, order] for k, v in batch.items()}
-    out["positions"] = jnp.broadcast_to(jnp.asarray(order, jnp.int32), (b, s))
+    if "positions" not in batch:  # a packed row's own positions (each document's from 0) move with their tokens
+        out["positions"] = jnp.broadcast_to(jnp.asarray(order, jnp.int32), (b, s))
     return out
 
 

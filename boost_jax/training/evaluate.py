@@ -34,7 +34,7 @@ def evaluate(run_dir: str | Path, overrides: Sequence[str] = (), step: int | Non
     params, step = run.params(step)
     lap("restore")
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed,
-                      batch_size=t.batch_size)
+                      batch_size=t.batch_size, completion_only=t.loss_on_completion(cfg.data.format))
     if not data.eval_sets(split):
         raise ConfigError(f"{data.directory} has no validation split (data.val_fraction=0?); pass --split train")
     check_run_tokenizer(data.tokenizer, run.run_dir / "tokenizer.json", data.directory)

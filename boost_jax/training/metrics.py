@@ -27,7 +27,7 @@ class Metrics:
         """An eval after step `done`: a log line now, its fields in that step's row."""
         self.evals[done] = result
         self.log.line(f"eval step {done} | loss {result['eval_loss']:.4f} | ppl {result['eval_ppl']:.2f} "
-                      f"| bpb {result['eval_bpb']:.4f}")
+                      f"| bpb {result['eval_bpb']:.4f} | over {result['eval_tokens']:,} target tokens")
 
     def fetch(self, done: int, line: bool) -> dict | None:
         """Wait for the steps in flight up to `done` and write their rows (and, with `line`, a log

@@ -420,13 +420,15 @@ class Evaluator:
 
     def __call__(self, state) -> dict:
         t = self.cfg.train
-        tokens = self.batches * t.batch_size * t.seq_len
-        out, losses, bpbs = {}, {}, {}
+        out, losses, bpbs, counted = {}, {}, {}, {}
         for name, split in self.sets.items():
             step_losses = [self.run.eval_step(state["params"], device_batch(b, self.run.batch_sharding))
                            for b in split.eval_batches(self.batches, t.batch_size, *self.process)]
-            losses[name] = float(np.mean(jax.device_get(step_losses)))
-            bpbs[name] = losses[name] * tokens / (self.bytes(name) * math.log(2))
+            # Each batch's loss is the mean over its targets: weighted by their numbers, the split's.
+            per_batch = self.targets(name)
+            losses[name] = float(np.average(jax.device_get(step_losses), weights=per_batch))
+            counted[name] = sum(per_batch)
+            bpbs[name] = losses[name] * counted[name] / (self.bytes(name) * math.log(2))
             if name:
                 out.update({f"eval_loss/{name}": losses[name], f"eval_bpb/{name}": bpbs[name]})
         weights = {n: self.weights[n] for n in self.sets}
@@ -435,14 +437,23 @@ class Evaluator:
         mean = lambda values: sum(weights[n] * values[n] for n in values) / sum(weights.values())
         loss = mean(losses)
         return {"eval_loss": loss, "eval_ppl": perplexity(loss), "eval_bpb": mean(bpbs),
-                "eval_tokens": tokens * len(self.sets), **out}
+                "eval_tokens": sum(counted.values()), **out}
+
+    def targets(self, name: str = "") -> list[int]:
+        """The target tokens of each evaluated batch of one dataset, every process's rows: all its
+        positions, or those a loss mask weighs (instruction data, data/packing.py)."""
+        t = self.cfg.train
+        return [int((b["weights"] > 0).sum()) if "weights" in b else t.batch_size * t.seq_len
+                for b in self.sets[name].eval_batches(self.batches, t.batch_size)]
 
     def bytes(self, name: str = "") -> int:
         """UTF-8 bytes of the evaluated targets' text of one dataset, every process's rows (counted once)."""
         if name not in self._bytes:
             t, tok = self.cfg.train, self.data.tokenizer
-            rows = [row for b in self.sets[name].eval_batches(self.batches, t.batch_size)
-                    for row in b["targets"].tolist()]
+            rows = [[i for i, w in zip(row, weights, strict=True) if w > 0] if "weights" in b else row
+                    for b in self.sets[name].eval_batches(self.batches, t.batch_size)
+                    for row, weights in zip(b["targets"].tolist(), b.get("weights", b["targets"]).tolist(),
+                                            strict=True)]
             self._bytes[name] = max(1, sum(len(text.encode()) for text in tok.decode_batch(rows)))
         return self._bytes[name]
 

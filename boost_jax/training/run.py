@@ -18,6 +18,7 @@ import jax
 from boost_jax.config import Config
 from boost_jax.config.packages import check_packages
 from boost_jax.data.build import Data, build_data, check_run_tokenizer
+from boost_jax.data.instruct import summary
 from boost_jax.launch.peaks import device_peak_flops
 from boost_jax.launch.startup import Startup, line as startup_line
 from boost_jax.model.counts import Counts, count
@@ -151,7 +152,7 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     t, cache = cfg.train, cache_root(cfg.data.cache_dir)
     check_writable_dir(cache, "data.cache_dir")
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed,
-                      batch_size=t.batch_size)
+                      batch_size=t.batch_size, completion_only=t.loss_on_completion(cfg.data.format))
     lap("data")
     run, state = setup(cfg, plan, moved=moved)
     ckpt = Checkpointing(cfg, run, run_dir.path)
@@ -169,6 +170,8 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     peak, peak_source = device_peak_flops(cfg.model.dtype, cache)
     meter = Meter(cfg, plan.mesh.size, first, counts.train_flops_per_token, peak)
     log.line(banner(cfg, plan, counts, data.stats.get("train_tokens", 0), peak, peak_source))
+    if cfg.data.format != "text":
+        log.line(summary(cfg.data.format, t.loss_on, data.stats))
     if note := run_dir.schedule_note():
         log.line(note)
     if first >= t.steps:

@@ -42,9 +42,15 @@ TrainState = dict[str, Any]
 OPTIONAL_STATE = ("spike",)
 
 
+PACKED_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")  # instruction data (data/packing.py)
+
+
 def batch_keys(cfg: Config) -> tuple[str, ...]:
-    """The arrays of a batch, each int32 [B, S] laid out on the batch axes: the tokens, their next
-    tokens, and with `data.document_mask` each token's document (data/loader.py)."""
+    """The arrays of a batch, each [B, S] laid out on the batch axes: the tokens, their next tokens,
+    and with `data.document_mask` each token's document (data/loader.py); instruction data's packed
+    rows also carry each token's position in its document and the targets' loss weights."""
+    if cfg.data.format != "text":
+        return PACKED_KEYS
     return ("inputs", "targets", *(("segment_ids",) if cfg.data.document_mask else ()))
 
 
@@ -126,9 +132,9 @@ def abstract_optimizer_state(tx: optax.GradientTransformation, params: dict, pla
 
 def abstract_batch(cfg: Config, plan: Plan) -> dict:
     """A global batch's shapes and layout (jax.ShapeDtypeStructs), as the train and eval steps take it."""
-    rows = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32,
-                                sharding=plan.sharding(("batch", None)))
-    return dict.fromkeys(batch_keys(cfg), rows)
+    rows = lambda dtype: jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), dtype,
+                                              sharding=plan.sharding(("batch", None)))
+    return {k: rows(jnp.float32 if k == "weights" else jnp.int32) for k in batch_keys(cfg)}
 
 
 def build(cfg: Config, plan: Plan, moved: Placements | None = None) -> Setup:
