@@ -4,28 +4,31 @@ client sends are honoured or refused one at a time in OpenAI's error shape; /met
 Prometheus' format and its compilation count does not move while serving."""
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from boost_jax import api
+from boost_jax import api, configs
 from boost_jax.config import ServeConfig
+from boost_jax.model.decode import Decoder
 from boost_jax.model.run_dir import open_run
 from boost_jax.serve.api import Server, create_app
 from boost_jax.serve.engine import Engine
 
 MODEL = "tiny"
+CHATML = Path(configs.__file__).parent / "chatml.jinja"
 
 
 @pytest.fixture(scope="module")
 def served(tiny_run_dir):
-    run = open_run(tiny_run_dir, ["parallel.dp=1"])
+    run = open_run(tiny_run_dir, ["parallel.dp=1", "train.seq_len=128", f"data.chat_template={CHATML}"])
     model, _ = run.model()
     serve = ServeConfig(slots=4, page_tokens=8, prefill_chunk=16, queue=40)
     engine = Engine(model, run.plan, serve, cache="full", eos_id=run.eos, context=run.cfg.train.seq_len)
     engine.warm_up()
-    server = Server(engine, run.tokenizer, model_name=MODEL, serve=serve)
+    server = Server(engine, run.tokenizer, model_name=MODEL, serve=serve, chat=run.chat)
     engine.start()
     yield server, model, run
     engine.stop()
@@ -116,7 +119,7 @@ def test_stop_logprobs_and_metrics(served):
     ({"model": MODEL, "prompt": "x", "stop": 5}, 400, "stop"),
     ({"model": MODEL, "prompt": "x", "logprobs": 9}, 400, "logprobs"),
     ({"model": MODEL, "prompt": 5}, 400, "prompt"),
-    ({"model": MODEL, "prompt": "word " * 200}, 400, "prompt"),
+    ({"model": MODEL, "prompt": "word " * 300}, 400, "prompt"),
     ({"model": MODEL, "prompt": [10**9]}, 400, "prompt"),
     ({"prompt": "x"}, 400, "model"),
     ({"model": "gpt-4", "prompt": "x"}, 404, "model"),
@@ -155,3 +158,29 @@ def test_malformed_json_and_a_full_queue(served):
     assert malformed.status_code == 400 and "not valid JSON" in malformed.json()["error"]["message"]
     assert listed.status_code == 400 and "JSON object" in listed.json()["error"]["message"]
     assert full.status_code == 503 and full.headers["retry-after"] == "1" and full.json()["error"]["code"] == "queue_full"
+
+
+def test_chat_completions_render_the_template_and_stop_at_the_end_of_turn_as_generate(served):
+    server, model, run = served
+    messages = [{"role": "user", "content": "def main("}]
+
+    async def go():
+        async with client(server) as http:
+            oa = openai.AsyncOpenAI(base_url="http://serve/v1", api_key="none", http_client=http, max_retries=0)
+            whole = await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                                     logprobs=True, top_logprobs=2)
+            text = ""
+            async for chunk in await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
+                                                                temperature=0, stream=True):
+                text += chunk.choices[0].delta.content or ""
+            bad = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "robot",
+                                                                                            "content": "hi"}]})
+            return whole, text, bad
+
+    whole, streamed, bad = run_async(go())
+    ids = run.chat.encode(messages, True)
+    want = Decoder(model, server.engine.plan, cache="full", eos_id=(run.eos, *run.chat.stop_ids)).generate([ids], 24)
+    reply = run.tokenizer.decode(want.tokens[0])
+    assert whole.choices[0].message.content == streamed == reply
+    assert whole.usage.prompt_tokens == len(ids) and len(whole.choices[0].logprobs.content) == len(want.tokens[0])
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages" and "robot" in bad.text

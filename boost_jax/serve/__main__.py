@@ -64,6 +64,7 @@ def _main(argv: list[str]) -> None:
     cfg, context = run.cfg, run.cfg.train.seq_len
     if not (a.run_dir / "tokenizer.json").is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
+    chat = chat_template(run)
     kind = choose_cache(cfg.model, run.plan)[0] if a.cache == AUTO_CACHE else a.cache
     pool_pages(cfg.serve, cache_bytes_per_token(kind, cfg.model, run.plan) * cfg.serve.page_tokens, context)
     sock = bind(a.host, a.port)  # before the slow restore: a port in use is said at once
@@ -71,9 +72,8 @@ def _main(argv: list[str]) -> None:
     engine = Engine(model, run.plan, cfg.serve, cache=kind, eos_id=run.eos, context=context)
     del model
     engine.warm_up()
-    chat, stop_ids = chat_template(run)
     server = Server(engine, run.tokenizer, model_name=a.model_name or Path(a.run_dir).resolve().name,
-                    serve=cfg.serve, chat=chat, stop_ids=stop_ids)
+                    serve=cfg.serve, chat=chat)
     app = create_app(server)
     host, port = sock.getsockname()[:2]
     print(f"serving {server.model_name} (step {step}, cache {engine.kind}, {engine.pages.n_pages - 1} pages of "
@@ -95,8 +95,16 @@ def _main(argv: list[str]) -> None:
 
 
 def chat_template(run):
-    """(the run's chat template bound to its tokenizer, its end-of-turn ids), or (None, ()) without one."""
-    return None, ()
+    """The run's chat template bound to its tokenizer (as `generate --chat` reads it), or None where
+    it has none and data.chat_template names none (chat completions are then refused, one line says
+    so); a template named but missing or broken stops the command."""
+    try:
+        return run.chat
+    except ConfigError as e:
+        if run.cfg.data.chat_template:
+            raise
+        print(f"no chat template, so /v1/chat/completions answers 400: {e}", file=sys.stderr)
+        return None
 
 
 if __name__ == "__main__":

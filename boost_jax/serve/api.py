@@ -26,6 +26,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from tokenizers import Tokenizer
 
 from boost_jax.config import ServeConfig
+from boost_jax.data.chat import ChatTokens, check_turns
+from boost_jax.runtime.errors import BoostJaxError
 from boost_jax.serve.engine import TOP_LOGPROBS, Engine, Request as Completion
 
 RETRY_AFTER_S = 1
@@ -112,12 +114,12 @@ class Output:
 
 
 class Server:
-    """The routes' state: the engine, the tokenizer, the served model's name, the chat template."""
+    """The routes' state: the engine, the tokenizer, the served model's name, the run's chat template
+    bound to its tokenizer (None: the run has none, and chat completions are refused)."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, *, model_name: str, serve: ServeConfig,
-                 chat=None, stop_ids: tuple[int, ...] = ()):
-        self.engine, self.tok, self.model_name, self.serve = engine, tokenizer, model_name, serve
-        self.chat, self.stop_ids = chat, stop_ids
+                 chat: ChatTokens | None = None):
+        self.engine, self.tok, self.model_name, self.serve, self.chat = engine, tokenizer, model_name, serve, chat
         self.created = int(time.time())
         self.draining = False
 
@@ -154,10 +156,10 @@ class Server:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("messages", f"expected a non-empty list of messages, got {json.dumps(messages)[:80]}")
-        try:
-            return self.chat.encode(messages, add_generation_prompt=True, where="messages")
-        except ValueError as e:  # the template's ConfigError / DataError naming the message at fault
-            raise _bad("messages", str(e)) from None
+        try:  # rendered as `generate --chat` renders a conversation
+            return self.chat.encode(check_turns(messages, "messages"), add_generation_prompt=True, where="messages")
+        except BoostJaxError as e:  # the message at fault, or the template's refusal of it
+            raise _bad("messages", str(e).removeprefix("messages: ")) from None
 
     def check_length(self, ids: list[int], sampling: Sampling) -> None:
         context = self.engine.context
@@ -169,7 +171,7 @@ class Server:
 
     # ------------------------------------------------------------------ running one
 
-    async def run(self, ids: list[int], sampling: Sampling) -> AsyncIterator[Output]:
+    async def run(self, ids: list[int], sampling: Sampling, stop_ids: tuple[int, ...] = ()) -> AsyncIterator[Output]:
         """The request's output after each new token (the same Output, updated), to its end."""
         if self.draining:
             raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down",
@@ -183,13 +185,11 @@ class Server:
             loop.call_soon_threadsafe(events.put_nowait, (tokens, logprobs, finish))
 
         request = self.engine.submit(Completion(ids, sampling.max_tokens, on_event, sampling.temperature,
-                                                sampling.top_p, sampling.seed))
+                                                sampling.top_p, sampling.seed, stop_ids))
         out = Output()
         try:
             while out.finish is None:
                 tokens, logprobs, finish = await events.get()
-                if any(t in self.stop_ids for t in tokens):  # a chat template's end of turn
-                    tokens, logprobs, finish = [], [], "stop"
                 out.tokens += tokens
                 out.logprobs += logprobs
                 out.text = self.tok.decode(out.tokens)
@@ -323,15 +323,16 @@ def create_app(server: Server) -> FastAPI:
 
         kind = "chat.completion.chunk" if sampling.stream else "chat.completion"
         head = {"id": rid, "object": kind, "created": created, "model": server.model_name}
-        return await _answer(server, ids, sampling, head, choice)
+        return await _answer(server, ids, sampling, head, choice, server.chat.stop_ids)
 
     return app
 
 
-async def _answer(server: Server, ids: list[int], sampling: Sampling, head: dict, choice: Callable):
+async def _answer(server: Server, ids: list[int], sampling: Sampling, head: dict, choice: Callable,
+                  stop_ids: tuple[int, ...] = ()):
     """The whole answer, or its stream of server-sent events (the first event awaited here, so a
     refusal such as a full queue is still an HTTP error)."""
-    outputs = server.run(ids, sampling)
+    outputs = server.run(ids, sampling, stop_ids)
     if not sampling.stream:
         out = None
         async for out in outputs:

@@ -59,6 +59,7 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    stop_ids: tuple[int, ...] = ()  # tokens it ends at besides the end-of-document one (a chat's end of turn)
     id: int = field(default_factory=itertools.count().__next__)
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False  # set by any thread (a client gone): the engine drops it at its next step
@@ -272,7 +273,7 @@ class Engine:
     def _emit(self, r: Request, out: Step, row: int) -> None:
         token = int(out.token[row])
         self.generated += 1
-        if token == self.eos_id:
+        if token == self.eos_id or token in r.stop_ids:  # not returned, as generate's
             self._end(r, "stop")
             return
         r.tokens.append(token)
