@@ -12,6 +12,7 @@ lets the running requests finish, refuses new ones and exits 0.
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -87,6 +88,8 @@ def _main(argv: list[str]) -> None:
         original(sig, frame)
 
     uv.handle_exit = handle_exit
+    for sig in (signal.SIGTERM, signal.SIGINT):  # what uvicorn raises again after its shutdown: exit 0, not the signal
+        signal.signal(sig, lambda *_: None)
     try:
         uv.run(sockets=[sock])
     finally:

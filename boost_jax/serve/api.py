@@ -241,6 +241,7 @@ class Server:
                 ("cache_pages_free", "gauge", "KV cache pages free"),
                 ("cache_page_bytes", "gauge", "bytes of one KV cache page on one device, all layers"),
                 ("generated_tokens", "counter", "tokens generated since start-up"),
+                ("cancelled_requests", "counter", "requests dropped before their end (a client gone, a stop string)"),
                 ("tokens_per_second", "gauge", "tokens generated per second of program time since start-up"),
                 ("compilations", "counter", "XLA programs compiled (all at start-up: it does not move while serving)")]
         lines = []

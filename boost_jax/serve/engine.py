@@ -132,6 +132,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.generated = 0  # tokens produced since start-up
+        self.cancelled = 0  # requests dropped before their end (a client gone, a stop string)
         self.busy_s = 0.0  # seconds spent in program calls
 
     # ------------------------------------------------------------------ the program
@@ -215,9 +216,11 @@ class Engine:
         with self._lock:
             for r in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(r)
+                self.cancelled += 1
                 r.on_event(r, [], [], "cancelled")
             for r in self.slots:
                 if r is not None and r.cancelled:
+                    self.cancelled += 1
                     self._end(r, "cancelled")
             self._admit()
         prefilling = [r for r in self.slots if r is not None and r.prefilled < len(r.prompt)]
@@ -315,5 +318,6 @@ class Engine:
         return {"requests_waiting": len(self.waiting), "requests_running": self.running,
                 "cache_pages_used": self.pages.used, "cache_pages_free": self.pages.free,
                 "cache_page_bytes": self.page_bytes, "generated_tokens": self.generated,
+                "cancelled_requests": self.cancelled,
                 "tokens_per_second": self.generated / self.busy_s if self.busy_s else 0.0,
                 "compilations": self.compilations}
