@@ -63,10 +63,16 @@ def test_greedy_completions_served_together_equal_generate(arch, tp, cache, over
     assert steps < sum(n for _, n in requests) // 2  # batched: far fewer steps than tokens
 
 
-def test_a_seed_repeats_a_sample_whatever_else_is_served():
+@pytest.fixture(scope="module")
+def dense():
+    """One device, a dense model, an engine of 2 slots (so requests wait, join and leave)."""
     model, plan = setup("dense")
-    engine = Engine(model, plan, ServeConfig(slots=4, page_tokens=8, prefill_chunk=16), cache="full", eos_id=None,
-                    context=CONTEXT)
+    return model, Engine(model, plan, ServeConfig(slots=2, page_tokens=8, prefill_chunk=16), cache="full",
+                         eos_id=None, context=CONTEXT)
+
+
+def test_a_seed_repeats_a_sample_whatever_else_is_served(dense):
+    model, engine = dense
     prompt = list(range(5, 25))
     alone, _ = serve_all(engine, [(prompt, 20)], temperature=1.0, top_p=0.9, seed=3)
     crowd, _ = serve_all(engine, [(prompt, 20)] + mixed_requests(model.cfg.vocab_size, 5), temperature=1.0,
@@ -75,20 +81,23 @@ def test_a_seed_repeats_a_sample_whatever_else_is_served():
     assert alone[0].tokens == crowd[0].tokens != other[0].tokens
 
 
-def test_a_cancelled_request_frees_its_slot_and_pages_at_the_next_step():
-    model, plan = setup("dense")
-    engine = Engine(model, plan, ServeConfig(slots=1, page_tokens=8, prefill_chunk=16), cache="full", eos_id=None,
-                    context=CONTEXT)
+def test_a_cancelled_request_frees_its_slot_and_pages_at_the_next_step(dense):
+    _, engine = dense
+    busy = engine.submit(Request([9, 9, 9], 60))  # holds the other slot throughout
     ends = []
     first = engine.submit(Request(list(range(3, 40)), 50, on_event=lambda r, t, lp, end: end and ends.append(end)))
     second = engine.submit(Request([5, 6, 7], 4))
-    for _ in range(4):
+    for _ in range(6):
         engine.step()
-    assert engine.pages.used > 0 and first.tokens and engine.slots == [first]
+    assert engine.pages.used > 0 and first.tokens and engine.slots == [busy, first]
     engine.cancel(first)
     engine.step()  # the cancelled request leaves, the waiting one takes its slot in the same step
-    assert ends == ["cancelled"] and engine.slots == [second]
+    assert ends == ["cancelled"] and engine.slots == [busy, second]
     assert engine.pages.owned(second.id) and first.id not in engine.pages.sequences()
+    engine.cancel(busy)
+    while engine.step():
+        pass
+    assert engine.pages.used == 0
 
 
 @pytest.mark.slow
@@ -103,7 +112,8 @@ def test_under_tp_each_device_holds_its_share_of_a_latent_pool():
     assert sizes[2][0] * 2 == sizes[1][0] and sizes[2][1] * 2 == sizes[1][1]
 
 
-def test_a_pool_too_small_for_one_request_at_the_context_is_refused():
-    model, plan = setup("dense")
+def test_a_pool_too_small_for_one_request_at_the_context_is_refused(dense):
+    model, engine = dense
     with pytest.raises(ConfigError, match="serve.cache_gib=1e-06 holds .* less than one request at the context"):
-        Engine(model, plan, ServeConfig(cache_gib=1e-6, page_tokens=8), cache="full", eos_id=None, context=CONTEXT)
+        Engine(model, engine.plan, ServeConfig(cache_gib=1e-6, page_tokens=8), cache="full", eos_id=None,
+               context=CONTEXT)

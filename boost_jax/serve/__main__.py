@@ -12,6 +12,7 @@ lets the running requests finish, refuses new ones and exits 0.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import socket
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from boost_jax.config.archs import AUTO_CACHE, CACHE_KINDS
 from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
-from boost_jax.runtime.errors import ConfigError
+from boost_jax.runtime.errors import ConfigError, PackageError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,7 +55,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 def _main(argv: list[str]) -> None:
     a = parse(argv)
-    import uvicorn  # lazy: keeps --help free of the server's stack
+    if missing := [p for p in ("fastapi", "uvicorn") if importlib.util.find_spec(p) is None]:
+        raise PackageError(f"not installed: {', '.join(missing)}, for the server: pip install 'boost_jax[serve]'")
+    import uvicorn  # optional: the serve extra
 
     from boost_jax.model.decode import cache_bytes_per_token, choose_cache  # lazy: keeps --help free of JAX
     from boost_jax.model.run_dir import open_run  # lazy: keeps --help free of JAX
