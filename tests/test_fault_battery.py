@@ -7,7 +7,7 @@ usage error); due 0: the command works. No case may show a traceback or asyncio/
 by a signal or hang. `{name}` in an argument stands for a fixture (FIXTURES: a trained llama-tiny
 run dir, its Hugging Face export and an svd import of it, prepared datasets of two tokenizers,
 files that are not what they claim to be; made once, when a case first names it) or for a damaged
-copy made for the case alone (COPIES); `{tmp}` is the case's own folder. FAST, five that take a few
+copy made for the case alone (COPIES); `{tmp}` is the case's own folder. FAST, six that take a few
 seconds and need no fixture, run in the default tier; the rest (about 45 min on 2 cores) are slow and
 marked `battery`, which the default run leaves out: `python -m pytest tests/test_fault_battery.py -m battery`.
 """
@@ -32,6 +32,12 @@ TINY = ["model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "da
 TINY_TRAIN = ["-m", "boost_jax.train", *TINY]
 TRAIN = [*TINY_TRAIN, "train.steps=2"]
 PLAN = ["-m", "boost_jax.plan", "model.preset=llama-tiny", "model.arch=cola", "train.batch_size=8", "train.seq_len=64"]
+
+
+def chat_data(path: str) -> list[str]:
+    """data.format=chat on one file, with the shipped ChatML template and the texts' tokenizer (the last item)."""
+    return ["data.source=files", f"data.paths=[{path}]", "data.format=chat", "data.chat_template=chatml",
+            "data.tokenizer_path={data}/tokenizer.json"]
 
 
 def cmd(name: str, *args: str) -> list[str]:
@@ -153,6 +159,8 @@ def _docs30(w: World) -> Path:
     return _file("docs30.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in _docs(30, seed=5)))(w)
 
 
+CHAT = "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
+                                        {"role": "assistant", "content": str(i + 1)}]}) + "\n" for i in range(3))
 LINES = "".join(json.dumps({"text": f"def f_{i}(x):\n    return x + {i}\n" * 20}) + "\n" for i in range(60))
 FIXTURES = {  # name -> maker(world) -> path, made on first use
     "run": lambda w: _made(w, "run", *TINY_TRAIN, "model.arch=dense", "train.steps=4", "checkpoint.every=4",
@@ -201,6 +209,16 @@ FIXTURES = {  # name -> maker(world) -> path, made on first use
     "big_txt": _file("big.txt", "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n" for i in range(20000))),
     "docs30_jsonl": _docs30,
     "xla_damaged": _damaged_xla,
+    # instruction data (data.format=chat / prompt_completion; issue 72)
+    "chat_no_messages_jsonl": _file("chat_no_messages.jsonl", CHAT + '{"text": "hi"}\n'),
+    "chat_robot_jsonl": _file("chat_robot.jsonl", CHAT + json.dumps({"messages": [
+        {"role": "robot", "content": "beep"}, {"role": "assistant", "content": "ok"}]}) + "\n"),
+    "chat_empty_jsonl": _file("chat_empty.jsonl", CHAT + json.dumps({"messages": [
+        {"role": "user", "content": ""}, {"role": "assistant", "content": "ok"}]}) + "\n"),
+    "chat_long_jsonl": _file("chat_long.jsonl", CHAT + json.dumps({"messages": [
+        {"role": "user", "content": "def f(x): return x " * 60}, {"role": "assistant", "content": "ok"}]}) + "\n"),
+    "pc_no_completion_jsonl": _file("pc_no_completion.jsonl", '{"prompt": "1 + 1 ="}\n'),
+    "broken_jinja": _file("broken.jinja", "{% for m in messages %}{{ m.content }}"),
 }
 
 
@@ -1011,11 +1029,38 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
     ("serve a port in use", script(SERVE_ON_A_PORT_IN_USE, "{run}"), 1, "cannot listen on 127.0.0.1"),
     ("serve parallel.dp=2", cmd("serve", "{run}", "parallel.dp=2", "parallel.cpu_devices=2"), 1,
      "serving runs one data-parallel replica"),
+    # instruction data (issue 72): one message naming the row, key or file; nothing written
+    ("train train.loss_on=completion on text", [*TRAIN, "train.loss_on=completion", "run_dir={tmp}/run"], 1,
+     "train.loss_on: completion needs instruction data"),
+    ("train format=chat without a tokenizer", [*TRAIN, *chat_data("{chat_robot_jsonl}")[:-1], "run_dir={tmp}/run"], 1,
+     "data.tokenizer_path: data.format=chat fine-tunes a model"),
+    ("train format=chat, a row without messages", [*TRAIN, *chat_data("{chat_no_messages_jsonl}"),
+                                                   "run_dir={tmp}/run"], 1, "chat_no_messages.jsonl:4: no 'messages'"),
+    ("train format=chat, an unknown role", [*TRAIN, *chat_data("{chat_robot_jsonl}"), "run_dir={tmp}/run"], 1,
+     "chat_robot.jsonl:4: message 0 has the unknown role 'robot'"),
+    ("train format=chat, empty content", [*TRAIN, *chat_data("{chat_empty_jsonl}"), "run_dir={tmp}/run"], 1,
+     "chat_empty.jsonl:4: message 0 (user) has empty content"),
+    ("train format=chat, a row longer than a window", [*TRAIN, *chat_data("{chat_long_jsonl}"), "run_dir={tmp}/run"],
+     1, "chat_long.jsonl:4: "),
+    ("train format=chat, a template that does not parse", [*TRAIN, *chat_data("{chat_robot_jsonl}"),
+                                                           "data.chat_template={broken_jinja}", "run_dir={tmp}/run"],
+     1, "broken.jinja does not parse"),
+    ("train format=chat, a tokenizer without a template",
+     [*TRAIN, "data.source=files", "data.paths=[{chat_robot_jsonl}]", "data.format=chat",
+      "data.tokenizer_path={data}/tokenizer.json", "run_dir={tmp}/run"], 1, "a chat needs a chat template"),
+    ("train format=prompt_completion, a row without completion",
+     [*TRAIN, "data.source=files", "data.paths=[{pc_no_completion_jsonl}]", "data.format=prompt_completion",
+      "data.tokenizer_path={data}/tokenizer.json", "run_dir={tmp}/run"], 1, "pc_no_completion.jsonl:1: no 'completion'"),
+    ("generate --chat, no template", cmd("generate", "{run}", "--chat", "--prompt", "hi"), 1,
+     "a chat needs a chat template"),
+    ("data prepare --format chat without --seq-len", cmd("data", "prepare", "{chat_robot_jsonl}", "--out", "{tmp}/out",
+                                                        "--format", "chat", "--tokenizer", "{data}/tokenizer.json"), 1,
+     "--seq-len (train.seq_len) is needed"),
 ]
 
 # The default tier's few: a few seconds each (5 s together, warm), no fixture.
 FAST = {"train model.d_modle=5", "bench unknown command", "bench without a command", "plan without --gpus",
-        "api.config unknown preset"}
+        "api.config unknown preset", "train train.loss_on=completion on text"}
 assert FAST <= {row[0] for row in CASES} and len({row[0] for row in CASES}) == len(CASES)
 
 

@@ -7,16 +7,23 @@ import random
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from boost_jax.config import DataConfig
+from boost_jax.analysis.program import build
+from boost_jax.config import DataConfig, load_config
+from boost_jax.data.__main__ import main as prepare_main
 from boost_jax.data.build import build_data
 from boost_jax.data.chat import load_chat_template
+from boost_jax.data.corpus import records
 from boost_jax.data.instruct import Recipe, chat_tokens, encode_rows
 from boost_jax.data.packing import Documents, PackedSplit, pack
 from boost_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from boost_jax.layers.cross_entropy import cross_entropy_sum
+from boost_jax.model.weights import init_params
 from boost_jax.runtime.errors import ConfigError, DataError
+from boost_jax.training.run import train
 
 
 def rows(n, seed=0):
@@ -150,3 +157,100 @@ def test_split_needs_rows():
     empty = Documents(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(1, np.int64))
     with pytest.raises(ConfigError, match="train data has no rows"):
         PackedSplit(empty, seq_len=8, seed=0, name="train", pad_id=0)
+
+
+# ----------------------------------------------------------------------------- training on it
+
+
+def finetune(tmp_path, tiny_overrides, folder, name, *extra):
+    cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / name}", "data.source=files",
+                             f"data.paths=[{folder / 'chat.jsonl'}]", "data.format=chat", "data.chat_template=chatml",
+                             f"data.tokenizer_path={folder / 'tokenizer.json'}", "parallel.dp=1", *extra])
+    return train(cfg, jax.devices()[:1]), tmp_path / name
+
+
+@pytest.mark.slow  # three short runs
+def test_a_chat_finetune_resumes_mid_epoch_bitwise(tmp_path, tiny_overrides, folder):
+    """200 rows of ~56 tokens pack into ~50 windows of 65 slots: 6 steps of 8 windows; a resume at
+    step 3 starts inside epoch 0's windows and steps past its end into epoch 1's reshuffle."""
+    common = ["train.schedule_steps=9", "checkpoint.every=3", "train.eval_every=3", "data.val_fraction=0.1"]
+    full, _ = finetune(tmp_path, tiny_overrides, folder, "full", *common, "train.steps=9")
+    first, run_dir = finetune(tmp_path, tiny_overrides, folder, "split", *common, "train.steps=4")
+    (run_dir / "checkpoints" / "4").rename(tmp_path / "moved-4")  # as if it stopped before saving step 4
+    second, _ = finetune(tmp_path, tiny_overrides, folder, "split", *common, "train.steps=9")
+    assert second["start_step"] == 3 and second["losses"] == full["losses"][3:]  # bitwise equal floats
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[2]["eval_tokens"] > 0 and rows[2]["eval_tokens"] < 2 * 8 * 64  # targets only, counted
+
+
+def test_a_bad_row_stops_the_run_before_anything_is_written(tmp_path, tiny_overrides, folder):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text((folder / "chat.jsonl").read_text() + json.dumps({"messages": [{"role": "user"}]}) + "\n")
+    cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / 'run'}", "data.source=files",
+                             f"data.paths=[{bad}]", "data.format=chat", "data.chat_template=chatml",
+                             f"data.cache_dir={tmp_path / 'cache'}",
+                             f"data.tokenizer_path={folder / 'tokenizer.json'}", "parallel.dp=1"])
+    with pytest.raises(DataError, match="bad.jsonl:201: message 0 must be an object with 'role' and 'content'"):
+        train(cfg, jax.devices()[:1])
+    # Only the run dir's lock (taken before anything, as every run takes it) and no dataset in the cache.
+    assert {p.name for p in (tmp_path / "run").iterdir()} <= {".boost_jax.lock"}
+    assert not list((tmp_path / "cache").glob("instruct/*"))
+
+
+def packed_loss_and_grads(*overrides):
+    """The loss and gradients of a packed batch (rows of 2-3 documents, positions from 0 in each, a
+    loss mask) under a layout."""
+    cfg = load_config(None, ["model.preset=llama-tiny", "model.arch=cola", "train.batch_size=4", "train.seq_len=32",
+                             "parallel.dp=1", "data.source=prepared", "data.path=unused", "data.format=chat",
+                             *overrides])
+    prog = build(cfg)
+    params = jax.device_put(init_params(cfg), jax.tree.map(lambda p: p.sharding, prog.params))
+    rng = np.random.default_rng(0)
+    cuts = [sorted(rng.choice(np.arange(3, 30), 2, replace=False)) for _ in range(4)]
+    segments = np.stack([np.searchsorted(c, np.arange(32), side="right") for c in cuts]).astype(np.int32)
+    positions = np.stack([np.arange(32) - np.concatenate([[0], c])[s] for c, s in zip(cuts, segments)])
+    mask = (rng.random((4, 32)) < 0.4) & (np.roll(segments, -1, 1) == segments)
+    batch = {"inputs": rng.integers(0, 512, (4, 32)).astype(np.int32),
+             "targets": rng.integers(0, 512, (4, 32)).astype(np.int32), "segment_ids": segments,
+             "positions": positions.astype(np.int32), "weights": (mask * (mask.size / mask.sum())).astype(np.float32)}
+    batch = jax.device_put(batch, prog.batch["inputs"].sharding)
+    return jax.device_get(jax.jit(jax.value_and_grad(prog.loss))(params, batch))
+
+
+@pytest.mark.slow  # two compiles, ~17 s on 2 cores
+def test_packed_rows_under_cp_and_tp_equal_one_device():
+    """A packed batch (its segments, positions and loss weights put in cp's balanced order with the
+    tokens) under cp=2 x tp=2 is the single-device loss and gradient. (RoPE is relative, so within a
+    row the positions' origin does not change the loss; the segments and weights do.)"""
+    (ref, ref_grads), (value, grads) = packed_loss_and_grads(), packed_loss_and_grads("parallel.cp=2", "parallel.tp=2")
+    assert value == pytest.approx(ref, rel=1e-5)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        assert np.abs(g - r).max() <= 1e-5 * np.abs(r).max()
+
+
+def test_data_prepare_gives_the_batches_of_source_files(folder, tmp_path):
+    prepare_main(["prepare", str(folder / "chat.jsonl"), "--out", str(tmp_path / "prepared"), "--format", "chat",
+                  "--tokenizer", str(folder / "tokenizer.json"), "--chat-template", "chatml", "--seq-len", "64",
+                  "--val-fraction", "0.1"])
+    prepared = build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared"), format="chat"),
+                          vocab_size=512, seq_len=64, seed=0, completion_only=True)
+    files = chat_data(folder, tmp_path / "cache", val_fraction=0.1)
+    for k in (0, 7):
+        a, b = prepared.train.batch(k, 4), files.train.batch(k, 4)
+        assert all(np.array_equal(a[key], b[key]) for key in a)
+    with pytest.raises(DataError, match="holds instruction rows: set data.format"):
+        build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared")), vocab_size=512, seq_len=64, seed=0)
+    with pytest.raises(DataError, match="a row of .* tokens, longer than a window of train.seq_len . 1 = 33"):
+        build_data(DataConfig(source="prepared", path=str(tmp_path / "prepared"), format="chat"),
+                   vocab_size=512, seq_len=32, seed=0, completion_only=True)
+
+
+def test_parquet_rows_read_as_jsonl_rows(folder, tmp_path):
+    data = rows(5)
+    pq.write_table(pa.Table.from_pylist(data), tmp_path / "chat.parquet")
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    got = list(records([tmp_path / "chat.parquet"]))
+    assert [w for w, _ in got][:2] == [f"{tmp_path / 'chat.parquet'}#0", f"{tmp_path / 'chat.parquet'}#1"]
+    assert [r for _, r in got] == [r for _, r in records([tmp_path / "chat.jsonl"])] == data
+    with pytest.raises(DataError, match="instruction rows are read from .jsonl"):
+        list(records([folder / "tokenizer.json"]))

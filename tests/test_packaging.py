@@ -21,6 +21,7 @@ def test_a_wheel_plans_and_trains_outside_the_checkout(tmp_path, cache_dir):
     (wheel,) = dist.glob("boost_jax-*.whl")
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True)
     assert (site / "boost_jax" / "configs" / "hardware.yaml").is_file()
+    assert (site / "boost_jax" / "configs" / "chatml.jinja").is_file()  # data.chat_template=chatml
     # The wheel's package, not the checkout's: the installed folder comes first on the path.
     env = {**os.environ, "PYTHONPATH": str(site), "BOOST_JAX_CACHE": str(tmp_path / "cache")}
     run = lambda *args: subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=work, env=env)

@@ -2,7 +2,9 @@
 
 SOURCE: text files (one document each), .jsonl / .jsonl.gz / .jsonl.zst (one per line) and .parquet
 files (one per row), directories (searched recursively) or globs. Train with it:
-python -m boost_jax.train data.source=prepared data.path=DIR
+python -m boost_jax.train data.source=prepared data.path=DIR. Instruction rows (--format chat or
+prompt_completion, with the model's --tokenizer and --seq-len) are encoded with their targets into
+a prepared instruction dataset, read the same way with data.format set.
 """
 
 from __future__ import annotations
@@ -44,7 +46,54 @@ def _main(argv: list[str]) -> None:
     q.add_argument("--shard-mb", type=int, default=512, help="text per shard (and per unit of resume)")
     q.add_argument("--skip-bad-lines", action="store_true", help="pass over malformed .jsonl lines, counted")
     q.add_argument("--no-progress", action="store_true")
-    _prepare(p.parse_args(argv))
+    q.add_argument("--format", default="text", choices=["text", "chat", "prompt_completion"],
+                   help="chat: rows of messages [{role, content}]; prompt_completion: rows of prompt and completion "
+                        "(both need --tokenizer, the model's, and --seq-len); text: documents (--text-key)")
+    q.add_argument("--chat-template", default="", metavar="FILE",
+                   help="--format chat: a Jinja template instead of the tokenizer's own; chatml = the shipped one")
+    q.add_argument("--seq-len", type=int, default=0, help="instruction rows: train.seq_len of the runs that read it "
+                   "(a row must fit a window of seq_len + 1 tokens)")
+    q.add_argument("--loss-on", default="completion", choices=["completion", "all"],
+                   help="instruction rows: the targets (train.loss_on of the runs that read it)")
+    q.add_argument("--truncate", default="none", choices=["none", "right", "drop"],
+                   help="instruction rows: a row longer than a window is refused, cut to its start, or left out")
+    a = p.parse_args(argv)
+    if a.format != "text":
+        return _prepare_instruct(a)
+    if a.chat_template or a.seq_len:
+        raise ConfigError("--chat-template and --seq-len are for instruction rows (--format chat / prompt_completion)")
+    _prepare(a)
+
+
+def _prepare_instruct(a: argparse.Namespace) -> None:
+    """Instruction rows into a prepared instruction dataset (data/instruct.py)."""
+    from boost_jax.data.corpus import expand  # lazy: keeps --help free of numpy and tokenizers
+    from boost_jax.data.instruct import Recipe, chat_tokens, is_prepared, prepare_instruct  # lazy: as above
+    from boost_jax.data.tokenizer import load_tokenizer  # lazy: keeps --help free of tokenizers
+
+    if not a.tokenizer:
+        raise ConfigError(f"--format {a.format} fine-tunes a model: --tokenizer names its tokenizer.json")
+    if a.seq_len < 1:
+        raise ConfigError(f"--format {a.format} packs rows whole into windows: --seq-len (train.seq_len) is needed")
+    if a.chat_template and a.format != "chat":
+        raise ConfigError("--chat-template is read only with --format chat")
+    if not 0 <= a.val_fraction < 1:
+        raise ConfigError(f"--val-fraction must be in [0, 1), got {a.val_fraction}")
+    check_writable_dir(a.out, "--out")
+    if is_prepared(a.out):
+        raise ConfigError(f"--out {a.out} already holds a prepared instruction dataset; choose another folder")
+    if a.out.exists() and any(a.out.iterdir()):
+        raise ConfigError(f"--out {a.out} is not empty; choose an empty or new folder")
+    tok = load_tokenizer(Path(a.tokenizer).expanduser())
+    chat = chat_tokens(tok, a.tokenizer, a.chat_template) if a.format == "chat" else None
+    recipe = Recipe(a.format, a.loss_on == "completion", a.seq_len + 1, a.truncate, a.val_fraction, a.chat_template)
+    if a.out.exists():
+        a.out.rmdir()  # empty: the dataset is made beside it and renamed into place
+    stats = prepare_instruct(expand(a.sources), a.out, tok, chat, recipe)
+    for split in ("train", "val"):
+        print(f"{split}: {stats[f'{split}_documents']:,} rows, {stats[f'{split}_tokens']:,} tokens, "
+              f"{stats[f'{split}_targets']:,} targets")
+    print(f"{stats['truncated_rows']:,} truncated, {stats['dropped_rows']:,} dropped | {a.out}")
 
 
 def _prepare(a: argparse.Namespace) -> None:

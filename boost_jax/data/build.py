@@ -54,12 +54,15 @@ def build_data(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, bat
     the global batch a mixture draws (data.source=mixture only); `completion_only`: only completions
     are targets (train.loss_on, instruction data only)."""
     t0 = time.perf_counter()
-    if cfg.format != "text" or (cfg.source == "prepared" and is_prepared(Path(cfg.path).expanduser())):
+    if cfg.format != "text":
         return _instruct(cfg, vocab_size=vocab_size, seq_len=seq_len, seed=seed, completion_only=completion_only)
     if cfg.source == "mixture":
         return _mixture(cfg, vocab_size=vocab_size, seq_len=seq_len, seed=seed, batch_size=batch_size)
     if cfg.source == "prepared":
         directory = Path(cfg.path).expanduser()
+        if is_prepared(directory):
+            raise DataError(f"{directory} holds instruction rows: set data.format to the format it was prepared "
+                            "with (chat or prompt_completion)")
         index, tok = _open(directory)
     else:
         directory, index, tok = _cached(cfg, vocab_size)
@@ -97,7 +100,7 @@ def _instruct(cfg: DataConfig, *, vocab_size: int, seq_len: int, seed: int, comp
             prepare_instruct(files, directory, tok, chat, recipe)
     index, tok, docs = open_prepared(directory)
     recipe = index["recipe"]
-    if recipe["format"] != cfg.format and cfg.format != "text":
+    if recipe["format"] != cfg.format:
         raise DataError(f"{directory} holds data.format={recipe['format']} rows, not {cfg.format}")
     if recipe["completion_only"] != completion_only:
         raise DataError(f"{directory} was prepared with train.loss_on="

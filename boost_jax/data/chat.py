@@ -1,12 +1,13 @@
 """Chat templates: a tokenizer's Jinja template rendered as transformers' `apply_chat_template` renders it.
 
-    template = load_chat_template(tokenizer_path, template_file="")   # ConfigError if none or broken
+    template = load_chat_template(tokenizer_path, template_file="", tokenizer=tok)  # ConfigError if none/broken
     text = template.render(messages, add_generation_prompt=True)
-    chat = template.bind(tokenizer)                 # a tokenizers.Tokenizer (data/tokenizer.py)
+    chat = template.bind(tok)                       # tok: a tokenizers.Tokenizer (data/tokenizer.py)
     ids = chat.encode(messages, add_generation_prompt=True)   # == apply_chat_template(messages, ...)
     ids, targets = chat.encode_turns(messages)     # targets: the assistant turns' tokens (and end of turn)
-    check_turns(messages, where) / check_messages(row, where)   # DataError naming `where` on bad input
     chat.stop_ids                                   # the end-of-turn token(s) generation stops at
+    check_turns(messages, where)                    # a conversation's {role, content}s, or DataError at `where`
+    check_messages(messages, where)                 # the same, for a training row (an assistant turn in it)
 
 The template comes from `template_file` (data.chat_template) if given, else `chat_template.jinja`
 beside the tokenizer (as transformers 5 saves it), else the `chat_template` key of the
