@@ -10,6 +10,7 @@ COMMANDS = {
     "data": "prepare a tokenized dataset from text, JSONL or Parquet files (data prepare ... --out DIR)",
     "eval": "loss, perplexity and bits per byte of a run's checkpoint, on any layout",
     "generate": "continue text with a run's checkpoint, on any layout (streams; --json)",
+    "serve": "an OpenAI-compatible HTTP server of a run's checkpoint: continuous batching, a paged KV cache",
     "lm_eval": "lm-evaluation-harness tasks on a run's checkpoint (--tasks and lm-eval's other flags)",
     "export": "a run's checkpoint as safetensors (the Hugging Face LLaMA layout for dense)",
     "convert": "start a run dir from a Hugging Face LLaMA, an export or a run (--to svd factors it)",

@@ -493,6 +493,16 @@ sys.exit(first.returncode if kept else 9)
 
 # ----------------------------------------------------------------------------- the table
 
+# `serve` on a port another socket holds: the command's exit status and stderr are this script's.
+SERVE_ON_A_PORT_IN_USE = """
+import socket, subprocess, sys
+held = socket.socket()
+held.bind(("127.0.0.1", 0))
+held.listen(1)
+done = subprocess.run([sys.executable, "-m", "boost_jax.serve", sys.argv[1], "--port", str(held.getsockname()[1])])
+sys.exit(done.returncode)
+"""
+
 CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, environment]])
     ('train model.d_modle=5', [*TRAIN, 'model.d_modle=5', 'run_dir={tmp}/run'], 1, 'model.d_modle'),
     ('train train.steps=abc', [*TRAIN, 'train.steps=abc', 'run_dir={tmp}/run'], 1, 'train.steps'),
@@ -1082,6 +1092,18 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
     # issue 70 item 1: cuDNN's attention at float32 is refused by name while the plan is made, before any compile
     ("compile model.attention=cudnn at float32", cmd("compile", "--hardware", "h100-80gb", "model.attention=cudnn"), 1,
      "model.attention=cudnn: cuDNN's fused attention takes float16 or bfloat16 only, not model.dtype=float32"),
+    # serve: each refused before the port is bound (issue 73)
+    ("serve missing run dir", cmd("serve", "{tmp}/norun"), 1, "norun"),
+    ("serve not a run dir", cmd("serve", "{empty_dir}"), 1, "empty_dir"),
+    ("serve serve.page_tokens=0", cmd("serve", "{run}", "serve.page_tokens=0"), 1, "serve.page_tokens"),
+    ("serve serve.slots=-1", cmd("serve", "{run}", "serve.slots=-1"), 1, "serve.slots"),
+    ("serve serve.cache_gib=-1", cmd("serve", "{run}", "serve.cache_gib=-1"), 1, "serve.cache_gib"),
+    ("serve a pool too small for one request", cmd("serve", "{run}", "serve.cache_gib=1e-9"), 1,
+     "less than one request at the context"),
+    ("serve --port 0", cmd("serve", "{run}", "--port", "0"), 1, "--port must be in 1..65535"),
+    ("serve a port in use", script(SERVE_ON_A_PORT_IN_USE, "{run}"), 1, "cannot listen on 127.0.0.1"),
+    ("serve parallel.dp=2", cmd("serve", "{run}", "parallel.dp=2", "parallel.cpu_devices=2"), 1,
+     "serving runs one data-parallel replica"),
     # instruction data (issue 72): one message naming the row, key or file; nothing written
     ("train train.loss_on=completion on text", [*TRAIN, "train.loss_on=completion", "run_dir={tmp}/run"], 1,
      "train.loss_on: completion needs instruction data"),

@@ -25,7 +25,7 @@ FLOORS = [
      "training.log", "training.local_tier", "training.recovery"},
     {"analysis", "training.run_dir", "training.checkpointing", "training.preemption", "training.meeting",
      "training.meter", "training.guard", "training.profiler", "training.metrics", "training.run", "training.evaluate", "training.importer", "api",
-     "train", "export", "generate", "eval", "lm_eval"},
+     "train", "export", "generate", "eval", "lm_eval", "serve"},
     {"planner", "plan", "convert", "compile", "comparison", "study"},
     {"bench", "__main__"},
 ]
@@ -39,7 +39,7 @@ FOLDER_FLOORS = [
     {"layers"},
     {"model"},
     {"training"},
-    {"analysis"},
+    {"analysis", "serve"},
     {"planner", "comparison"},
     {"bench"},
 ]
@@ -87,7 +87,7 @@ def test_the_package_root_holds_the_commands_and_the_python_api():
     assert root - {"__init__", "__main__", "api"} <= set(COMMANDS), "library modules at the root: move them to a room"
     folders = {p.name for p in (ROOT / "boost_jax").iterdir() if (p / "__init__.py").is_file()}
     commands = {c for c in COMMANDS if c in folders}
-    assert commands == {"bench", "data"}  # the commands that are packages; every other folder is a room
+    assert commands == {"bench", "data", "serve"}  # the commands that are packages; every other folder is a room
 
 
 def test_every_module_has_a_floor():
@@ -153,7 +153,7 @@ def reached(module: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("command", ["boost_jax.generate", "boost_jax.lm_eval", "boost_jax.export"])
+@pytest.mark.parametrize("command", ["boost_jax.generate", "boost_jax.lm_eval", "boost_jax.export", "boost_jax.serve.__main__"])
 def test_inference_never_enters_training(command):
     """Serving a model reads its checkpoint through model/ (the Orbax store, the run dir): a change to
     training/ cannot break generate, lm_eval or export."""

@@ -22,6 +22,7 @@ from boost_jax.config.config import (
     OptimizerName,
     ParallelConfig,
     SchemeName,
+    ServeConfig,
     SpectronConfig,
     TrainConfig,
     from_args,
@@ -36,5 +37,5 @@ from boost_jax.config.config import (
 
 __all__ = ["MAX_INT32_VOCAB", "Arch", "CheckpointConfig", "Config", "ConfigError", "DType", "DataConfig", "LogConfig",
            "MixtureEntry", "ModelConfig", "MuonComm", "MuonConfig", "OptimizerName", "ParallelConfig", "SchemeName",
-           "SpectronConfig", "TrainConfig", "from_args", "from_dict", "hardware_names", "load_config", "load_yaml",
+           "ServeConfig", "SpectronConfig", "TrainConfig", "from_args", "from_dict", "hardware_names", "load_config", "load_yaml",
            "mixture_name", "raw_args", "raw_config"]

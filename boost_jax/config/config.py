@@ -329,6 +329,18 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """`serve.*`: `python -m boost_jax.serve`'s decode slots, paged cache and queue (docs/guides/serving.md)."""
+
+    slots: int = 8  # sequences decoded together, each step (the decode program's batch)
+    page_tokens: int = 16  # positions per cache page
+    cache_gib: float = 0.0  # the page pool's GiB per device; 0 = enough for every slot at the full context
+    prefill_chunk: int = 64  # prompt tokens per prefill call, interleaved with decode steps
+    queue: int = 64  # requests waiting for a slot before new ones get 503
+    max_tokens: int = 16  # a request's max_tokens when it names none (OpenAI's default)
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run: one section per dataclass above, plus the run dir."""
 
@@ -339,6 +351,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     log: LogConfig = field(default_factory=LogConfig)
     study: StudyConfig = field(default_factory=StudyConfig)  # read by `python -m boost_jax.study` only
+    serve: ServeConfig = field(default_factory=ServeConfig)  # read by `python -m boost_jax.serve` only
     run_dir: str = "runs/default"
 
     def to_dict(self) -> dict[str, Any]:
@@ -630,6 +643,10 @@ def _validate(c: Config) -> None:
     _require(not k.local_dir or k.every > 0 or k.every_minutes > 0, "checkpoint.local_dir",
              "is the frequent tier beside the persistent checkpoints in run_dir, which are off: set "
              "checkpoint.every or checkpoint.every_minutes > 0")
+    for name in ("slots", "page_tokens", "prefill_chunk", "queue", "max_tokens"):
+        _require(getattr(c.serve, name) > 0, f"serve.{name}", f"must be a positive integer, got {getattr(c.serve, name)}")
+    _require(c.serve.cache_gib >= 0, "serve.cache_gib", f"must be >= 0 GiB (0 = every slot at the full context), "
+             f"got {c.serve.cache_gib}")
     p = c.parallel
     _require(p.pp > 0, "parallel.pp", "must be > 0")
     _require(p.pp_repeats > 0, "parallel.pp_repeats", "must be > 0")
