@@ -130,7 +130,7 @@ def qwen_config(tmp_path_factory):
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}, "rope_type 'yarn'"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}},
      "rope_parameters.partial_rotary_factor is not understood"),
-    ({"rope_theta": 10.0}, "rope_theta 10.0 and rope_parameters.rope_theta 1000000.0 disagree"),
+    ({"rope_theta": 10.0}, "rope_parameters.rope_theta 1000000.0 and rope_theta 10.0 disagree"),
     ({"attention_dropout": 0.1}, "attention_dropout=0.1 cannot be imported"),
     ({"some_new_switch": 1}, "the key 'some_new_switch' is not understood"),
 ])

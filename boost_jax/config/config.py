@@ -203,6 +203,10 @@ class TrainConfig:
     # A resume whose checkpoint was trained with another train.optimizer: refused, unless this lets the
     # parameters resume with a fresh optimizer state (said in one line)
     reset_optimizer: bool = False
+    # Start a new run from another's parameters: a run dir (its newest checkpoint, or PATH@STEP) or a
+    # Hugging Face / export folder (read as `convert import` reads it); a fresh optimizer and
+    # schedule, step 0. The model is the source's (training/importer.py). "" = the seed's parameters.
+    init_from: str = ""
     seed: int = 0
     remat: Literal["none", "full", "lowrank"] = "none"
     # LM head + cross-entropy this many sequence positions at a time, each chunk's logits recomputed

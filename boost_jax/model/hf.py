@@ -260,6 +260,11 @@ def _weight_files(src: Path) -> list[Path]:
     return [src / WEIGHTS]
 
 
+def read_model_config(src: str | Path) -> ModelConfig:
+    """The model config of an export or an HF folder, read (and checked) without its weights."""
+    return _read_config(Path(src))[0]
+
+
 def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
     """(model config, whether the folder is in the HF layout)."""
     if (out_dir / BOOST_CONFIG).is_file():
@@ -343,34 +348,39 @@ def _hf_rope(c: dict) -> tuple[float, dict]:
     `rope_scaling` (both: they must agree) beside `rope_theta`; default or llama3, every other type
     and key refused by name."""
     written = {k: c[k] for k in ("rope_parameters", "rope_scaling") if c.get(k) is not None}
-    for key, rope in written.items():
-        if not isinstance(rope, dict):
-            raise ExportError(f"config.json: {key} must be an object, got {rope!r}")
-    if len(written) == 2 and {k: v for k, v in written["rope_parameters"].items() if k != "rope_theta"} != \
-            {k: v for k, v in written["rope_scaling"].items() if k != "rope_theta"}:
+    read = {key: _hf_rope_dict(key, rope) for key, rope in written.items()}
+    if len(set(map(str, read.values()))) > 1:
         raise ExportError("config.json: rope_parameters and rope_scaling disagree: "
                           f"{written['rope_parameters']} against {written['rope_scaling']}")
-    key, rope = next(iter(written.items()), ("rope_parameters", {}))
+    thetas = {("rope_theta", c.get("rope_theta"))} | {(f"{k}.rope_theta", r.get("rope_theta")) for k, r in written.items()}
+    thetas = {(k, t) for k, t in thetas if t is not None}
+    if len({t for _, t in thetas}) > 1:
+        raise ExportError("config.json: " + " and ".join(f"{k} {t}" for k, t in sorted(thetas)) + " disagree")
+    for key, theta in thetas:
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+            raise ExportError(f"config.json: {key} must be a number, got {theta!r}")
+    return float(thetas.pop()[1]) if thetas else 10000.0, next(iter(read.values()), {"type": "default"})
+
+
+def _hf_rope_dict(key: str, rope) -> dict:
+    """model.rope_scaling of one RoPE dict of config.json (`key` names it)."""
+    if not isinstance(rope, dict):
+        raise ExportError(f"config.json: {key} must be an object, got {rope!r}")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", "llama3"):
         raise ExportError(f"config.json: {key}.rope_type {kind!r} cannot be imported (default, llama3)")
     known = ROPE_KEYS | (set(LLAMA3_ROPE) if kind == "llama3" else set())
     if unknown := sorted(set(rope) - known):
         raise ExportError(f"config.json: {key}.{unknown[0]} is not understood for rope_type {kind!r}")
-    thetas = {t for t in (c.get("rope_theta"), rope.get("rope_theta")) if t is not None}
-    if len(thetas) > 1:
-        raise ExportError(f"config.json: rope_theta {c['rope_theta']} and {key}.rope_theta {rope['rope_theta']} "
-                          "disagree")
-    if kind == "llama3" and (missing := [k for k in LLAMA3_ROPE if k not in rope]):
+    if kind == "default":
+        return {"type": kind}
+    if missing := [k for k in LLAMA3_ROPE if k not in rope]:
         raise ExportError(f"config.json: {key} of rope_type llama3 lacks {missing}")
     for k in LLAMA3_ROPE:
-        if k in rope and (isinstance(rope[k], bool) or not isinstance(rope[k], (int, float))):
+        if isinstance(rope[k], bool) or not isinstance(rope[k], (int, float)):
             raise ExportError(f"config.json: {key}.{k} must be a number, got {rope[k]!r}")
-    scaling = {"type": kind, **{k: rope[k] for k in LLAMA3_ROPE if kind == "llama3"}}
-    if kind == "llama3":
-        scaling["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
-        scaling.update({k: float(rope[k]) for k in LLAMA3_ROPE[:3]})
-    return float(thetas.pop()) if thetas else 10000.0, scaling
+    return {"type": kind, **{k: float(rope[k]) for k in LLAMA3_ROPE[:3]},
+            "original_max_position_embeddings": int(rope["original_max_position_embeddings"])}
 
 
 def _abstract_params(cfg: ModelConfig) -> dict:

@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 
@@ -25,12 +26,13 @@ from boost_jax.parallel import Plan, make_plan
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_writable_dir
+from boost_jax.training.importer import init_from_params
 from boost_jax.training.log import RunLog
 from boost_jax.training.metrics import Metrics
 from boost_jax.training.muon_layout import placements
 from boost_jax.training.parts import Checkpointing, Evaluator, Meter, NonFiniteGuard, Preemption, Profiler, RunDir
 from boost_jax.training.recovery import Recovery
-from boost_jax.training.step import Setup, TrainState, device_batch, setup
+from boost_jax.training.step import Setup, TrainState, device_batch, init_state, setup
 
 # How a resume on fewer devices sizes its micro-batches: (cfg, plan) -> (cfg, the note of what it added).
 # The memory model answers (analysis/microbatch_fit.py's `fit_resume`, which sits above training/ and
@@ -141,6 +143,9 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     # run dir is made or locked.
     plan = make_plan(cfg, devices)
     moved = placements(cfg, plan)  # the Muon placements: they hold on a resume's plan, whose mesh is the same
+    # train.init_from's parameters, read before the run dir is touched (one that holds a run resumes it)
+    claimed = (Path(cfg.run_dir) / "config.yaml").is_file()
+    params, init_note = init_from_params(cfg, plan) if cfg.train.init_from and not claimed else (None, None)
     run_dir = RunDir(cfg, primary=jax.process_index() == 0)
     closing.callback(run_dir.release)
     fit_note = None
@@ -153,10 +158,16 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed,
                       batch_size=t.batch_size)
     lap("data")
-    run, state = setup(cfg, plan, moved=moved)
+    run, state = setup(cfg, plan, params, moved=moved)
     ckpt = Checkpointing(cfg, run, run_dir.path)
     closing.callback(ckpt.close)
     state, first = ckpt.resume(state)
+    if cfg.train.init_from and claimed:  # the run's own checkpoint, or (claimed, never saved) the source again
+        if ckpt.restored:
+            init_note = f"train.init_from ignored: the run resumes its own checkpoint step {first}"
+        else:
+            params, init_note = init_from_params(cfg, plan)
+            state = init_state(cfg, plan, run, params)
     check_run_tokenizer(data.tokenizer, run_dir.path / "tokenizer.json")
     mixture_note = data.train.resume(ckpt.meta.get("mixture"), first) if data.parts else None
     process = (jax.process_index(), jax.process_count())
@@ -169,6 +180,8 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     peak, peak_source = device_peak_flops(cfg.model.dtype, cache)
     meter = Meter(cfg, plan.mesh.size, first, counts.train_flops_per_token, peak)
     log.line(banner(cfg, plan, counts, data.stats.get("train_tokens", 0), peak, peak_source))
+    if init_note:
+        log.line(init_note)
     if note := run_dir.schedule_note():
         log.line(note)
     if first >= t.steps:
