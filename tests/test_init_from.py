@@ -3,6 +3,8 @@ into the run's layout with a fresh optimizer at step 0; one step on tp=2 equals 
 is the source's (a contradicting override refused by name, the arch changed by `convert` only); a run
 started so resumes itself like any run."""
 
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -31,11 +33,32 @@ def params(run_dir, step=None):
     return jax.device_get(nnx.to_pure_dict(nnx.state(api.restore(run_dir, step)[1], nnx.Param)))
 
 
-def test_init_from_then_one_step_on_tp2_equals_one_device(tmp_path, tiny_overrides, source):
+def qwen2_folder(path, source):
+    """A random-weight Qwen2 (q/k/v biases made non-zero) saved by transformers, with the source run's
+    tokenizer (512 tokens)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    hf.save_pretrained(path)
+    shutil.copyfile(source / "tokenizer.json", path / "tokenizer.json")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["run", pytest.param("hf-qwen2", marks=pytest.mark.slow)])
+def test_init_from_then_one_step_on_tp2_equals_one_device(tmp_path, tiny_overrides, source, kind):
+    src = source if kind == "run" else qwen2_folder(tmp_path / "hf", source)
     runs = {}
     for name, devices, layout in (("one", 1, ["parallel.dp=1"]), ("tp2", 2, ["parallel.dp=1", "parallel.tp=2"])):
-        cfg = config(tiny_overrides, tmp_path / name, f"train.init_from={source}", "train.steps=1", *layout)
-        assert cfg.model.arch == "dense" and cfg.data.tokenizer_path == str((source / "tokenizer.json").absolute())
+        cfg = config(tiny_overrides, tmp_path / name, f"train.init_from={src}", "train.steps=1", *layout)
+        assert cfg.model.arch == "dense" and cfg.data.tokenizer_path == str((src / "tokenizer.json").absolute())
+        assert cfg.model.qkv_bias == (kind == "hf-qwen2")
         summary = train(cfg, jax.devices()[:devices])
         assert summary["start_step"] == 0
         runs[name] = summary
