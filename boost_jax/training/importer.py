@@ -35,7 +35,7 @@ from boost_jax.training.step import setup
 def read_source(src: Path, step: int | None):
     """(model config, parameters as a pure dict of numpy arrays, tokenizer.json path) of SRC."""
     if not src.is_dir():
-        raise ConfigError(f"{src} is not a folder: give a Hugging Face LLaMA folder, an export or a run dir")
+        raise ConfigError(f"{src} is not a folder: give a Hugging Face LLaMA or Qwen2 folder, an export or a run dir")
     if (src / "config.yaml").is_file():  # a run dir
         run = open_run(src)
         model, _ = run.model(step, single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
