@@ -1,7 +1,7 @@
 """python -m boost_jax.convert import SRC RUN_DIR [section.key=value ...] [--step N]
     [--to svd --rank R [--method svd|whiten] [--calibration DIR] [--samples N]] [--json]
 
-Starts a run dir from a model made elsewhere. SRC is a Hugging Face LLaMA folder (config.json, one
+Starts a run dir from a model made elsewhere. SRC is a Hugging Face LLaMA or Qwen2 folder (config.json, one
 model.safetensors or shards listed in model.safetensors.index.json, tokenizer.json; float32, float16
 or bfloat16), a folder `python -m boost_jax.export` wrote (any arch, e.g. CoLA), or a boost_jax run dir
 (its newest checkpoint, or --step). Weights are read tensor by tensor (the model sits in host memory

@@ -9,7 +9,7 @@ The run itself is boost_jax/training/run.py's `train`.
 
 from __future__ import annotations
 
-from boost_jax.config import from_args
+from boost_jax.config import from_dict, raw_args
 from boost_jax.config.packages import check_packages
 from boost_jax.configs import BASE
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
@@ -36,7 +36,12 @@ def _main(args: list[str]) -> None:
         startup = Startup()
     else:
         startup = None
-    cfg = from_args([a for a in args if a != TIMINGS])
+    raw = raw_args([a for a in args if a != TIMINGS])
+    if (raw.get("train") or {}).get("init_from"):  # the model is the source's (training/importer.py)
+        from boost_jax.training.importer import with_source_model  # lazy: keeps --help free of JAX
+
+        raw = with_source_model(raw)
+    cfg = from_dict(raw)
     check_packages(cfg)  # before the loop's modules import them
     from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
     from boost_jax.parallel import init_distributed  # lazy: keeps --help free of JAX

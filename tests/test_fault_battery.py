@@ -313,6 +313,7 @@ COPIES = {  # name -> (the fixture copied for one case, how the copy is changed)
     "hf_index_not_json": ("hf", _write("model.safetensors.index.json", "not json")),
     "hf_rope_scaling": ("hf", _config_json(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "hf_mistral": ("hf", _config_json(model_type="mistral")),
+    "hf_sliding_window": ("hf", _config_json(use_sliding_window=True)),
     "hf_hidden_size_string": ("hf", _config_json(hidden_size="sixty-four")),
     "hf_intermediate_size": ("hf", _config_json(intermediate_size=128)),
     "hf_no_weights": ("hf", lambda d: (d / "model.safetensors").unlink()),
@@ -1173,6 +1174,30 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
     ("full disk: lm_eval --output_path", script(DISK_FULL, "{tmp}/out", "4k", *cmd(
         "lm_eval", "{run}", "--tasks", "boost_probe", "--include_path", "{probe_tasks}", "--output_path", "{tmp}/out")),
      1, "--output_path {tmp}/out: lm-eval could not save the results there", 400),
+    # train.init_from (issue 72): a bad source is one message naming it, nothing written
+    ("train init_from missing", [*TRAIN, "train.init_from={tmp}/nowhere", "run_dir={tmp}/run"], 1,
+     "train.init_from: {tmp}/nowhere does not exist"),
+    ("train init_from a file", [*TRAIN, "train.init_from={a_file}", "run_dir={tmp}/run"], 1, "is not a folder"),
+    ("train init_from a step it lacks", [*TRAIN, "train.init_from={run}@3", "run_dir={tmp}/run"], 1,
+     "has no checkpoint of step 3"),
+    ("train init_from damaged checkpoints", [*TRAIN, "train.init_from={run_damaged}", "run_dir={tmp}/run"], 1,
+     "checkpoint"),
+    ("train init_from a run dir without checkpoints", [*TRAIN, "train.init_from={run_no_checkpoints}",
+                                                       "run_dir={tmp}/run"], 1, "has no checkpoint"),
+    ("train init_from a damaged config.yaml", [*TRAIN, "train.init_from={damaged_cfg_run}", "run_dir={tmp}/run"], 1,
+     "config.yaml"),
+    ("train init_from an HF config.json not JSON", [*TRAIN, "train.init_from={hf_config_not_json}",
+                                                    "run_dir={tmp}/run"], 1, "config.json is not a JSON file"),
+    ("train init_from HF weights truncated", [*TRAIN, "train.init_from={hf_weights_truncated}", "run_dir={tmp}/run"],
+     1, "model.safetensors"),
+    ("train init_from an HF sliding window", [*TRAIN, "train.init_from={hf_sliding_window}", "run_dir={tmp}/run"], 1,
+     "use_sliding_window=True cannot be imported"),
+    ("train init_from another arch", [*TRAIN, "train.init_from={run}", "model.arch=cola", "run_dir={tmp}/run"], 1,
+     "model.arch='cola' contradicts"),
+    ("train init_from another shape", [*TRAIN, "train.init_from={hf}", "model.d_model=128", "run_dir={tmp}/run"], 1,
+     "model.d_model=128 contradicts"),
+    ("train init_from a run dir ok", [*TRAIN, "train.init_from={run}", "run_dir={tmp}/run"], 0, ""),
+    ("train init_from an HF folder ok", [*TRAIN, "train.init_from={hf}", "run_dir={tmp}/run"], 0, ""),
 ]
 # Rows that run lm-eval itself: skipped where it is not installed (the eval extra).
 NEEDS_LM_EVAL = {"lm_eval --tasks no_such_task", "lm_eval --config a YAML list", "full disk: lm_eval --output_path"}

@@ -136,3 +136,18 @@ def test_counting_refuses_a_config_never_resolved():
 
     with pytest.raises(ConfigError, match="model.counts.count needs a resolved ModelConfig .*d_model"):
         count(ModelConfig(preset="llama-tiny"), 64)  # loading resolves it once; readers never do
+
+
+# The open models' presets (docs/design/hf-models.md) hold the parameters their model cards publish
+# (the safetensors' counts: tied embeddings once, Qwen's q/k/v biases included).
+PUBLISHED = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824, "llama3.1-8b": 8_030_261_248,
+             "qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
+             "smollm2-135m": 134_515_008, "smollm2-360m": 361_821_120}
+
+
+def test_the_open_models_presets_hold_their_published_parameter_counts():
+    for preset, published in PUBLISHED.items():
+        cfg = ModelConfig(preset=preset, arch="dense").resolved()
+        assert count(cfg, 128).params == published, preset
+    qwen = ModelConfig(preset="qwen2.5-0.5b", arch="dense").resolved()
+    assert count(qwen, 128).params == actual_params(qwen)  # the biases counted as the module holds them

@@ -21,6 +21,7 @@ from boost_jax.config.config import (
     MuonConfig,
     OptimizerName,
     ParallelConfig,
+    RopeScalingConfig,
     SchemeName,
     ServeConfig,
     SpectronConfig,
@@ -36,6 +37,7 @@ from boost_jax.config.config import (
 )
 
 __all__ = ["MAX_INT32_VOCAB", "Arch", "CheckpointConfig", "Config", "ConfigError", "DType", "DataConfig", "LogConfig",
-           "MixtureEntry", "ModelConfig", "MuonComm", "MuonConfig", "OptimizerName", "ParallelConfig", "SchemeName",
+           "MixtureEntry", "ModelConfig", "MuonComm", "MuonConfig", "OptimizerName", "ParallelConfig", "RopeScalingConfig",
+           "SchemeName",
            "ServeConfig", "SpectronConfig", "TrainConfig", "from_args", "from_dict", "hardware_names", "load_config", "load_yaml",
            "mixture_name", "raw_args", "raw_config"]

@@ -40,6 +40,20 @@ MuonComm = Literal["auto", "gram", "gather", "distribute"]
 
 
 @dataclass(frozen=True)
+class RopeScalingConfig:
+    """`model.rope_scaling.*`: RoPE's frequencies as a long-context checkpoint stretched them. default:
+    theta ** (-2i / d_h) as trained; llama3 (Llama 3.1-3.3): frequencies of a wavelength above
+    original_max_position_embeddings / low_freq_factor divided by factor, below .. / high_freq_factor
+    kept, between them interpolated (transformers' `_compute_llama3_parameters`, ops/attention.py)."""
+
+    type: Literal["default", "llama3"] = "default"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """`model.*`: the architecture, its sizes (None: the preset's) and BOOST's switches."""
 
@@ -61,9 +75,14 @@ class ModelConfig:
     attn_latent_heads: int = 1
     # None = the arch's default: SwiGLU gate SiLU on for dense/svd, off for cola/lax.
     mlp_gate_silu: bool | None = None
-    tie_embeddings: bool = False
-    norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    # The family's switches; None takes the preset's value, else the default in FAMILY_DEFAULTS.
+    tie_embeddings: bool | None = None
+    norm_eps: float | None = None
+    rope_theta: float | None = None
+    rope_scaling: RopeScalingConfig | None = None
+    # A bias on q, k and v (Qwen2's): added to each projection's output, after B in the low-rank archs
+    # (docs/design/hf-models.md). o, the MLP and the norms have none.
+    qkv_bias: bool | None = None
     init_std: float = 0.02
     # Attention: xla (XLA's softmax attention, a loop over blocks of attention_query_block queries when
     # that divides the sequence, so one block's scores live at a time; in one block, causal blocks of
@@ -113,9 +132,18 @@ class ModelConfig:
                 if self.mlp_gate_silu is not None
                 else p.get("mlp_gate_silu", ARCHS[self.arch].default_gate_silu)
             ),
+            **{name: _default(get(name), default) for name, default in FAMILY_DEFAULTS.items()},
         )
+        if isinstance(out.rope_scaling, dict):  # a preset's
+            out = dataclasses.replace(out, rope_scaling=RopeScalingConfig(**out.rope_scaling))
         _validate_model(out)
         return out
+
+
+# The model family's switches a preset may set (presets.py: Llama 3, Qwen2.5, SmolLM2), and their
+# values where neither the config nor the preset does.
+FAMILY_DEFAULTS = {"tie_embeddings": False, "norm_eps": 1e-6, "rope_theta": 10000.0,
+                   "rope_scaling": RopeScalingConfig(), "qkv_bias": False}
 
 
 def _default(value, default):
@@ -177,6 +205,10 @@ class TrainConfig:
     # A resume whose checkpoint was trained with another train.optimizer: refused, unless this lets the
     # parameters resume with a fresh optimizer state (said in one line)
     reset_optimizer: bool = False
+    # Start a new run from another's parameters: a run dir (its newest checkpoint, or PATH@STEP) or a
+    # Hugging Face / export folder (read as `convert import` reads it); a fresh optimizer and
+    # schedule, step 0. The model is the source's (training/importer.py). "" = the seed's parameters.
+    init_from: str = ""
     seed: int = 0
     remat: Literal["none", "full", "lowrank"] = "none"
     # LM head + cross-entropy this many sequence positions at a time, each chunk's logits recomputed
@@ -539,7 +571,19 @@ def _validate_model(m: ModelConfig) -> None:
     _require(m.norm_eps > 0, "model.norm_eps", "must be > 0")
     _require(m.rope_theta > 0, "model.rope_theta", "must be > 0")
     _require(m.init_std > 0, "model.init_std", "must be > 0")
+    _validate_rope_scaling(m.rope_scaling)
     _validate_latent_heads(m)
+
+
+def _validate_rope_scaling(r: RopeScalingConfig) -> None:
+    if r.type == "default":
+        return
+    _require(r.factor >= 1, "model.rope_scaling.factor", f"must be >= 1 (the context's stretch), got {r.factor}")
+    _require(0 < r.low_freq_factor < r.high_freq_factor, "model.rope_scaling.high_freq_factor",
+             f"must exceed model.rope_scaling.low_freq_factor > 0 (llama3 interpolates between them), got "
+             f"low {r.low_freq_factor}, high {r.high_freq_factor}")
+    _require(r.original_max_position_embeddings > 0, "model.rope_scaling.original_max_position_embeddings",
+             f"must be > 0, got {r.original_max_position_embeddings}")
 
 
 def _validate_latent_heads(m: ModelConfig) -> None:
@@ -660,6 +704,8 @@ def _validate(c: Config) -> None:
              f"{t.loss_chunk} must divide by parallel.cp={p.cp} (each device takes loss_chunk / cp positions of a chunk)")
     _require(p.cp_attention != "latent" or ARCHS[c.model.arch].low_rank, "parallel.cp_attention",
              f"'latent' gathers the rank-r latents of k and v: arch {c.model.arch} has none (use gather or ring)")
+    _require(p.cp == 1 or p.cp_attention != "latent" or not c.model.qkv_bias, "parallel.cp_attention",
+             "'latent' rebuilds k and v from their gathered latents, without model.qkv_bias's bias (use gather or ring)")
     _require(p.tp > 0, "parallel.tp", "must be > 0")
     _require(p.cpu_devices >= 0, "parallel.cpu_devices", "must be >= 0")
     _require(p.coordinator_timeout_s > 0, "parallel.coordinator_timeout_s", f"must be > 0, got {p.coordinator_timeout_s}")

@@ -1,10 +1,16 @@
 """Model sizes: the LLaMA family of docs/design.md section 1, plus small presets for tests and the quickstart.
 
-Each preset gives sizes only; the arch (dense/svd/cola/lax) is chosen separately, and ranks default
-to d_model/4. Any field can be overridden (`model.d_model=...`).
+Each preset gives sizes (and the open models' family switches: tied embeddings, RoPE's theta and
+scaling, q/k/v bias, the norm's epsilon); the arch (dense/svd/cola/lax) is chosen separately, and
+ranks default to d_model/4. Any field can be overridden (`model.d_model=...`).
 """
 
 _LLAMA = dict(vocab_size=32000)
+# The open models people fine-tune, as their Hugging Face config.json gives them (`convert import`
+# reads the checkpoints themselves; docs/design/hf-models.md).
+_LLAMA3 = dict(vocab_size=128256, n_kv_heads=8, rope_theta=500000.0, norm_eps=1e-5, mlp_gate_silu=True)
+_LLAMA3_ROPE = dict(type="llama3", low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+_QWEN25 = dict(rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True, mlp_gate_silu=True)
 
 PRESETS: dict[str, dict] = {
     # Tests: tiny, with GQA (8 heads, 2 kv heads: tp=8 replicates kv heads) so every path runs in seconds.
@@ -25,4 +31,20 @@ PRESETS: dict[str, dict] = {
     "llama-7b": dict(d_model=4096, d_ff=11008, n_layers=32, n_heads=32, **_LLAMA),
     "llama-13b": dict(d_model=5120, d_ff=13824, n_layers=40, n_heads=40, **_LLAMA),
     "llama-30b": dict(d_model=8192, d_ff=22016, n_layers=36, n_heads=64, **_LLAMA),
+    "llama3.2-1b": dict(d_model=2048, d_ff=8192, n_layers=16, n_heads=32, tie_embeddings=True,
+                        rope_scaling=dict(factor=32.0, **_LLAMA3_ROPE), **_LLAMA3),
+    "llama3.2-3b": dict(d_model=3072, d_ff=8192, n_layers=28, n_heads=24, tie_embeddings=True,
+                        rope_scaling=dict(factor=32.0, **_LLAMA3_ROPE), **_LLAMA3),
+    "llama3.1-8b": dict(d_model=4096, d_ff=14336, n_layers=32, n_heads=32, tie_embeddings=False,
+                        rope_scaling=dict(factor=8.0, **_LLAMA3_ROPE), **_LLAMA3),
+    "qwen2.5-0.5b": dict(d_model=896, d_ff=4864, n_layers=24, n_heads=14, n_kv_heads=2, vocab_size=151936,
+                         tie_embeddings=True, **_QWEN25),
+    "qwen2.5-1.5b": dict(d_model=1536, d_ff=8960, n_layers=28, n_heads=12, n_kv_heads=2, vocab_size=151936,
+                         tie_embeddings=True, **_QWEN25),
+    "qwen2.5-7b": dict(d_model=3584, d_ff=18944, n_layers=28, n_heads=28, n_kv_heads=4, vocab_size=152064,
+                       tie_embeddings=False, **_QWEN25),
+    "smollm2-135m": dict(d_model=576, d_ff=1536, n_layers=30, n_heads=9, n_kv_heads=3, vocab_size=49152,
+                         tie_embeddings=True, rope_theta=10000.0, norm_eps=1e-5, mlp_gate_silu=True),
+    "smollm2-360m": dict(d_model=960, d_ff=2560, n_layers=32, n_heads=15, n_kv_heads=5, vocab_size=49152,
+                         tie_embeddings=True, rope_theta=100000.0, norm_eps=1e-5, mlp_gate_silu=True),
 }

@@ -40,14 +40,14 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, linear_kwargs: dict, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
-        self.op = AttentionOp(cfg.n_heads, dh, cfg.rope_theta, cfg.attention_query_block)
-        lin = lambda i, o, axes, groups=1: Linear(i, o, rank=cfg.attn_rank, axes=axes, rngs=rngs, groups=groups,
-                                                  **linear_kwargs)
+        self.op = AttentionOp(cfg.n_heads, dh, cfg.rope_theta, cfg.attention_query_block, cfg.rope_scaling)
+        lin = lambda i, o, axes, groups=1, bias=False: Linear(i, o, rank=cfg.attn_rank, axes=axes, rngs=rngs,
+                                                              groups=groups, bias=bias, **linear_kwargs)
         # Latent heads split k's and v's latents only: q is not cached, and each query head keeps the
         # whole rank-r latent of its token (docs/design.md, latent heads).
-        self.q = lin(d, cfg.n_heads * dh, ("embed", "heads"))
-        self.k = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"), cfg.attn_latent_heads)
-        self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"), cfg.attn_latent_heads)
+        self.q = lin(d, cfg.n_heads * dh, ("embed", "heads"), bias=cfg.qkv_bias)
+        self.k = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"), cfg.attn_latent_heads, cfg.qkv_bias)
+        self.v = lin(d, cfg.n_kv_heads * dh, ("embed", "kv_heads"), cfg.attn_latent_heads, cfg.qkv_bias)
         self.o = lin(cfg.n_heads * dh, d, ("heads", "embed"))
 
     def __call__(self, x: jax.Array, norm, proj, where: Positions,
@@ -101,15 +101,26 @@ class Attention(nnx.Module):
                                                 ("batch", "seq", axis, None))
         if isinstance(cache, ValueLatentCache):  # this chunk's keys, rotated once and cached
             qk = proj.up({"q": hs["q"], "k": hs["k"]}, self.linears, {"q": ("heads", "act_heads"), "k": kv})
-            cache = cache.write(rotate(qk["k"], positions, "act_kv_heads"), hs["v"], positions[:, 0])
+            cache = cache.write(rotate(self.k.add_bias(qk["k"]), positions, "act_kv_heads"), hs["v"], positions[:, 0])
             cache = cache.constrain(constrain)
             k = cache.k
         else:  # every cached key rebuilt from its latent
             qk = proj.up({"q": hs["q"]}, self.linears, {"q": ("heads", "act_heads")})
             cache = cache.write(hs["k"], hs["v"], positions[:, 0]).constrain(constrain)
             k = keys_from_latents(cache.k, proj.up_weight(self.k), self.k.groups, op.head_dim)
-            k = constrain(rope_at_slots(k, op.rope_theta), KV_AXES)  # slot j at position j
-        q = rotate(qk["q"], positions, "act_heads")
+            if self.k.bias is not None:  # each kv head's bias [H_kv, 1, d_h], heads-first as the keys
+                k = k + self.k.bias[...].astype(k.dtype).reshape(-1, 1, op.head_dim)
+            k = constrain(rope_at_slots(k, op.rope_theta, op.rope_scaling), KV_AXES)  # slot j at position j
+        q = rotate(self.q.add_bias(qk["q"]), positions, "act_heads")
         out = latent_value_attention(q, k, positions, cache.v, proj.up_weight(self.v), query_block=op.query_block,
                                      groups=self.v.groups)
-        return out, cache
+        return self._plus_value_bias(out), cache
+
+    def _plus_value_bias(self, out: jax.Array) -> jax.Array:
+        """Attention's output [B, S, H d_h] over values without their bias, plus it: each query's weights
+        sum to 1, so v's bias passes through attention unchanged, each kv head's to its query heads."""
+        if self.v.bias is None:
+            return out
+        op = self.op
+        bias = self.v.bias[...].astype(out.dtype).reshape(-1, 1, op.head_dim)  # [H_kv, 1, d_h]
+        return out + jnp.broadcast_to(bias, (bias.shape[0], op.n_heads // bias.shape[0], op.head_dim)).reshape(-1)

@@ -53,7 +53,7 @@ def up_projection(h: jax.Array, b: jax.Array, groups: int, *, flat: bool) -> jax
 
 class Linear(nnx.Module):
     """A projection `x -> y` of one arch: `w` [d_in, d_out] (dense) or `a` [d_in, r], `b` [r, d_out],
-    each carrying the logical axes its layout is derived from. With `groups` > 1 (latent heads, k and
+    each carrying the logical axes its layout is derived from, and optionally a `bias` [d_out]. With `groups` > 1 (latent heads, k and
     v) B is block-diagonal: `b` [r, d_out / g] holds its g blocks [r / g, d_out / g] stacked, group j's
     latent columns mapping only to its share of the outputs."""
 
@@ -70,8 +70,12 @@ class Linear(nnx.Module):
         param_dtype: jnp.dtype,
         rngs: nnx.Rngs,
         groups: int = 1,
+        bias: bool = False,
     ):
         self.arch, self.dtype, self.d_out, self.groups = ARCHS[arch], dtype, d_out, groups
+        # Added to the output by `add_bias`, after the whole projection (after B in the low-rank archs):
+        # dense and unfactored (docs/design/hf-models.md), laid out as the output.
+        self.bias = nnx.Param(jnp.zeros((d_out,), param_dtype), logical_axes=(axes[1],)) if bias else None
         if not self.arch.low_rank:
             w = init_std * jax.random.normal(rngs.params(), (d_in, d_out), param_dtype)
             self.w = nnx.Param(w, logical_axes=axes)
@@ -102,8 +106,12 @@ class Linear(nnx.Module):
         blocks = b.shape[0] * self.groups // self.a.shape[1] if self.groups > 1 else 1
         return up_projection(h, b.astype(self.dtype), blocks, flat=flat)
 
+    def add_bias(self, y: jax.Array) -> jax.Array:
+        """y [..., d_out], this projection's output (its strategy's), plus its bias if it has one."""
+        return y if self.bias is None else y + self.bias[...].astype(y.dtype)
+
     def __call__(self, x: jax.Array, *, flat: bool) -> jax.Array:
-        """The projection of x as written (one device's math; under a plan the model goes through its
+        """The projection of x without its bias (`add_bias`) as written (one device's math; under a plan the model goes through its
         scheme's strategy instead)."""
         if not self.arch.low_rank:
             return matmul(x.astype(self.dtype), self.w[...].astype(self.dtype), flat=flat)

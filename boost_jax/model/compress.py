@@ -118,6 +118,8 @@ def compress(dense: ModelConfig, params: dict, rank: int, covs: list[dict] | Non
                 slot = stacked[block].setdefault(name, {"a": [], "b": []})
                 slot["a"].append(a.astype(w.dtype))
                 slot["b"].append(b.astype(w.dtype))
+                if "bias" in layers[block][name]:  # q/k/v bias: kept dense, after B (docs/design/hf-models.md)
+                    slot.setdefault("bias", []).append(layers[block][name]["bias"][i])
         report.append(row)
     out = {k: v for k, v in params.items() if k != "layers"}
     out["layers"] = {"attn_norm": layers["attn_norm"], "mlp_norm": layers["mlp_norm"],

@@ -48,7 +48,8 @@ def count(cfg: ModelConfig, seq_len: int) -> Counts:
     groups = layer_linear_groups(cfg)
     per_layer = sum(ARCHS[cfg.arch].linear_params(*s, groups=groups[name]) for name, s in layer_linear_shapes(cfg).items())
     head = d * v
-    params = embedding_params(cfg) + n * (per_layer + 2 * d) + d
+    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0  # q/k/v biases
+    params = embedding_params(cfg) + n * (per_layer + 2 * d + bias) + d
     matmul_params = n * per_layer + head
     attention = n * 2 * cfg.n_heads * cfg.head_dim * seq_len  # causal QK^T and AV, per token
     forward = 2.0 * matmul_params + attention

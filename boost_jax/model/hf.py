@@ -1,11 +1,13 @@
 """The safetensors format a model is exported in and imported from, and its tensor names.
 
-A model that is exactly a LLaMA (arch dense with the SwiGLU gate SiLU) is written in the Hugging
-Face LLaMA layout (`config.json` + `model.safetensors`, loads with `LlamaForCausalLM`); every other
-model (svd / cola / lax, and dense without the gate SiLU, which HF cannot express) in the boost
-layout (`boost_config.json` + `model.safetensors`). Tensors are float32; docs/export.md lists the
-names. `load_exported` reads either layout (or an HF LLaMA folder from elsewhere) back into
-boost_jax's parameter dict. The commands: `python -m boost_jax.export` and `convert import`.
+A dense model with the SwiGLU gate SiLU is written in a Hugging Face layout (`config.json` +
+`model.safetensors`): a LLaMA's (`LlamaForCausalLM`; Llama 3's RoPE scaling and SmolLM2's tied
+embeddings included), or with `model.qkv_bias` a Qwen2's (`Qwen2ForCausalLM`); every other model
+(svd / cola / lax, and dense without the gate SiLU, which HF cannot express) in the boost layout
+(`boost_config.json` + `model.safetensors`). Tensors are float32; docs/export.md lists the names.
+`load_exported` reads either layout (or an HF LLaMA / Qwen2 folder from elsewhere) back into
+boost_jax's parameter dict; a config.json key it does not understand is refused by name
+(docs/design/hf-models.md). The commands: `python -m boost_jax.export` and `convert import`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ HF_NAMES = {
     "layers.mlp_norm.scale": "model.layers.{i}.post_attention_layernorm.weight",
     **{f"layers.attn.{p}.w": f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo"},
     **{f"layers.mlp.{p}.w": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+    **{f"layers.attn.{p}.bias": f"model.layers.{{i}}.self_attn.{p}_proj.bias" for p in "qkv"},
 }
+
+# The HF families a dense SwiGLU model is exported as and imported from: model_type -> (its class,
+# whether q, k and v have a bias). Qwen2 is a LLaMA with q/k/v biases.
+HF_FAMILIES = {"llama": ("LlamaForCausalLM", False), "qwen2": ("Qwen2ForCausalLM", True)}
 
 
 class ExportError(BoostJaxError, ValueError):
@@ -50,9 +57,17 @@ class ExportError(BoostJaxError, ValueError):
     kind = "export error"
 
 
+def hf_family(cfg: ModelConfig) -> str | None:
+    """The HF model_type a model is exported as: HF's LLaMA and Qwen2 always apply SiLU to the gate,
+    so only an HF-exportable arch (dense) with it is one; Qwen2 where q, k and v have a bias."""
+    if not (ARCHS[cfg.arch].hf_llama_export and cfg.mlp_gate_silu):
+        return None
+    return "qwen2" if cfg.qkv_bias else "llama"
+
+
 def is_hf_llama(cfg: ModelConfig) -> bool:
-    """HF LLaMA always applies SiLU to the gate, so only an HF-exportable arch (dense) with it is a LLaMA."""
-    return ARCHS[cfg.arch].hf_llama_export and cfg.mlp_gate_silu
+    """Whether `LlamaForCausalLM` runs this model as it is (what `bench --hf` compares with)."""
+    return hf_family(cfg) == "llama"
 
 
 # ----------------------------------------------------------------------------- export
@@ -66,7 +81,7 @@ def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | 
     for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no stale file of another layout
         (out_dir / name).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hf = is_hf_llama(m)
+    hf = hf_family(m) is not None
     tensors = _to_tensors(_dense_latent_heads(nnx.to_pure_dict(nnx.state(model, nnx.Param)), m), hf)
     meta = _hf_config(m, cfg.train.seq_len) if hf else {
         "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -115,9 +130,13 @@ def _dense_latent_heads(params: dict, m: ModelConfig) -> dict:
 
 
 def _hf_config(m: ModelConfig, seq_len: int) -> dict:
+    family = hf_family(m)
+    rope = {"rope_type": m.rope_scaling.type, "rope_theta": m.rope_theta}
+    if m.rope_scaling.type == "llama3":
+        rope.update({k: getattr(m.rope_scaling, k) for k in LLAMA3_ROPE})
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [HF_FAMILIES[family][0]],
+        "model_type": family,
         "hidden_size": m.d_model,
         "intermediate_size": m.d_ff,
         "num_hidden_layers": m.n_layers,
@@ -126,12 +145,16 @@ def _hf_config(m: ModelConfig, seq_len: int) -> dict:
         "head_dim": m.head_dim,
         "vocab_size": m.vocab_size,
         "rms_norm_eps": m.norm_eps,
+        # transformers 5's `rope_parameters` (theta inside), and 4's `rope_scaling` + `rope_theta`
+        "rope_parameters": rope,
+        "rope_scaling": None if m.rope_scaling.type == "default" else rope,
         "rope_theta": m.rope_theta,
         "tie_word_embeddings": m.tie_embeddings,
-        "max_position_embeddings": seq_len,  # the trained length; RoPE itself has no limit
+        # the trained length (RoPE itself has no limit), at least the context llama3 scaling stretched
+        "max_position_embeddings": max(seq_len, m.rope_scaling.original_max_position_embeddings
+                                       if m.rope_scaling.type == "llama3" else 0),
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
+        **({"use_sliding_window": False} if family == "qwen2" else {"attention_bias": False, "mlp_bias": False}),
         "torch_dtype": "float32",
         "bos_token_id": 1,  # <bos>, <eos> of the tokenizers boost_jax trains
         "eos_token_id": 2,
@@ -237,6 +260,11 @@ def _weight_files(src: Path) -> list[Path]:
     return [src / WEIGHTS]
 
 
+def read_model_config(src: str | Path) -> ModelConfig:
+    """The model config of an export or an HF folder, read (and checked) without its weights."""
+    return _read_config(Path(src))[0]
+
+
 def _read_config(out_dir: Path) -> tuple[ModelConfig, bool]:
     """(model config, whether the folder is in the HF layout)."""
     if (out_dir / BOOST_CONFIG).is_file():
@@ -261,36 +289,98 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-# config.json's numeric fields that become the model's
-HF_NUMBERS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "vocab_size", "rms_norm_eps", "rope_theta")
+# config.json's keys, each understood or refused by name (whichever transformers wrote it: 4 writes
+# RoPE's settings as `rope_scaling` beside `rope_theta`, 5 as `rope_parameters` with theta inside).
+# Numbers that become the model's:
+HF_NUMBERS = {"hidden_size": "d_model", "intermediate_size": "d_ff", "num_hidden_layers": "n_layers",
+              "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads", "head_dim": "head_dim",
+              "vocab_size": "vocab_size", "rms_norm_eps": "norm_eps", "rope_theta": "rope_theta"}
+HF_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+               "rms_norm_eps")
+# Keys read elsewhere below, and keys that change nothing boost_jax computes (names, token ids,
+# dtypes of the file, init, the cache switch, the context a checkpoint was made for)
+HF_READ = {"model_type", "tie_word_embeddings", "rope_scaling", "rope_parameters", "layer_types"}
+HF_HARMLESS = {"architectures", "transformers_version", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
+               "pad_token_id", "initializer_range", "use_cache", "max_position_embeddings", "_name_or_path",
+               "is_llama_config", "tokenizer_class"}
+# Keys harmless at one value only (any other is a model boost_jax does not compute): sliding windows
+# off (Qwen2's window size and layers are read only with them on), no o/MLP bias, no dropout
+# (boost_jax trains without), no interleaved or multimodal RoPE, no tensor-parallel emulation.
+HF_ONLY = {"hidden_act": ("silu",), "attention_bias": (False,), "mlp_bias": (False,), "attention_dropout": (0, 0.0),
+           "pretraining_tp": (1,), "use_sliding_window": (False,), "rope_interleaved": (False,),
+           "use_mrope": (False,)}
+HF_IF_NO_WINDOW = {"sliding_window", "max_window_layers"}
+# RoPE's settings: llama3's numbers, and the keys a rope dict may hold
+LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_KEYS = {"rope_type", "type", "rope_theta"}
 
 
 def _from_hf_config(c: dict) -> ModelConfig:
-    if c.get("model_type", "llama") != "llama":
-        raise ExportError(f"config.json: model_type {c.get('model_type')!r} is not a LLaMA")
-    unsupported = {k: c[k] for k in ("attention_bias", "mlp_bias", "rope_scaling") if c.get(k)}
-    if c.get("hidden_act", "silu") != "silu":
-        unsupported["hidden_act"] = c["hidden_act"]
-    if unsupported:
-        raise ExportError(f"config.json: fields boost_jax cannot express: {unsupported}")
-    if missing := [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                               "vocab_size", "rms_norm_eps") if k not in c]:
-        raise ExportError(f"config.json lacks {missing}: not a LLaMA config")
-    # transformers >= 5 saves rope_theta inside rope_parameters.
-    theta = c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    family = c.get("model_type", "llama")
+    if family not in HF_FAMILIES:
+        raise ExportError(f"config.json: model_type {family!r} cannot be imported (LLaMA, Qwen2: "
+                          f"{sorted(HF_FAMILIES)})")
+    for key, value in c.items():
+        if key in HF_ONLY and value not in HF_ONLY[key]:
+            raise ExportError(f"config.json: {key}={value!r} cannot be imported (only {HF_ONLY[key][0]!r})")
+        if key not in {*HF_NUMBERS, *HF_READ, *HF_HARMLESS, *HF_ONLY, *HF_IF_NO_WINDOW}:
+            raise ExportError(f"config.json: the key {key!r} is not understood by the importer, so the model "
+                              "cannot be imported as it is meant (docs/design/hf-models.md lists the keys)")
+    if bad := [t for t in c.get("layer_types") or [] if t != "full_attention"]:
+        raise ExportError(f"config.json: layer_types holds {bad[0]!r}: only full attention (no sliding window) "
+                          "can be imported")
+    if missing := [k for k in HF_REQUIRED if k not in c]:
+        raise ExportError(f"config.json lacks {missing}: not a {family} config")
     for key in HF_NUMBERS:
         value = c.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ExportError(f"config.json: {key} must be a number, got {value!r}")
+    theta, scaling = _hf_rope(c)
+    model = {field: c[key] for key, field in HF_NUMBERS.items() if c.get(key) is not None}
     return from_dict({"model": {
-        "arch": "dense", "d_model": c["hidden_size"], "d_ff": c["intermediate_size"],
-        "n_layers": c["num_hidden_layers"], "n_heads": c["num_attention_heads"],
-        "n_kv_heads": c.get("num_key_value_heads"), "head_dim": c.get("head_dim"),
-        "vocab_size": c["vocab_size"], "mlp_gate_silu": True,
-        "tie_embeddings": c.get("tie_word_embeddings", False),
-        "norm_eps": c["rms_norm_eps"], "rope_theta": theta,
+        **model, "arch": "dense", "mlp_gate_silu": True, "rope_theta": theta, "rope_scaling": scaling,
+        "tie_embeddings": bool(c.get("tie_word_embeddings", False)), "qkv_bias": HF_FAMILIES[family][1],
     }}).model
+
+
+def _hf_rope(c: dict) -> tuple[float, dict]:
+    """(rope theta, model.rope_scaling) of a config.json: transformers 5's `rope_parameters` or 4's
+    `rope_scaling` (both: they must agree) beside `rope_theta`; default or llama3, every other type
+    and key refused by name."""
+    written = {k: c[k] for k in ("rope_parameters", "rope_scaling") if c.get(k) is not None}
+    read = {key: _hf_rope_dict(key, rope) for key, rope in written.items()}
+    if len(set(map(str, read.values()))) > 1:
+        raise ExportError("config.json: rope_parameters and rope_scaling disagree: "
+                          f"{written['rope_parameters']} against {written['rope_scaling']}")
+    thetas = {("rope_theta", c.get("rope_theta"))} | {(f"{k}.rope_theta", r.get("rope_theta")) for k, r in written.items()}
+    thetas = {(k, t) for k, t in thetas if t is not None}
+    if len({t for _, t in thetas}) > 1:
+        raise ExportError("config.json: " + " and ".join(f"{k} {t}" for k, t in sorted(thetas)) + " disagree")
+    for key, theta in thetas:
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+            raise ExportError(f"config.json: {key} must be a number, got {theta!r}")
+    return float(thetas.pop()[1]) if thetas else 10000.0, next(iter(read.values()), {"type": "default"})
+
+
+def _hf_rope_dict(key: str, rope) -> dict:
+    """model.rope_scaling of one RoPE dict of config.json (`key` names it)."""
+    if not isinstance(rope, dict):
+        raise ExportError(f"config.json: {key} must be an object, got {rope!r}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise ExportError(f"config.json: {key}.rope_type {kind!r} cannot be imported (default, llama3)")
+    known = ROPE_KEYS | (set(LLAMA3_ROPE) if kind == "llama3" else set())
+    if unknown := sorted(set(rope) - known):
+        raise ExportError(f"config.json: {key}.{unknown[0]} is not understood for rope_type {kind!r}")
+    if kind == "default":
+        return {"type": kind}
+    if missing := [k for k in LLAMA3_ROPE if k not in rope]:
+        raise ExportError(f"config.json: {key} of rope_type llama3 lacks {missing}")
+    for k in LLAMA3_ROPE:
+        if isinstance(rope[k], bool) or not isinstance(rope[k], (int, float)):
+            raise ExportError(f"config.json: {key}.{k} must be a number, got {rope[k]!r}")
+    return {"type": kind, **{k: float(rope[k]) for k in LLAMA3_ROPE[:3]},
+            "original_max_position_embeddings": int(rope["original_max_position_embeddings"])}
 
 
 def _abstract_params(cfg: ModelConfig) -> dict:

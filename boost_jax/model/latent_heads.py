@@ -68,7 +68,7 @@ def convert(cfg: ModelConfig, params: dict, groups: int) -> tuple[ModelConfig, d
             factor = _svd if ARCHS[cfg.arch].latent_activation is None else _assign
             a2, b2, errors[name] = factor(a, b, groups, ARCHS[cfg.arch].carries_latents)
         dtype = np.asarray(attn[name]["b"]).dtype
-        new_attn[name] = {"a": a2.astype(dtype), "b": b2.astype(dtype)}
+        new_attn[name] = {**attn[name], "a": a2.astype(dtype), "b": b2.astype(dtype)}  # a bias as it was
     params = {**params, "layers": {**params["layers"], "attn": new_attn}}
     report = [{name: {"weight": float(errors[name][i])} for name in PROJECTIONS} for i in range(cfg.n_layers)]
     return dataclasses.replace(cfg, attn_latent_heads=groups), params, report

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -38,19 +39,30 @@ class Positions:
         return jnp.broadcast_to(jnp.arange(seq), (batch, seq))
 
 
+class RopeScaling(Protocol):
+    """RoPE's frequency scaling (`model.rope_scaling`): its type (default | llama3) and llama3's numbers."""
+
+    type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
 @dataclass(frozen=True)
 class AttentionOp:
-    """An attention layer's op: its query heads and their width, RoPE's theta, and the queries per
-    block of XLA's attention (`model.attention_query_block`)."""
+    """An attention layer's op: its query heads and their width, RoPE's theta and scaling, and the
+    queries per block of XLA's attention (`model.attention_query_block`)."""
 
     n_heads: int
     head_dim: int
     rope_theta: float
     query_block: int
+    rope_scaling: RopeScaling | None = None
 
     def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """RoPE of x [B, S, heads, d_h] at positions [B, S]."""
-        return rope(x, positions, self.rope_theta)
+        return rope(x, positions, self.rope_theta, self.rope_scaling)
 
     def attend(self, q, k, v, q_positions, k_positions, q_segments, k_segments, *, impl: str) -> jax.Array:
         """`causal_attention` of q over k and v at this op's query block."""
@@ -62,23 +74,41 @@ class AttentionOp:
         return query_rows(seq, self.query_block)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
+    """RoPE's inverse frequencies [dim / 2] float32 of a head of width `dim`: theta ** (-2i / dim),
+    then scaled as `scaling` says (llama3: transformers' `_compute_llama3_parameters`: wavelengths
+    longer than original / low_freq_factor divided by factor, shorter than original /
+    high_freq_factor kept, the band between them interpolated smoothly). Constants at trace time."""
+    half = dim // 2
+    freq = np.float32(theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
+    if scaling is None or scaling.type == "default":
+        return freq
+    if scaling.type != "llama3":
+        raise ValueError(f"rope scaling {scaling.type!r} is not implemented (default, llama3)")
+    f, low, high, old = (scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+                         scaling.original_max_position_embeddings)
+    wavelen = 2 * np.pi / freq.astype(np.float64)
+    smooth = (old / wavelen - low) / (high - low)
+    scaled = np.where(wavelen > old / low, freq / f, freq)
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return np.where(medium, (1 - smooth) * scaled / f + smooth * scaled, scaled).astype(np.float32)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
     """Rotary embedding in the rotate-half layout (as Hugging Face LLaMA): x: [B, S, H, D]."""
-    half = x.shape[-1] // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    freq = rope_frequencies(x.shape[-1], theta, scaling)
     angle = positions[:, :, None, None].astype(jnp.float32) * freq  # [B, S, 1, D/2]
     return _rotate(x, jnp.cos(angle), jnp.sin(angle))
 
 
-def rope_at_slots(x: jax.Array, theta: float) -> jax.Array:
+def rope_at_slots(x: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
     """`rope` of x [B, H, T, D] (heads-first, as a cache keeps keys) at positions 0 .. T-1: the
     cos and sin of those positions are a constant table [T, D/2] computed once at trace time. XLA:CPU
     recomputes the angles' cos and sin per element where they are traced (llama-60m, [32, 8, 128, 64]
     fp32: 40-70 ms against 1-2 ms from the table), a cost a decode step paid in every layer for every
     cached key it rebuilt."""
-    length, half = x.shape[-2], x.shape[-1] // 2
-    freq = np.float32(theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
-    angle = np.arange(length, dtype=np.float32)[:, None] * freq  # [T, D/2], as `rope` computes it
+    length = x.shape[-2]
+    angle = np.arange(length, dtype=np.float32)[:, None] * rope_frequencies(x.shape[-1], theta, scaling)  # [T, D/2]
     return _rotate(x, jnp.asarray(np.cos(angle)), jnp.asarray(np.sin(angle)))
 
 

@@ -67,6 +67,8 @@ class LinearLike(Protocol):
 
     def __call__(self, x: jax.Array, *, flat: bool) -> jax.Array: ...  # x @ W (dense)
 
+    def add_bias(self, y: jax.Array) -> jax.Array: ...  # y plus the projection's bias, if it has one
+
 
 Linears = dict[str, LinearLike]
 OutAxes = dict[str, tuple[str, str]]  # projection name -> (weight axis, activation axis) of its output
@@ -115,7 +117,7 @@ class Projections:
         b, s, _ = x.shape
         kv = ("kv_heads", "act_kv_heads")
         qkv = self.normed(x, norm, linears, {"q": ("heads", "act_heads"), "k": kv, "v": kv})
-        q, k, v = (qkv[name].reshape(b, s, -1, op.head_dim) for name in "qkv")
+        q, k, v = (linears[name].add_bias(qkv[name]).reshape(b, s, -1, op.head_dim) for name in "qkv")
         constrain = self.plan.constrain
         return (constrain(op.rotate(q, positions), QUERIES), constrain(op.rotate(k, positions), KEYS),
                 constrain(v, KEYS))

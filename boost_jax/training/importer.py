@@ -1,6 +1,9 @@
-"""A run dir started from a model made elsewhere (`python -m boost_jax.convert import` describes it):
-the source read (an HF LLaMA folder, an export, a run dir), optionally factored into the svd arch or
-refactored into latent heads, and written as checkpoint 0 of a new run."""
+"""A run started from a model made elsewhere. `python -m boost_jax.convert import` (its docstring
+describes it): the source read (an HF LLaMA / Qwen2 folder, an export, a run dir), optionally
+factored into the svd arch or refactored into latent heads, and written as checkpoint 0 of a new
+run. `train.init_from`: a new run's model taken from such a source (`with_source_model`, on the raw
+config) and its parameters restored straight into the run's layout at its start
+(`init_from_params`), with the run's own fresh optimizer, schedule and data."""
 
 from __future__ import annotations
 
@@ -16,15 +19,15 @@ import numpy as np
 import optax
 from flax import nnx
 
-from boost_jax.config import DataConfig, from_dict, load_yaml, raw_args
+from boost_jax.config import Config, DataConfig, ModelConfig, from_dict, load_yaml, raw_args
 from boost_jax.data.build import build_data, check_run_tokenizer
 from boost_jax.data.tokenizer import load_tokenizer
 from boost_jax.model import Model, compress, latent_heads
-from boost_jax.model.checkpoint import CheckpointStore, identity
-from boost_jax.model.hf import load_exported
+from boost_jax.model.checkpoint import COMPUTE_ONLY, CheckpointStore, identity
+from boost_jax.model.hf import load_exported, read_model_config
 from boost_jax.model.run_dir import open_run
-from boost_jax.model.weights import abstract_model
-from boost_jax.parallel import single_device_plan
+from boost_jax.model.weights import abstract_model, relayout_layers, restore_params
+from boost_jax.parallel import Plan, single_device_plan
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.training.step import setup
 
@@ -32,7 +35,7 @@ from boost_jax.training.step import setup
 def read_source(src: Path, step: int | None):
     """(model config, parameters as a pure dict of numpy arrays, tokenizer.json path) of SRC."""
     if not src.is_dir():
-        raise ConfigError(f"{src} is not a folder: give a Hugging Face LLaMA folder, an export or a run dir")
+        raise ConfigError(f"{src} is not a folder: give a Hugging Face LLaMA or Qwen2 folder, an export or a run dir")
     if (src / "config.yaml").is_file():  # a run dir
         run = open_run(src)
         model, _ = run.model(step, single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
@@ -163,3 +166,95 @@ def convert(a: argparse.Namespace) -> dict:
     write_run(cfg, params, tokenizer, str(a.src))
     out["arch"] = cfg.model.arch
     return out
+
+
+# ----------------------------------------------------------------------------- train.init_from
+
+
+def split_init_from(value: str) -> tuple[Path, int | None]:
+    """train.init_from's (path, step): PATH, or PATH@STEP (a run dir's checkpoint)."""
+    path, at, step = value.rpartition("@")
+    if at and step.isdigit() and not Path(value).exists():
+        return Path(path).expanduser(), int(step)
+    return Path(value).expanduser(), None
+
+
+def source_model(value: str) -> tuple[ModelConfig, Path | None]:
+    """(the model config, the tokenizer.json beside it if any) of train.init_from's source, read
+    without its weights; a missing or unreadable source named."""
+    path, step = split_init_from(value)
+    if not path.is_dir():
+        raise ConfigError(f"train.init_from: {path} " + ("is not a folder" if path.exists() else "does not exist")
+                          + ": give a run dir (PATH or PATH@STEP), a Hugging Face folder or an export")
+    if (path / "config.yaml").is_file():  # a run dir
+        try:
+            model = from_dict(load_yaml(path / "config.yaml")).model
+        except ConfigError as e:
+            raise ConfigError(f"train.init_from: {path / 'config.yaml'}: {e}") from None
+    elif step is not None:
+        raise ConfigError(f"train.init_from: @{step} names a checkpoint of a run dir; {path} is not one (no config.yaml)")
+    else:
+        model = read_model_config(path)
+    tokenizer = path / "tokenizer.json"
+    return model, tokenizer if tokenizer.is_file() else None
+
+
+def with_source_model(raw: dict) -> dict:
+    """A raw config (`raw_args`) whose `train.init_from` is set, with the model of its source: every
+    model key the source's, a `model.*` key given that contradicts it refused by name (those of
+    checkpoint.COMPUTE_ONLY excepted: they change how the model computes, not what its parameters
+    mean), and data.tokenizer_path the source's tokenizer.json unless given. A run dir that already
+    holds the run (its config.yaml) is resumed: its own model is the source then (init_from is ignored)."""
+    value = (raw.get("train") or {}).get("init_from")
+    if not value:
+        return raw
+    if not isinstance(value, str):
+        raise ConfigError(f"train.init_from: expected a path, got {value!r}")
+    run_dir = Path(raw.get("run_dir") or from_dict({}).run_dir)
+    if (run_dir / "config.yaml").is_file():  # a resume: the run's own model and tokenizer
+        saved = load_yaml(run_dir / "config.yaml") or {}
+        model, tokenizer, where = from_dict({"model": saved.get("model", {})}).model, None, f"{run_dir}'s own"
+        tokenizer_path = (saved.get("data") or {}).get("tokenizer_path")
+        tokenizer = Path(tokenizer_path) if tokenizer_path else None
+    else:
+        model, tokenizer = source_model(value)
+        where = f"train.init_from {value}'s"
+    given = dict(raw.get("model") or {})
+    merged = dataclasses.asdict(model)
+    for key, value_given in given.items():
+        if key not in merged or f"model.{key}" in COMPUTE_ONLY or key == "preset":
+            merged[key] = value_given  # an unknown key is named by from_dict; a preset names sizes the source fixes
+            continue
+        ours = from_dict({"model": {**merged, key: value_given}}).model
+        if getattr(ours, key) != getattr(model, key):
+            how = (" (a run starts from its source's arch; factor a dense model with python -m boost_jax.convert "
+                   "import SRC RUN_DIR --to svd --rank R)") if key == "arch" else " (the model is the source's)"
+            raise ConfigError(f"model.{key}={value_given!r} contradicts {where} model, whose {key} is "
+                              f"{getattr(model, key)!r}{how}")
+    out = {**raw, "model": merged}
+    if not (raw.get("data") or {}).get("tokenizer_path"):
+        if tokenizer is None:
+            raise ConfigError(f"train.init_from: {value} has no tokenizer.json: give the model's tokenizer as "
+                              "data.tokenizer_path=FILE")
+        out["data"] = {**(raw.get("data") or {}), "tokenizer_path": str(tokenizer.absolute())}
+    return out
+
+
+def init_from_params(cfg: Config, plan: Plan) -> tuple[dict, str]:
+    """(train.init_from's parameters in the model's layer order, laid out for `plan`: a run dir's
+    read straight onto the plan's devices (`weights.restore_params`, any mesh), an export's or HF
+    folder's from the host; the log line saying so). The source must hold exactly this model."""
+    path, step = split_init_from(cfg.train.init_from)
+    model, _ = source_model(cfg.train.init_from)
+    if changed := [f.name for f in dataclasses.fields(ModelConfig) if f.name != "preset"
+                   and f"model.{f.name}" not in COMPUTE_ONLY and getattr(model, f.name) != getattr(cfg.model, f.name)]:
+        raise ConfigError(f"train.init_from: {path} holds another model: model.{changed[0]} is "
+                          f"{getattr(model, changed[0])!r} there, {getattr(cfg.model, changed[0])!r} here")
+    if (path / "config.yaml").is_file():
+        source = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, preset=model.preset))
+        params, step = restore_params(path, source, plan, step)
+        order = plan.layer_order(cfg.model.n_layers)
+        params = relayout_layers(params, order, np.arange(cfg.model.n_layers))  # init_state lays them out again
+        return params, f"initialised from {path} step {step} (parameters only: a fresh optimizer from step 0)"
+    _, params = load_exported(path)
+    return params, f"initialised from {path} (parameters only: a fresh optimizer from step 0)"

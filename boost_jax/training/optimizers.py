@@ -1,6 +1,6 @@
 """The optimizers `train.optimizer` chooses (docs/design.md section 14).
 
-    adamw     AdamW on every parameter, no weight decay on norm scales (the default)
+    adamw     AdamW on every parameter, no weight decay on norm scales and biases (the default)
     muon      optax's Muon (`scale_by_muon`) on every 2-D weight of the decoder layers, each layer's
               matrix on its own (the stacked [L, in, out] leaves' layer axis is a batch axis of
               `MuonDimensionNumbers`), AdamW on the rest (embedding, LM head, norm scales)
@@ -79,8 +79,8 @@ def make_optimizer(t: TrainConfig, params: dict, placements: Placements | None =
 
 
 def adamw(t: TrainConfig) -> optax.GradientTransformation:
-    """AdamW with `train.b1/b2/weight_decay`; no weight decay on norm scales."""
-    decays = lambda tree: jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key != "scale", tree)
+    """AdamW with `train.b1/b2/weight_decay`; no weight decay on norm scales and biases."""
+    decays = lambda tree: jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key not in ("scale", "bias"), tree)
     return optax.adamw(lr_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay, mask=decays)
 
 

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 
@@ -31,6 +32,7 @@ from boost_jax.runtime.paths import check_writable_dir
 from boost_jax.training.checkpointing import Checkpointing
 from boost_jax.training.evaluate import Evaluator
 from boost_jax.training.guard import NonFiniteGuard
+from boost_jax.training.importer import init_from_params
 from boost_jax.training.log import RunLog
 from boost_jax.training.loss import device_batch
 from boost_jax.training.meeting import Meeting
@@ -41,7 +43,7 @@ from boost_jax.training.preemption import Preemption
 from boost_jax.training.profiler import Profiler
 from boost_jax.training.recovery import Recovery
 from boost_jax.training.run_dir import RunDir
-from boost_jax.training.step import Setup, setup
+from boost_jax.training.step import Setup, init_state, setup
 
 # How a resume on fewer devices sizes its micro-batches: (cfg, plan) -> (cfg, the note of what it added).
 # The memory model answers (analysis/microbatch_fit.py's `fit_resume`, which sits above training/ and
@@ -157,6 +159,9 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     # run dir is made or locked.
     plan = make_plan(cfg, devices)
     moved = placements(cfg, plan)  # the Muon placements: they hold on a resume's plan, whose mesh is the same
+    # train.init_from's parameters, read before the run dir is touched (one that holds a run resumes it)
+    claimed = (Path(cfg.run_dir) / "config.yaml").is_file()
+    params, init_note = init_from_params(cfg, plan) if cfg.train.init_from and not claimed else (None, None)
     run_dir = RunDir(cfg, primary=jax.process_index() == 0)
     closing.callback(run_dir.release)
     fit_note = None
@@ -169,10 +174,16 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, seed=t.seed,
                       batch_size=t.batch_size, completion_only=t.loss_on_completion(cfg.data.format))
     lap("data")
-    run, state = setup(cfg, plan, moved=moved)
+    run, state = setup(cfg, plan, params, moved=moved)
     ckpt = Checkpointing(cfg, run, run_dir.path)
     closing.callback(ckpt.close)
     state, first = ckpt.resume(state)
+    if cfg.train.init_from and claimed:  # the run's own checkpoint, or (claimed, never saved) the source again
+        if ckpt.restored:
+            init_note = f"train.init_from ignored: the run resumes its own checkpoint step {first}"
+        else:
+            params, init_note = init_from_params(cfg, plan)
+            state = init_state(cfg, plan, run, params)
     check_run_tokenizer(data.tokenizer, run_dir.path / "tokenizer.json")
     mixture_note = data.train.resume(ckpt.meta.get("mixture"), first) if data.parts else None
     process = (jax.process_index(), jax.process_count())
@@ -187,6 +198,8 @@ def start(cfg: Config, devices: list[jax.Device] | None, startup: Startup | None
     log.line(banner(cfg, plan, counts, data.stats.get("train_tokens", 0), peak, peak_source))
     if cfg.data.format != "text":
         log.line(summary(cfg.data.format, t.loss_on, data.stats))
+    if init_note:
+        log.line(init_note)
     if note := run_dir.schedule_note():
         log.line(note)
     if first >= t.steps:
