@@ -20,8 +20,14 @@ from flax import nnx
 from boost_jax.config import ModelConfig
 from boost_jax.layers.kv_cache import KV_AXES, AbsorbedCache, KVCache, LatentCache, ValueLatentCache
 from boost_jax.layers.lowrank import Linear, RotaryKeys, up_by_groups
-from boost_jax.ops.attention import (AttentionOp, Positions, absorbed_attention, cached_attention,
-                                     latent_value_attention, rope_at_slots)
+from boost_jax.ops.attention import (
+    AttentionOp,
+    Positions,
+    absorbed_attention,
+    cached_attention,
+    latent_value_attention,
+    rope_at_slots,
+)
 
 
 def keys_from_latents(h: jax.Array, b: jax.Array, groups: int, head_dim: int) -> jax.Array:

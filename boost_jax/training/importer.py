@@ -60,6 +60,12 @@ def new_run_config(model_cfg, overrides, run_dir: Path, src: Path):
     run's tokenizer for any corpus it prepares (data.tokenizer_path), the model's every field, then
     the overrides, then its run dir."""
     raw = raw_args(list(overrides))
+    if (dims := raw.get("model", {}).get("attn_rope_dims")) not in (None, 0, "0"):
+        # Decoupled RoPE moves the rotation from after B_k to a projection of its own: no refactoring of
+        # a plain model's q/k reproduces its scores (docs/design/absorbed-attention.md).
+        raise ConfigError(f"model.attn_rope_dims={dims}: a plain model cannot become one with decoupled RoPE exactly "
+                          "(RoPE rotates its whole keys after B_k; decoupled RoPE rotates only a separate projection "
+                          "of attn_rope_dims per head): train it with model.attn_rope_dims from the start")
     if model_keys := sorted(set(raw.get("model", {})) - {"attn_latent_heads"}):
         raise ConfigError(f"model.{model_keys[0]}: the model is the source's; an import takes no model keys but "
                           "model.attn_latent_heads (k and v refactored into that many latent heads)")
