@@ -989,6 +989,13 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
      {"JAX_COMPILATION_CACHE_DIR": "{xla_damaged}"}),
     ("train with $JAX_COMPILATION_CACHE_DIR a file", [*TRAIN, "run_dir={tmp}/run"], 0,
      "warning: $JAX_COMPILATION_CACHE_DIR: {a_file} is a file", 240, {"JAX_COMPILATION_CACHE_DIR": "{a_file}"}),
+    # decoupled RoPE (model.attn_rope_dims): shapes it cannot take, and a plain model it cannot come from
+    ("train model.attn_rope_dims odd", [*TRAIN, "model.attn_rope_dims=3", "run_dir={tmp}/run"], 1,
+     "model.attn_rope_dims: RoPE rotates pairs of dimensions: 3 is odd"),
+    ("train model.attn_rope_dims on dense", [*TRAIN, "model.arch=dense", "model.attn_rope_dims=2", "run_dir={tmp}/run"], 1,
+     "model.attn_rope_dims: 2 decouples the rotary keys from B_k"),
+    ("convert into decoupled RoPE", cmd("convert", "import", "{run}", "{tmp}/c_rope", "model.attn_rope_dims=4"), 1,
+     "model.attn_rope_dims=4: a plain model cannot become one with decoupled RoPE exactly"),
 ]
 
 # The default tier's few: a few seconds each (5 s together, warm), no fixture.
