@@ -164,6 +164,10 @@ def convert(a: argparse.Namespace) -> dict:
                               **{f"val_loss_{k}": v for k, v in evals.items()}}
     cfg = new_run_config(model_cfg, a.config, a.run_dir, a.src)
     if (groups := cfg.model.attn_latent_heads) != model_cfg.attn_latent_heads:
+        if model_cfg.attn_rope_dims:  # one rotary key per latent head: regrouping would have to invent keys
+            raise ConfigError(f"model.attn_latent_heads={groups}: the source has decoupled RoPE "
+                              f"(model.attn_rope_dims={model_cfg.attn_rope_dims}), one rotary key per latent head "
+                              f"({model_cfg.attn_latent_heads}); its latent heads cannot be regrouped exactly")
         model_cfg, params, report = latent_heads.convert(model_cfg, params, groups)
         out["latent_heads"] = {"groups": groups, "method": latent_heads.method(model_cfg.arch), "layers": report}
     write_run(cfg, params, tokenizer, str(a.src))
