@@ -108,10 +108,11 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, plan: Plan | None = None, cache: str = "auto",
              eos_id: int | Sequence[int] | None = None, max_len: int | None = None) -> list[list[int]]:
     """Each prompt's (token ids) continuation: up to `max_new_tokens` new ids, a row stopping at
-    `eos_id` (or any of several: a chat template's stop ids; not returned). Greedy at temperature 0, else sampled (top-k, top-p), reproducible from
-    `seed`. `plan` None: one device. `cache`: auto (the kind with the fewest bytes per device for the
-    model and plan, model/decode.choose_cache), full (keys and values), latent_v or latent (the
-    rank-r latents of v, or of k and v: low-rank archs). `max_len`: the positions a row may reach (prompt + new), refused
+    `eos_id` (or any of several: a chat template's stop ids; not returned). Greedy at temperature 0, else
+    sampled (top-k, top-p), reproducible from `seed`. `plan` None: one device. `cache`: auto (the kind whose
+    decode step a roofline of the device models fastest for the model and plan, model/decode.choose_cache),
+    full (keys and values), latent_v or latent (the rank-r latents of v, or of k and v: low-rank archs; with
+    model.attn_rope_dims, k's latents absorbed, plus the rotary keys). `max_len`: the positions a row may reach (prompt + new), refused
     past it, as the command line refuses past train.seq_len (api.restore's cfg.train.seq_len);
     None: MAX_POSITIONS. The first call on a model (per plan, cache and eos_id) compiles
     its programs and lays out a copy of its parameters at the compute dtype; both are kept with the

@@ -111,10 +111,9 @@ def _main(argv: list[str]) -> None:
     del model
     cache = {"cache": decoder.cache_name, "cache_auto": a.cache == AUTO_CACHE}
     if a.cache == AUTO_CACHE:  # one line saying what auto chose and why
-        cache["cache_bytes_per_token"] = choose_cache(cfg.model, plan)[1]
-        sizes = ", ".join(f"{k} {v:,}" for k, v in cache["cache_bytes_per_token"].items())
-        print(f"cache: {decoder.cache_name} (auto: the fewest bytes per cached token per device here: {sizes})",
-              file=sys.stderr)
+        choice = choose_cache(cfg.model, plan)
+        cache.update(cache_bytes_per_token=choice.bytes_per_token, cache_step_us=choice.step_us)
+        print(f"cache: {choice.why()}", file=sys.stderr)
     startup.lap("restore")
     streaming = len(prompts) == 1 and not a.json
     shown = [""]

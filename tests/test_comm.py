@@ -55,6 +55,22 @@ def test_the_gradients_forward_collectives_are_the_losss_own(arch, scheme):
     assert 0 < len(in_layers(forward(both))) < len(in_layers(both))  # the backward's are told apart
 
 
+@pytest.mark.parametrize("scheme, overrides", [
+    ("btp", ()), pytest.param("vanilla", (), marks=pytest.mark.slow),
+    pytest.param("btp", ("model.attn_latent_heads=4",), marks=pytest.mark.slow)])
+def test_decoupled_rope_collectives_equal_the_formula(scheme, overrides):
+    """model.attn_rope_dims=4 (config/schemes.py): under btp the rotary keys' projection rides in the
+    q|k|v collective (+ g d_r per token forward) and the one replicated rotary key's gradient is one more
+    all-reduce backward (none with latent heads); under vanilla the projection is replicated: nothing."""
+    r = comm("cola", scheme, "bfloat16", 1, "model.attn_rope_dims=4", *overrides)
+    # online RMSNorm's statistic in two buffers (one copy per rank in a reduce-scatter's: latent heads)
+    stats = B * S * 2 * (1 + (TP if overrides else 1)) if scheme == "btp" else 0
+    assert r["layer_forward_bytes"] == r["analytic_layer_forward_bytes"] + stats
+    assert r["layer_backward_all_reduce_parts"] == r["analytic_layer_backward_all_reduces"]
+    if scheme == "btp" and not overrides:
+        assert r["analytic_layer_forward_bytes"] == B * S * (7 * 16 + 4) * 2
+
+
 def test_btp_edges_are_vocab_parallel(btp):
     kinds = btp["edges"]["forward"]["by_kind"]
     assert kinds["reduce-scatter"]["count"] == 1  # the embedding: each rank keeps its d/p slice

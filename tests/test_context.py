@@ -93,6 +93,14 @@ def test_grid_equals_one_device(case):
     assert_equal_to_one_device(*case)
 
 
+@pytest.mark.parametrize("attention", [pytest.param("gather", marks=pytest.mark.slow), "latent",
+                                       pytest.param("ring", marks=pytest.mark.slow)])
+def test_decoupled_rope_with_cp_and_tp_equals_one_device(attention):
+    """model.attn_rope_dims: the rotary keys gathered with the latents (latent) or inside k (gather, ring)."""
+    assert_equal_to_one_device("cola", "model.attn_rope_dims=4", "parallel.cp=2", "parallel.tp=2",
+                               f"parallel.cp_attention={attention}")
+
+
 def test_balanced_order_round_trips_and_balances_causal_work():
     order = balanced_order(16, 2)
     assert order.tolist() == [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]

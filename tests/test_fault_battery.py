@@ -1198,6 +1198,13 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
      "model.d_model=128 contradicts"),
     ("train init_from a run dir ok", [*TRAIN, "train.init_from={run}", "run_dir={tmp}/run"], 0, ""),
     ("train init_from an HF folder ok", [*TRAIN, "train.init_from={hf}", "run_dir={tmp}/run"], 0, ""),
+    # decoupled RoPE (model.attn_rope_dims): shapes it cannot take, and a plain model it cannot come from
+    ("train model.attn_rope_dims odd", [*TRAIN, "model.attn_rope_dims=3", "run_dir={tmp}/run"], 1,
+     "model.attn_rope_dims: RoPE rotates pairs of dimensions: 3 is odd"),
+    ("train model.attn_rope_dims on dense", [*TRAIN, "model.arch=dense", "model.attn_rope_dims=2", "run_dir={tmp}/run"], 1,
+     "model.attn_rope_dims: 2 decouples the rotary keys from B_k"),
+    ("convert into decoupled RoPE", cmd("convert", "import", "{run}", "{tmp}/c_rope", "model.attn_rope_dims=4"), 1,
+     "model.attn_rope_dims=4: a plain model cannot become one with decoupled RoPE exactly"),
 ]
 # Rows that run lm-eval itself: skipped where it is not installed (the eval extra).
 NEEDS_LM_EVAL = {"lm_eval --tasks no_such_task", "lm_eval --config a YAML list", "full disk: lm_eval --output_path"}

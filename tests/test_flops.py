@@ -66,6 +66,19 @@ def test_latent_heads_count_their_blocks(arch, preset, g):
     assert count(one, 128).forward_flops_per_token - count(cfg, 128).forward_flops_per_token == 2 * saved
 
 
+@pytest.mark.parametrize("arch, preset, g, dims", [("cola", "llama-tiny", 1, 4), ("lax", "llama-tiny", 2, 4),
+                                                   ("svd", "llama-60m", 4, 16)])
+def test_decoupled_rope_counts_its_key_projection(arch, preset, g, dims):
+    """model.attn_rope_dims d_r: B_k makes d_h - d_r per kv head, a dense [d, g d_r] the rotary keys;
+    the module and the count agree, and the difference from the plain model is exactly that."""
+    one = ModelConfig(preset=preset, arch=arch, attn_latent_heads=g).resolved()
+    cfg = ModelConfig(preset=preset, arch=arch, attn_latent_heads=g, attn_rope_dims=dims).resolved()
+    assert count(cfg, 128).params == actual_params(cfg)
+    delta = cfg.n_layers * (cfg.d_model * g * dims - cfg.attn_rank * cfg.n_kv_heads * dims // g)
+    assert count(cfg, 128).params - count(one, 128).params == delta
+    assert count(cfg, 128).forward_flops_per_token - count(one, 128).forward_flops_per_token == 2 * delta
+
+
 def test_cola_halves_compute_at_quarter_rank():
     dense = count(ModelConfig(preset="llama-7b", arch="dense").resolved(), 4096)
     cola = count(ModelConfig(preset="llama-7b", arch="cola").resolved(), 4096)

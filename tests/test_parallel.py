@@ -98,6 +98,32 @@ def test_latent_heads_equal_single_device(arch, mesh, overrides):
     assert_close(grads, ref_grads, 1e-5)
 
 
+# Decoupled RoPE (model.attn_rope_dims): each key [B_k's position-free part | a rotary key of its own
+# projection, one per latent head]; the reference is the same model on one device. The inner loop: btp
+# on dp x fsdp x tp, vanilla at tp = 4, btp with latent heads at tp = 4; the grid in the slow tier.
+ROPE = [
+    ("cola", "btp", (2, 2, 2), ()),
+    ("svd", "vanilla", (2, 1, 4), ()),
+    ("lax", "btp", (2, 1, 4), ("model.attn_latent_heads=4", "model.n_kv_heads=4")),
+    ("cola", "btp", (8, 1, 1), ()),
+    ("lax", "vanilla", (2, 2, 2), ()),
+    ("cola", "btp", (4, 1, 2), ("model.attn_latent_heads=2", "model.grouping=false")),
+    ("svd", "btp", (2, 1, 4), ("model.norm=sync",)),
+]
+
+
+@pytest.mark.parametrize("arch, scheme, mesh, overrides", [
+    pytest.param(a, s, m, o, id=f"{a}-{s}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}-" + "-".join(x.split("=")[1] for x in o),
+                 marks=() if i < 3 else pytest.mark.slow) for i, (a, s, m, o) in enumerate(ROPE)])
+def test_decoupled_rope_equals_single_device(arch, scheme, mesh, overrides):
+    extra = ("model.attn_rope_dims=4", *overrides)
+    value, logits, grads = loss_logits_grads(config(arch, scheme, *mesh, *extra), jax.devices())
+    ref_value, ref_logits, ref_grads = loss_logits_grads(config(arch, "btp", 1, 1, 1, *extra), jax.devices()[:1])
+    assert value == pytest.approx(ref_value, rel=1e-6)
+    assert_close(logits, ref_logits, 1e-5)
+    assert_close(grads, ref_grads, 1e-5)
+
+
 def test_parameter_init_does_not_depend_on_the_mesh():
     cfg = config("cola", "btp", 1, 2, 4)
     plan = make_plan(cfg)

@@ -42,7 +42,7 @@ from boost_jax.bench.common import add_vary, config_of, parse, parser, seconds, 
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.archs import ARCHS
 from boost_jax.launch.peaks import measure_read_bandwidth
-from boost_jax.layers.kv_cache import CACHES, KVCache
+from boost_jax.layers.kv_cache import CACHES, KVCache, cache_type
 from boost_jax.model import Model
 from boost_jax.model.decode import COMPILER_OPTIONS, Decoder, cache_bytes_per_token
 from boost_jax.parallel import make_plan
@@ -69,7 +69,7 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
     for cache in caches:
         decoder = Decoder(model, plan, cache=cache)
         baseline = Decoder(model, plan, cache=cache, compiler_options={}) if xla_defaults else None
-        per_token = CACHES[cache].bytes_per_token(m, itemsize)
+        per_token = cache_type(cache, m).bytes_per_token(m, itemsize)
         per_device = cache_bytes_per_token(cache, m, plan)
         for b in batches:
             prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()

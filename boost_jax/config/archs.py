@@ -56,4 +56,4 @@ ARCHS: dict[str, Arch] = {
 # every arch, the rank-r latents of v (latent_v) or of k and v (latent) for the low-rank ones. Named
 # here so that the commands check the flag before JAX starts.
 CACHE_KINDS = ("full", "latent_v", "latent")
-AUTO_CACHE = "auto"  # not a kind: the one with the fewest bytes per device for a model and layout (model/decode.choose_cache)
+AUTO_CACHE = "auto"  # not a kind: the one whose step a roofline models fastest for a model and layout (model/decode.choose_cache)

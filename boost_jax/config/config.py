@@ -73,6 +73,11 @@ class ModelConfig:
     # group's B mapping its r / g latent columns only to its n_kv_heads / g heads (a block-diagonal B,
     # stored as the g blocks stacked: [r, n_kv_heads * head_dim / g]). 1 = one latent, as before.
     attn_latent_heads: int = 1
+    # Decoupled RoPE (MLA-style, low-rank archs): that many dimensions of each head rotary, their key
+    # part from a small projection of its own (one per latent head, shared by its kv heads), the rest
+    # of each head position-free, so that a latent cache's decode absorbs B_k and B_v
+    # (docs/design/absorbed-attention.md). 0 = RoPE on every dimension after B_k, as before.
+    attn_rope_dims: int = 0
     # None = the arch's default: SwiGLU gate SiLU on for dense/svd, off for cola/lax.
     mlp_gate_silu: bool | None = None
     # The family's switches; None takes the preset's value, else the default in FAMILY_DEFAULTS.
@@ -573,6 +578,22 @@ def _validate_model(m: ModelConfig) -> None:
     _require(m.init_std > 0, "model.init_std", "must be > 0")
     _validate_rope_scaling(m.rope_scaling)
     _validate_latent_heads(m)
+    _validate_rope_dims(m)
+
+
+def _validate_rope_dims(m: ModelConfig) -> None:
+    n = m.attn_rope_dims
+    if n == 0:
+        return
+    key = "model.attn_rope_dims"
+    _require(n > 0, key, f"must be >= 0 (0 = RoPE on the whole head after B_k), got {n}")
+    _require(ARCHS[m.arch].low_rank, key,
+             f"{n} decouples the rotary keys from B_k of a low-rank arch (svd, cola, lax); arch {m.arch} has no B_k "
+             "(leave it at 0)")
+    _require(n % 2 == 0, key, f"RoPE rotates pairs of dimensions: {n} is odd")
+    _require(n < m.head_dim, key,
+             f"{n} must be smaller than model.head_dim={m.head_dim} (the rest of each head, head_dim - {n}, is the "
+             "position-free part B_k makes)")
 
 
 def _validate_rope_scaling(r: RopeScalingConfig) -> None:

@@ -35,6 +35,7 @@ class ModelShape(Protocol):
     attn_rank: int
     mlp_rank: int
     attn_latent_heads: int
+    attn_rope_dims: int
     grouping: bool
 
 # Mesh axis names, outermost first: pipeline stages (across nodes), data parallel, fully-sharded data
@@ -51,13 +52,15 @@ Rules = Mapping[str, MeshAxes]
 # the blocks), heads, kv_heads, mlp (d_ff), rank (r), norm (the blocks' norm scales), final_norm,
 # layers (the stacked layer axis); with latent heads (model.attn_latent_heads), a block-diagonal B
 # stored as its blocks stacked [r, d_out / g]: latent_rows (its r rows, whole groups in order) and
-# latent_cols (one group's outputs). Activation dimensions: batch, seq, act_embed (the residual
+# latent_cols (one group's outputs); rope_key, the outputs of decoupled RoPE's key projection
+# (model.attn_rope_dims: [d, g d_r], no B). Activation dimensions: batch, seq, act_embed (the residual
 # stream), act_heads, act_kv_heads, act_mlp, act_latent ([T, r]), act_kv_latent (the r of k's and
-# v's latents: split over tp by their latent heads under btp, else laid out as act_latent), act_vocab.
+# v's latents: split over tp by their latent heads under btp, else laid out as act_latent), act_kv_rope
+# (decoupled RoPE's keys, one per latent head: split as act_kv_latent under btp, else whole), act_vocab.
 PARAM_AXES = ("vocab", "table_embed", "embed", "heads", "kv_heads", "mlp", "rank", "norm", "final_norm", "layers",
-              "latent_rows", "latent_cols")
+              "latent_rows", "latent_cols", "rope_key")
 ACTIVATION_AXES = ("batch", "seq", "act_embed", "act_heads", "act_kv_heads", "act_mlp", "act_latent", "act_kv_latent",
-                   "act_vocab")
+                   "act_kv_rope", "act_vocab")
 LOGICAL_AXES = frozenset(PARAM_AXES + ACTIVATION_AXES)
 
 # `model.*` knobs of BOOST's optimizations and their defaults; a scheme lists those it acts on, and
@@ -105,6 +108,7 @@ class Scheme:
         rules = dict(self.rules)
         if latent_heads == 1:
             rules["act_kv_latent"] = rules.get("act_latent")
+            rules["act_kv_rope"] = None  # one rotary key, on every rank
         if n_kv_heads % tp:
             rules.update(kv_heads=None, act_kv_heads=None)
         if pp > 1:
@@ -130,13 +134,21 @@ def _megatron_elements(m: ModelShape, tokens: int) -> int:
 
 
 def _vanilla_elements(m: ModelShape, tokens: int) -> int:
-    dq, dkv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    return tokens * (dq + 2 * dkv + m.d_model + 2 * m.d_ff + m.d_model)  # every projection's full output
+    # Every projection's full output (decoupled RoPE: k's position-free part; its rotary keys' small
+    # projection is replicated over tp, nothing to sum).
+    dq, dkv, dk = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim, m.n_kv_heads * (m.head_dim - m.attn_rope_dims)
+    return tokens * (dq + dkv + dk + m.d_model + 2 * m.d_ff + m.d_model)
+
+
+def _rotary_keys(m: ModelShape) -> int:
+    """Decoupled RoPE's keys per token (model.attn_rope_dims d_r, one per latent head g): g d_r."""
+    return m.attn_rope_dims * m.attn_latent_heads
 
 
 def _btp_elements(m: ModelShape, tokens: int) -> int:
-    # The rank-r latents only (a reduce-scatter counted at its input, as analysis/hlo.py counts it).
-    return tokens * (4 * m.attn_rank + 3 * m.mlp_rank)
+    # The rank-r latents only (a reduce-scatter counted at its input, as analysis/hlo.py counts it), and
+    # decoupled RoPE's keys, whose row-parallel projection rides in q|k|v's collective.
+    return tokens * (4 * m.attn_rank + 3 * m.mlp_rank + _rotary_keys(m))
 
 
 def _partial_sums(split: dict[str, int], grouping: bool) -> int:
@@ -151,7 +163,8 @@ def _attention_split(m: ModelShape, tp: int) -> dict[str, int] | None:
     heads, is a partial sum XLA places itself (on k|v, or on their latents: no one analytic)."""
     if m.n_kv_heads % tp:
         return None
-    return {"q": m.n_heads * m.head_dim, "k": m.n_kv_heads * m.head_dim, "v": m.n_kv_heads * m.head_dim}
+    return {"q": m.n_heads * m.head_dim, "k": m.n_kv_heads * (m.head_dim - m.attn_rope_dims),
+            "v": m.n_kv_heads * m.head_dim}
 
 
 def _megatron_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...] | None:
@@ -178,9 +191,13 @@ def _btp_scattered(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...]:
     # reduce-scatters them (one op under grouping, one each without) and the backward all-gathers
     # their gradients. The latents only, as `_btp_elements`: the online norm's statistic rides in the
     # first, one more column in each rank's share (tp columns in, one out).
+    # Decoupled RoPE's keys, one per latent head, are scattered with them (with k's GEMM ungrouped).
     if m.attn_latent_heads == 1 or tp == 1:
         return ()
-    return (tokens * 2 * m.attn_rank,) if m.grouping else (tokens * m.attn_rank,) * 2
+    rotary = _rotary_keys(m)
+    if m.grouping:
+        return (tokens * (2 * m.attn_rank + rotary),)
+    return (tokens * m.attn_rank,) * 2 + ((tokens * rotary,) if rotary else ())
 
 
 def _btp_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...] | None:
@@ -190,12 +207,15 @@ def _btp_backward(m: ModelShape, tokens: int, tp: int) -> tuple[int, ...] | None
     r, q = m.attn_rank, m.mlp_rank
     if (split := _attention_split(m, tp)) is None:
         return None
+    # Decoupled RoPE's one rotary key (g = 1) is replicated and read by every rank's kv heads: its
+    # gradient a partial sum too (with latent heads each rank reads only its own groups' keys).
+    rotary = (tokens * _rotary_keys(m),) if m.attn_rope_dims else ()
     if m.attn_latent_heads > 1 and tp > 1:
-        split = {"q": split["q"]}
+        split, rotary = {"q": split["q"]}, ()
     if not m.grouping:
-        return (tokens * r,) * (len(split) + 1) + (tokens * q,) * 3
+        return (tokens * r,) * (len(split) + 1) + (tokens * q,) * 3 + rotary
     stacked = Counter(split.values()).values()  # B's per width
-    return (*(tokens * n * r for n in stacked), tokens * r, tokens * 2 * q, tokens * q)
+    return (*(tokens * n * r for n in stacked), tokens * r, tokens * 2 * q, tokens * q, *rotary)
 
 
 SCHEMES: dict[str, Scheme] = {
@@ -231,13 +251,16 @@ SCHEMES: dict[str, Scheme] = {
         # latent heads, k's and v's latents and the rows of their block-diagonal B's are split over tp
         # by groups (each rank its own kv heads' groups): a reduce-scatter instead of an all-reduce.
         rules=MappingProxyType({**_COMMON, "embed": TP, "heads": TP, "kv_heads": TP, "mlp": TP, "norm": TP,
-                                "rank": FSDP, "latent_rows": TP, "latent_cols": FSDP, "act_embed": TP,
-                                "act_heads": TP, "act_kv_heads": TP, "act_mlp": TP, "act_kv_latent": TP}),
+                                "rank": FSDP, "latent_rows": TP, "latent_cols": FSDP, "rope_key": FSDP, "act_embed": TP,
+                                "act_heads": TP, "act_kv_heads": TP, "act_mlp": TP, "act_kv_latent": TP,
+                                "act_kv_rope": TP}),
         requires=(*_COMMON_REQUIRES, Requirement("model.n_heads", (TP,)), Requirement("model.d_ff", (TP,)),
                   Requirement("model.d_model", (TP,), "the residual is split on d"),
                   Requirement("model.attn_rank", (FSDP,)), Requirement("model.mlp_rank", (FSDP,)),
                   Requirement("model.n_kv_heads*head_dim/attn_latent_heads", (FSDP,),
-                              "the columns of a latent head's block of B_k, B_v")),
+                              "the columns of a latent head's block of B_k, B_v"),
+                  Requirement("model.attn_rope_dims*attn_latent_heads", (FSDP,),
+                              "the columns of decoupled RoPE's key projection")),
         layer_forward_elements=_btp_elements,
         layer_backward_all_reduces=_btp_backward,
         summary="residual split on d, A row-parallel, B column-parallel: 4 all-reduces of rank-r latents per layer",

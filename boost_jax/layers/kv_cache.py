@@ -18,6 +18,11 @@ the token at position j. A table of kinds (`CACHES`, chosen by name):
   (docs/design.md section 11). Neither latent kind saves anything where GQA already makes
   H_kv d_h <= r.
 
+With decoupled RoPE (`model.attn_rope_dims` = d_r) the `latent` kind is `AbsorbedCache`: the latents
+of k and v and each token's rotary keys (one per latent head, after RoPE), [B, g, T, d_r]; a step
+absorbs B_k into the queries and B_v after the attention-weighted latents, rebuilding no key
+(docs/design/absorbed-attention.md). It holds (2 r + g d_r) / (2 H_kv d_h) of a full cache.
+
 With latent heads (`model.attn_latent_heads` = g) the latents are the same [B, T, r], in g groups of
 r / g columns, each feeding only its H_kv / g heads: rebuilding a key costs 1/g of the FLOPs, and
 under btp each tp rank holds only its own groups (1/tp of a latent cache) where one latent is
@@ -59,6 +64,8 @@ KV_AXES = ("batch", "act_kv_heads", None, None)  # logical axes of a layer's key
 # Of a cached latent of k or v [B, T, r], its r as the scheme lays these latents out: with latent heads
 # under btp split over tp (each rank caches its own groups, 1/tp of the latents), else as every latent.
 CACHED_LATENT_AXES = ("batch", None, "act_kv_latent")
+# Of cached rotary keys [B, g, T, d_r] (decoupled RoPE): their latent heads as k's latents are split.
+CACHED_ROTARY_AXES = ("batch", "act_kv_rope", None, None)
 
 
 class _LayerCache:
@@ -149,14 +156,53 @@ class ValueLatentCache(_LayerCache):
         return cfg.n_layers * (cfg.n_kv_heads * cfg.head_dim + cfg.attn_rank) * itemsize
 
 
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class AbsorbedCache(_LayerCache):
+    """`latent` with decoupled RoPE (`model.attn_rope_dims`): one layer's latents of k's and v's
+    up-projections, k, v [B, T, r], and the rotary keys after RoPE, r [B, g, T, d_r] (one per latent
+    head, heads-first as a full cache keeps keys)."""
+
+    k: jax.Array
+    v: jax.Array
+    r: jax.Array
+
+    AXES = {"k": CACHED_LATENT_AXES, "v": CACHED_LATENT_AXES, "r": CACHED_ROTARY_AXES}
+
+    def write(self, k: jax.Array, v: jax.Array, start: jax.Array, r: jax.Array) -> AbsorbedCache:
+        """`_LayerCache.write`, with the rotary keys r [B, S, g, d_r] at the same slots."""
+        return AbsorbedCache(_write(self.k, k, start), _write(self.v, v, start), _write(self.r, r, start))
+
+    def constrain(self, constrain: Callable) -> AbsorbedCache:
+        return AbsorbedCache(*(constrain(getattr(self, n), axes) for n, axes in self.AXES.items()))
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, length: int) -> AbsorbedCache:
+        """One layer's zeros for `batch` rows of `length` positions, at the compute dtype."""
+        latents = LatentCache.empty(cfg, batch, length)
+        rotary = jnp.zeros((batch, cfg.attn_latent_heads, length, cfg.attn_rope_dims), cfg.dtype)
+        return cls(latents.k, latents.v, rotary)
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+        """Bytes one cached token takes, all layers."""
+        return cfg.n_layers * (2 * cfg.attn_rank + cfg.attn_latent_heads * cfg.attn_rope_dims) * itemsize
+
+
 # `--cache` name (config/archs.py's CACHE_KINDS) -> its kind.
 CACHES: dict[str, type[KVCache] | type[ValueLatentCache] | type[LatentCache]] = dict(
     zip(CACHE_KINDS, (KVCache, ValueLatentCache, LatentCache), strict=True))
 
+LayerCache = KVCache | ValueLatentCache | LatentCache | AbsorbedCache
+Cache = tuple[LayerCache, ...]  # the model's: one per layer
 
-Cache = tuple[KVCache, ...] | tuple[ValueLatentCache, ...] | tuple[LatentCache, ...]  # the model's: one per layer
+
+def cache_type(kind: str, cfg: ModelConfig) -> type[LayerCache]:
+    """The class a `--cache` kind (CACHES) keeps for a model: `latent` is `AbsorbedCache` where the
+    model's RoPE is decoupled (`model.attn_rope_dims`), its keys' latents then absorbed, not rebuilt."""
+    return AbsorbedCache if kind == "latent" and cfg.attn_rope_dims else CACHES[kind]
 
 
 def empty(kind: str, cfg: ModelConfig, batch: int, length: int) -> Cache:
     """The model's empty cache of a kind (CACHES): one per layer."""
-    return tuple(CACHES[kind].empty(cfg, batch, length) for _ in range(cfg.n_layers))
+    return tuple(cache_type(kind, cfg).empty(cfg, batch, length) for _ in range(cfg.n_layers))

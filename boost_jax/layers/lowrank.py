@@ -57,6 +57,8 @@ class Linear(nnx.Module):
     v) B is block-diagonal: `b` [r, d_out / g] holds its g blocks [r / g, d_out / g] stacked, group j's
     latent columns mapping only to its share of the outputs."""
 
+    rotary_key = False  # a projection with a B (RotaryKeys: the rotary keys of decoupled RoPE)
+
     def __init__(
         self,
         d_in: int,
@@ -116,3 +118,27 @@ class Linear(nnx.Module):
         if not self.arch.low_rank:
             return matmul(x.astype(self.dtype), self.w[...].astype(self.dtype), flat=flat)
         return self.up(self.activation(self.down(x, flat=flat)), flat=flat)
+
+
+class RotaryKeys(nnx.Module):
+    """Decoupled RoPE's key projection (`model.attn_rope_dims`): a small dense `a` [d, g d_r], one
+    d_r-wide rotary key per latent head (`groups` g), shared by that group's kv heads, rotated after
+    it and never through B_k (docs/design/absorbed-attention.md). Strategies run it beside the low-rank
+    A's of the same input (under btp in their GEMM and collective) and keep its output as it is: no
+    latent function, no B, no LaX crossing."""
+
+    rotary_key = True
+
+    def __init__(self, d_in: int, d_out: int, *, groups: int, init_std: float, dtype: jnp.dtype,
+                 param_dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.dtype, self.d_out, self.groups = dtype, d_out, groups
+        self.a = nnx.Param(init_std * jax.random.normal(rngs.params(), (d_in, d_out), param_dtype),
+                           logical_axes=("embed", "rope_key"))
+
+    def down(self, x: jax.Array, *, flat: bool) -> jax.Array:
+        """x @ a: the rotary keys before RoPE, [..., g d_r]."""
+        return matmul(x.astype(self.dtype), self.a[...].astype(self.dtype), flat=flat)
+
+    def activation(self, h: jax.Array) -> jax.Array:
+        """The identity: the keys are the projection's output."""
+        return h

@@ -1,4 +1,4 @@
-"""The paged cache: every layer's cache of a kind (kv_cache.CACHES: full, latent_v, latent) kept as
+"""The paged cache: every layer's cache of a kind (kv_cache.cache_type: full, latent_v, latent, absorbed where RoPE is decoupled) kept as
 a pool of pages, each a kv_cache row of `page_tokens` slots, [N, H_kv, page_tokens, d_h] or
 [N, page_tokens, r]: the kind's own dataclass with pages where it has rows. A sequence's page table
 (int32 [P], serve/pages.py) lists its pages in order, position j in page table[j // page_tokens]
@@ -25,18 +25,18 @@ import jax
 import jax.numpy as jnp
 
 from boost_jax.config import ModelConfig
-from boost_jax.layers.kv_cache import CACHES, Cache
+from boost_jax.layers.kv_cache import Cache, cache_type
 
 
 def empty_pool(kind: str, cfg: ModelConfig, n_pages: int, page_tokens: int) -> Cache:
     """The model's empty pool of a kind: one per layer, `n_pages` pages of `page_tokens` positions."""
-    return tuple(CACHES[kind].empty(cfg, n_pages, page_tokens) for _ in range(cfg.n_layers))
+    return tuple(cache_type(kind, cfg).empty(cfg, n_pages, page_tokens) for _ in range(cfg.n_layers))
 
 
 def constrain_pool(pool: Cache, constrain: Callable) -> Cache:
     """A pool laid out by the plan's `constrain`: pages on no mesh axis, the rest as the kind's AXES."""
     def layer(c):
-        return type(c)(*(constrain(getattr(c, f), (None, *c.AXES[f][1:])) for f in ("k", "v")))
+        return type(c)(*(constrain(getattr(c, f), (None, *axes[1:])) for f, axes in c.AXES.items()))
     return tuple(map(layer, pool))
 
 
@@ -49,7 +49,7 @@ def _gather(pages: jax.Array, tables: jax.Array) -> jax.Array:
 
 def view(pool: Cache, tables: jax.Array) -> Cache:
     """Each row's contiguous cache [B, ..., P page_tokens, w] gathered from its pages (tables [B, P])."""
-    return tuple(type(c)(_gather(c.k, tables), _gather(c.v, tables)) for c in pool)
+    return tuple(type(c)(*(_gather(getattr(c, f), tables) for f in c.AXES)) for c in pool)
 
 
 def _scatter(pages: jax.Array, rows: jax.Array, tables: jax.Array, positions: jax.Array, valid: jax.Array) -> jax.Array:
@@ -67,12 +67,12 @@ def _scatter(pages: jax.Array, rows: jax.Array, tables: jax.Array, positions: ja
 def store(pool: Cache, rows: Cache, tables: jax.Array, positions: jax.Array, valid: jax.Array) -> Cache:
     """The pool with what a forward wrote into the gathered `rows` (at `positions` [B, S], where `valid`)
     put back into each row's pages."""
-    return tuple(type(p)(_scatter(p.k, r.k, tables, positions, valid), _scatter(p.v, r.v, tables, positions, valid))
+    return tuple(type(p)(*(_scatter(getattr(p, f), getattr(r, f), tables, positions, valid) for f in p.AXES))
                  for p, r in zip(pool, rows, strict=True))
 
 
 def page_bytes(kind: str, cfg: ModelConfig, page_tokens: int, per_device: Callable[[jax.ShapeDtypeStruct, tuple], int]) -> int:
     """Bytes one page takes on one device, all layers: `per_device(array, axes)` says what a device
     holds of an array laid out by `axes` (a plan's sharding)."""
-    layer = jax.eval_shape(lambda: CACHES[kind].empty(cfg, 1, page_tokens))
-    return cfg.n_layers * sum(per_device(getattr(layer, f), (None, *layer.AXES[f][1:])) for f in ("k", "v"))
+    layer = jax.eval_shape(lambda: cache_type(kind, cfg).empty(cfg, 1, page_tokens))
+    return cfg.n_layers * sum(per_device(getattr(layer, f), (None, *axes[1:])) for f, axes in layer.AXES.items())

@@ -5,7 +5,7 @@ Beside the decoder: counts.py (a model's parameter counts and FLOPs per token), 
 typed train state and its checkpoint layout), checkpoint.py (the Orbax store of a run's checkpoints
 and each checkpoint's identity), weights.py (a model's parameters:
 init, placement on a plan, restore of a checkpoint's parameters only), decode.py (generation against
-the caches), compress.py (a dense model's weights factored by SVD), latent_heads.py (k/v's
+the caches), cache_choice.py (`--cache auto`'s roofline of a decode step per cache kind), compress.py (a dense model's weights factored by SVD), latent_heads.py (k/v's
 block-diagonal B written dense, and a low-rank model refactored into latent heads), hf.py (the
 safetensors format and the Hugging Face names), run_dir.py (a run dir opened for inference:
 `open_run`) and harness.py (a run dir as an lm-evaluation-harness model: `BoostLM`). Nothing here imports training/ or analysis/, so a change there cannot break generate,

@@ -22,10 +22,12 @@ class Counts:
 
 
 def layer_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, int]]:
-    """(d_in, d_out, rank) of each projection of one decoder layer."""
+    """(d_in, d_out, rank) of each projection of one decoder layer (decoupled RoPE: k's B makes the
+    position-free part of each key, `rotary_key_params` the rest)."""
     d, f, dq, dkv = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     ra, rm = cfg.attn_rank, cfg.mlp_rank
-    return {"q": (d, dq, ra), "k": (d, dkv, ra), "v": (d, dkv, ra), "o": (dq, d, ra),
+    dk = cfg.n_kv_heads * (cfg.head_dim - cfg.attn_rope_dims)
+    return {"q": (d, dq, ra), "k": (d, dk, ra), "v": (d, dkv, ra), "o": (dq, d, ra),
             "gate": (d, f, rm), "up": (d, f, rm), "down": (f, d, rm)}
 
 
@@ -33,6 +35,11 @@ def layer_linear_groups(cfg: ModelConfig) -> dict[str, int]:
     """The latent heads of each projection of one decoder layer: k's and v's B are block-diagonal in
     `model.attn_latent_heads` groups, every other B (and dense W) one block."""
     return {name: cfg.attn_latent_heads if name in ("k", "v") else 1 for name in layer_linear_shapes(cfg)}
+
+
+def rotary_key_params(cfg: ModelConfig) -> int:
+    """Decoupled RoPE's key projection of one layer (`model.attn_rope_dims` d_r): dense [d, g d_r]."""
+    return cfg.d_model * cfg.attn_latent_heads * cfg.attn_rope_dims
 
 
 def embedding_params(cfg: ModelConfig) -> int:
@@ -47,6 +54,7 @@ def count(cfg: ModelConfig, seq_len: int) -> Counts:
     d, v, n = cfg.d_model, cfg.vocab_size, cfg.n_layers
     groups = layer_linear_groups(cfg)
     per_layer = sum(ARCHS[cfg.arch].linear_params(*s, groups=groups[name]) for name, s in layer_linear_shapes(cfg).items())
+    per_layer += rotary_key_params(cfg)
     head = d * v
     bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0  # q/k/v biases
     params = embedding_params(cfg) + n * (per_layer + 2 * d + bias) + d

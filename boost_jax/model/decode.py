@@ -31,8 +31,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from boost_jax.config.archs import ARCHS, AUTO_CACHE
-from boost_jax.layers.kv_cache import CACHES, Cache, empty
+from boost_jax.layers.kv_cache import CACHES, Cache, cache_type, empty
 from boost_jax.model import Model, unstack_layers
+from boost_jax.model.cache_choice import REFERENCE, Roofline, step_seconds
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
 
@@ -138,19 +139,43 @@ def cache_bytes_per_token(kind: str, cfg, plan: Plan) -> int:
     """Bytes one cached position of one row takes on one device, all layers, for a cache `kind`
     (CACHES) laid out by `plan`: a full cache is split over the kv heads, a latent one over tp only
     with latent heads (`model.attn_latent_heads`), else replicated."""
-    layer = jax.eval_shape(lambda: CACHES[kind].empty(cfg, 1, 1))
+    kind_type = cache_type(kind, cfg)
+    layer = jax.eval_shape(lambda: kind_type.empty(cfg, 1, 1))
     on_device = lambda a, axes: math.prod(plan.sharding(axes).shard_shape(a.shape)) * a.dtype.itemsize
-    per_layer = sum(on_device(getattr(layer, name), (None, *axes[1:])) for name, axes in CACHES[kind].AXES.items())
+    per_layer = sum(on_device(getattr(layer, name), (None, *axes[1:])) for name, axes in kind_type.AXES.items())
     return cfg.n_layers * per_layer
 
 
-def choose_cache(cfg, plan: Plan) -> tuple[str, dict[str, int]]:
-    """(the cache kind with the fewest bytes per device for `cfg` under `plan`, each kind's bytes per
-    cached token per device). A tie goes to the kind that computes less per step: full, then latent_v,
-    then latent (docs/design.md section 11)."""
+@dataclass(frozen=True)
+class CacheChoice:
+    """`--cache auto`'s answer: the kind, and per kind its bytes per cached token per device and its
+    modelled step (`model/cache_choice.py`) at `batch` rows of `context` positions."""
+
+    kind: str
+    bytes_per_token: dict[str, int]
+    step_us: dict[str, float]
+    batch: int
+    context: int
+
+    def why(self) -> str:
+        """One line: what was chosen and why."""
+        per = ", ".join(f"{k} {self.step_us[k]:,.1f} us ({self.bytes_per_token[k]:,} B/token)" for k in self.step_us)
+        return (f"{self.kind} (auto: the fastest modelled step here, at batch {self.batch} and {self.context} "
+                f"positions, by a roofline of bytes read and FLOPs: {per})")
+
+
+def choose_cache(cfg, plan: Plan, batch: int = REFERENCE[0], context: int = REFERENCE[1]) -> CacheChoice:
+    """The cache kind whose decode step is modelled fastest for `cfg` under `plan` at `batch` rows of
+    `context` positions (`model/cache_choice.step_seconds`: bytes read and FLOPs by a roofline of
+    the plan's device). A tie goes to the kind that computes less per step: full, then latent_v, then
+    latent (docs/design.md section 11)."""
     kinds = [k for k in CACHES if k == "full" or ARCHS[cfg.arch].low_rank]
     sizes = {k: cache_bytes_per_token(k, cfg, plan) for k in kinds}
-    return min(kinds, key=lambda k: (sizes[k], kinds.index(k))), sizes
+    roofline = Roofline.of(plan.platform)
+    tp = plan.size("act_heads")
+    seconds = {k: step_seconds(k, cfg, sizes[k], tp, tp, roofline, batch, context) for k in kinds}
+    kind = min(kinds, key=lambda k: (seconds[k], kinds.index(k)))
+    return CacheChoice(kind, sizes, {k: s * 1e6 for k, s in seconds.items()}, batch, context)
 
 
 class Decoder:
@@ -170,9 +195,9 @@ class Decoder:
         self.cfg, self.plan, self.eos_id = model.cfg, plan, eos_id
         # The ids a row stops at: the end-of-document token, or a chat template's end-of-turn ones.
         self.stops = () if eos_id is None else (int(eos_id),) if np.ndim(eos_id) == 0 else tuple(map(int, eos_id))
-        self.cache_name = choose_cache(self.cfg, plan)[0] if cache == AUTO_CACHE else cache
+        self.cache_name = choose_cache(self.cfg, plan).kind if cache == AUTO_CACHE else cache
         try:
-            CACHES[self.cache_name].empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
+            cache_type(self.cache_name, self.cfg).empty(self.cfg, 1, 1)  # a latent cache refuses a dense model here
         except ValueError as e:
             raise ConfigError(f"--cache {cache}: {e}") from None
         self.graphdef, state = nnx.split(model, nnx.Param)

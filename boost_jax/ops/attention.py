@@ -51,18 +51,42 @@ class RopeScaling(Protocol):
 
 @dataclass(frozen=True)
 class AttentionOp:
-    """An attention layer's op: its query heads and their width, RoPE's theta and scaling, and the
-    queries per block of XLA's attention (`model.attention_query_block`)."""
+    """An attention layer's op: its query heads and their width, RoPE's theta and scaling, the queries
+    per block of XLA's attention (`model.attention_query_block`), and the rotary dimensions of each head
+    (`model.attn_rope_dims`; 0: all of them)."""
 
     n_heads: int
     head_dim: int
     rope_theta: float
     query_block: int
     rope_scaling: RopeScaling | None = None
+    rope_dims: int = 0
+
+    def frequencies(self, dims: int) -> np.ndarray:
+        """RoPE's frequencies of a rotary part `dims` wide, scaled as this op's `rope_scaling` says."""
+        return rope_frequencies(dims, self.rope_theta, self.rope_scaling)
 
     def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """RoPE of x [B, S, heads, d_h] at positions [B, S]."""
+        """RoPE of x [B, S, heads, d_h] at positions [B, S]: on its last `rope_dims` (decoupled RoPE:
+        `rope_tail`), else on all of them."""
+        if self.rope_dims:
+            return rope_tail(x, positions, self.frequencies(self.rope_dims))
         return rope(x, positions, self.rope_theta, self.rope_scaling)
+
+    def keys(self, k: jax.Array, rotary: jax.Array | None, positions: jax.Array) -> jax.Array:
+        """The keys [B, S, H_kv, d_h] attention reads: k [B, S, H_kv, d_h] rotated (`rope_dims` 0), or
+        with decoupled RoPE k's position-free part [B, S, H_kv, d_h - rope_dims] beside the rotary
+        keys `rotary` [B, S, g, rope_dims] (one per latent head) rotated at `positions` and shared by
+        their group's H_kv / g kv heads: each key [position-free | rotary], as the queries are."""
+        if rotary is None:
+            return rope(k, positions, self.rope_theta, self.rope_scaling)
+        rotary = jnp.repeat(self.rotate_keys(rotary, positions), k.shape[2] // rotary.shape[2], axis=2)
+        return jnp.concatenate([k, rotary.astype(k.dtype)], axis=-1)
+
+    def rotate_keys(self, rotary: jax.Array, positions: jax.Array) -> jax.Array:
+        """Decoupled RoPE's keys [B, S, g, rope_dims] rotated at positions [B, S], as `rotate` turns
+        the queries' last `rope_dims`."""
+        return rope_with(rotary, positions, self.frequencies(self.rope_dims))
 
     def attend(self, q, k, v, q_positions, k_positions, q_segments, k_segments, *, impl: str) -> jax.Array:
         """`causal_attention` of q over k and v at this op's query block."""
@@ -94,11 +118,23 @@ def rope_frequencies(dim: int, theta: float, scaling: RopeScaling | None = None)
     return np.where(medium, (1 - smooth) * scaled / f + smooth * scaled, scaled).astype(np.float32)
 
 
+def rope_with(x: jax.Array, positions: jax.Array, freq) -> jax.Array:
+    """Rotary embedding in the rotate-half layout of x [B, S, H, 2 len(freq)] at positions [B, S] by
+    the frequencies `freq` [D / 2] (whatever made them: `rope_frequencies`, scaled or not)."""
+    angle = positions[:, :, None, None].astype(jnp.float32) * jnp.asarray(freq, jnp.float32)  # [B, S, 1, D/2]
+    return _rotate(x, jnp.cos(angle), jnp.sin(angle))
+
+
 def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
     """Rotary embedding in the rotate-half layout (as Hugging Face LLaMA): x: [B, S, H, D]."""
-    freq = rope_frequencies(x.shape[-1], theta, scaling)
-    angle = positions[:, :, None, None].astype(jnp.float32) * freq  # [B, S, 1, D/2]
-    return _rotate(x, jnp.cos(angle), jnp.sin(angle))
+    return rope_with(x, positions, rope_frequencies(x.shape[-1], theta, scaling))
+
+
+def rope_tail(x: jax.Array, positions: jax.Array, freq) -> jax.Array:
+    """Partial RoPE (decoupled RoPE's queries): x [B, S, H, D] with its last 2 len(freq) dimensions
+    rotated by `rope_with` and the others left as they are (the position-free part)."""
+    cut = x.shape[-1] - 2 * len(freq)
+    return jnp.concatenate([x[..., :cut], rope_with(x[..., cut:], positions, freq)], axis=-1)
 
 
 def rope_at_slots(x: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
@@ -240,12 +276,58 @@ def cached_attention(q: jax.Array, k: jax.Array, positions: jax.Array, combine, 
         return combine(jax.nn.softmax(jnp.where(seen, scores / jnp.sqrt(jnp.float32(dh)), -jnp.inf), axis=-1))
 
     with jax.named_scope("attention"):
-        rows = query_rows(s, query_block)
-        if rows == s:
-            return block(q, positions)
-        split = lambda x: jnp.moveaxis(x.reshape(b, s // rows, rows, *x.shape[2:]), 1, 0)
-        out = jax.lax.map(lambda xs: block(*xs), (split(q), split(positions)))
-        return jnp.moveaxis(out, 0, 1).reshape(b, s, *out.shape[3:])
+        return _by_query_blocks(block, q, positions, query_block)
+
+
+def _by_query_blocks(block, q: jax.Array, positions: jax.Array, query_block: int) -> jax.Array:
+    """block(q_rows, positions_rows) -> [B, S', ...] over blocks of `query_rows` queries of q [B, S, ...]
+    (a loop where there are several: one block's scores live at a time)."""
+    b, s = q.shape[:2]
+    rows = query_rows(s, query_block)
+    if rows == s:
+        return block(q, positions)
+    split = lambda x: jnp.moveaxis(x.reshape(b, s // rows, rows, *x.shape[2:]), 1, 0)
+    out = jax.lax.map(lambda xs: block(*xs), (split(q), split(positions)))
+    return jnp.moveaxis(out, 0, 1).reshape(b, s, *out.shape[3:])
+
+
+def absorbed_attention(q: jax.Array, h_k: jax.Array, rotary: jax.Array, h_v: jax.Array, b_k: jax.Array,
+                       b_v: jax.Array, positions: jax.Array, *, groups: int, query_block: int) -> jax.Array:
+    """Attention with decoupled RoPE on a latent cache, B_k and B_v absorbed (MLA's decode): q
+    [B, S, H, d_h] at `positions` [B, S] ([position-free | rotary], its rotary tail already rotated)
+    over the cached latents h_k, h_v [B, T, r] (slot j at position j) and rotary keys `rotary`
+    [B, g, T, d_r] (after RoPE, one per latent head) of the up-projections b_k [r, H_kv (d_h - d_r) / g]
+    and b_v [r, H_kv d_h / g] (the stacked blocks of block-diagonal B's; g = 1: B itself) -> [B, S, H d_h].
+
+    No key is rebuilt: q's position-free part goes into the latent space, q_n . (h_k B_k) =
+    (q_n B_k^T) . h_k per kv head, so a score is (q_n B_k^T) . h_k + q_r . k_r, and the values'
+    up-projection follows the attention-weighted latents, (p h_v) B_v. Per cached token and query head
+    a step reads r / g + d_r values where a full cache's reads d_h (docs/design/absorbed-attention.md).
+    Plain arrays in and out, so any cache that gathers these tensors (a paged one) can call it."""
+    b, s, h, dh = q.shape
+    t, dr = h_k.shape[1], rotary.shape[-1]
+    dn = dh - dr
+    kvh = b_k.shape[1] * groups // dn
+    b_k = b_k.astype(q.dtype).reshape(groups, -1, kvh // groups, dn)  # [g, r / g, H_kv / g, d_n]
+    b_v = b_v.astype(q.dtype).reshape(groups, -1, kvh // groups, dh)  # [g, r / g, H_kv / g, d_h]
+    # Groups leading, each group's latents [B, T, r / g] as the cache holds them (a bitcast where a
+    # device holds one group), as in `_grouped_latent_value_attention`.
+    h_k, h_v = (jnp.moveaxis(x.reshape(b, t, groups, -1), 2, 0) for x in (h_k, h_v))  # [g, B, T, r / g]
+    slots = jnp.arange(t)
+
+    def block(q_rows, pos_rows):
+        q_rows = q_rows.reshape(b, -1, groups, kvh // groups, h // kvh, dh)  # [B, S', g, H_kv / g, G, d_h]
+        q_latent = jnp.einsum("bsjhgn,jrhn->jbhgsr", q_rows[..., :dn], b_k)  # into the latent space
+        scores = (jnp.einsum("jbhgsr,jbtr->jbhgst", q_latent, h_k, preferred_element_type=jnp.float32)
+                  + jnp.einsum("bsjhgd,bjtd->jbhgst", q_rows[..., dn:], rotary.astype(q.dtype),
+                               preferred_element_type=jnp.float32))
+        seen = slots <= pos_rows[None, :, None, None, :, None]
+        p = jax.nn.softmax(jnp.where(seen, scores / jnp.sqrt(jnp.float32(dh)), -jnp.inf), axis=-1)
+        z = jnp.einsum("jbhgst,jbtr->bsjhgr", p.astype(h_v.dtype), h_v)  # the attention-weighted latents
+        return jnp.einsum("bsjhgr,jrhd->bsjhgd", z, b_v).reshape(b, -1, h * dh)
+
+    with jax.named_scope("attention"):
+        return _by_query_blocks(block, q, positions, query_block)
 
 
 def latent_value_attention(q: jax.Array, k: jax.Array, positions: jax.Array, h_v: jax.Array, b_v: jax.Array, *,

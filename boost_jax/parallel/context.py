@@ -136,10 +136,13 @@ def gathered_keys(k_positions: jax.Array, k: jax.Array, v: jax.Array) -> tuple[j
 def layer_forward_bytes(plan: PlanView, m, rows: int, seq_len: int) -> int:
     """Bytes one device receives per decoder layer forward for attention under context parallelism,
     per `plan.cp_attention` (`rows`: its sequences): the gathered k and v (gather), the cp - 1 blocks
-    of k and v that reach it round the ring (ring), or the gathered latents of k and v (latent)."""
+    of k and v that reach it round the ring (ring), or the gathered latents of k and v (latent; with
+    decoupled RoPE, and the rotary keys)."""
     cp, itemsize = plan.size("seq"), jnp.dtype(m.dtype).itemsize
     kv = m.n_kv_heads * m.head_dim // plan.size("act_kv_heads")
-    per_token = {"gather": 2 * kv, "ring": 2 * kv * (cp - 1) / cp, "latent": 2 * m.attn_rank // plan.size("act_kv_latent")}
+    latent = (2 * m.attn_rank // plan.size("act_kv_latent")
+              + m.attn_latent_heads * m.attn_rope_dims // plan.size("act_kv_rope"))
+    per_token = {"gather": 2 * kv, "ring": 2 * kv * (cp - 1) / cp, "latent": latent}
     return int(rows * seq_len * per_token[plan.cp_attention] * itemsize)
 
 

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 LATENT_AXES = ("batch", "seq", "act_latent")
 KV_LATENT_AXES = ("batch", "seq", "act_kv_latent")  # k's and v's with latent heads: split by groups under btp
+ROTARY_KEY_AXES = ("batch", "seq", "act_kv_rope")  # decoupled RoPE's keys [B, S, g d_r]: as k's latents under btp, else whole
+ROTARY_KEY = "k_rope"  # the attention layer's name of its rotary key projection (layers.lowrank.RotaryKeys)
 
 
 class LinearLike(Protocol):
@@ -56,6 +58,7 @@ class LinearLike(Protocol):
 
     d_out: int
     groups: int  # latent heads: B block-diagonal in this many groups (1: one latent)
+    rotary_key: bool  # decoupled RoPE's key projection: no B, its output kept as it is (never crossed)
 
     def down(self, x: jax.Array, *, flat: bool) -> jax.Array: ...  # x @ A (low-rank; `flat`: lowrank.matmul's)
 
@@ -76,7 +79,9 @@ OutAxes = dict[str, tuple[str, str]]  # projection name -> (weight axis, activat
 
 def latent_axes(linear: LinearLike) -> tuple[str, str, str]:
     """The logical axes of a projection's latent [B, S, r]: k's and v's with latent heads their own
-    (split by groups under btp), every other latent's LATENT_AXES."""
+    (split by groups under btp), decoupled RoPE's keys theirs, every other latent's LATENT_AXES."""
+    if linear.rotary_key:
+        return ROTARY_KEY_AXES
     return KV_LATENT_AXES if linear.groups > 1 else LATENT_AXES
 
 
@@ -116,10 +121,19 @@ class Projections:
         and v, q and k rotated at `positions` [B, S]."""
         b, s, _ = x.shape
         kv = ("kv_heads", "act_kv_heads")
-        qkv = self.normed(x, norm, linears, {"q": ("heads", "act_heads"), "k": kv, "v": kv})
-        q, k, v = (linears[name].add_bias(qkv[name]).reshape(b, s, -1, op.head_dim) for name in "qkv")
+        out_axes = {"q": ("heads", "act_heads"), "k": kv, "v": kv}
+        rotary = None
+        if ROTARY_KEY in linears:  # decoupled RoPE: the rotary keys' projection beside the latents, no B
+            hs = self.latents(x, norm, linears)
+            rotary = hs.pop(ROTARY_KEY).reshape(b, s, -1, op.rope_dims)
+            qkv = self.up(hs, linears, out_axes)
+        else:
+            qkv = self.normed(x, norm, linears, out_axes)
+        qkv = {name: linears[name].add_bias(qkv[name]) for name in "qkv"}
+        q, v = (qkv[name].reshape(b, s, -1, op.head_dim) for name in "qv")
+        k = qkv["k"].reshape(b, s, -1, op.head_dim - op.rope_dims)
         constrain = self.plan.constrain
-        return (constrain(op.rotate(q, positions), QUERIES), constrain(op.rotate(k, positions), KEYS),
+        return (constrain(op.rotate(q, positions), QUERIES), constrain(op.keys(k, rotary, positions), KEYS),
                 constrain(v, KEYS))
 
     def attention(self, x: jax.Array, norm, linears: Linears, op: AttentionOp, where: Positions) -> jax.Array:
@@ -150,25 +164,31 @@ class Projections:
         b, s, _ = x.shape
         plan = self.plan
         hs = self.latents(x, norm, linears)
+        rotary = hs.pop(ROTARY_KEY, None)
         q = self.up({"q": hs["q"]}, linears, {"q": ("heads", "act_heads")})["q"]
         q = plan.constrain(op.rotate(q.reshape(b, s, op.n_heads, op.head_dim), where.of(b, s)), QUERIES)
         k_lin = linears["k"]
         h_axes = latent_axes(k_lin)
         rank_axis = plan.axis(h_axes[-1])
 
-        def up(h, w):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', d_h]
+        def up(h, w, width):  # [B, S/cp, r'] -> the whole sequence's [B, S, kv heads', width]
             y = k_lin.up_with(gather(h), w, flat=False)
             # A split rank sums over its devices; latent heads are whole groups, their heads the device's own.
             y = y if rank_axis is None or k_lin.groups > 1 else jax.lax.psum(y, rank_axis)
-            return y.reshape(*y.shape[:2], -1, op.head_dim)
+            return y.reshape(*y.shape[:2], -1, width)
 
-        def rebuild(k_positions, h_k, h_v, b_k, b_v):
-            return op.rotate(up(h_k, b_k), k_positions), up(h_v, b_v)
+        def rebuild(k_positions, h_k, h_v, b_k, b_v, *rotary):  # rotary: decoupled RoPE's keys, gathered
+            keys = up(h_k, b_k, op.head_dim - op.rope_dims)
+            rotary = gather(rotary[0]).reshape(*keys.shape[:2], -1, op.rope_dims) if rotary else None
+            return op.keys(keys, rotary, k_positions), up(h_v, b_v, op.head_dim)
 
         # B's rows as the latents are split, its columns as the heads (latent heads: whole blocks)
         weights = ("latent_rows", None) if k_lin.groups > 1 else (LATENT_AXES[-1], "kv_heads")
         keys = (hs["k"], hs["v"], self.up_weight(linears["k"]), self.up_weight(linears["v"]))
-        return attend_gathered(plan, op, q, where, keys, (h_axes, h_axes, weights, weights), rebuild)
+        axes = (h_axes, h_axes, weights, weights)
+        if rotary is not None:
+            keys, axes = (*keys, rotary), (*axes, ROTARY_KEY_AXES)
+        return attend_gathered(plan, op, q, where, keys, axes, rebuild)
 
     def _activate(self, linear: LinearLike, h: jax.Array, tag: bool) -> jax.Array:
         """The latent from x @ A: its layout, the LATENT checkpoint name (low-rank checkpointing;
@@ -180,7 +200,7 @@ class Projections:
 
     def _cross(self, name: str, h: jax.Array) -> jax.Array:
         """LaX: add the previous layer's latent of the same projection (and keep this one)."""
-        if not self.carries:
+        if not self.carries or name == ROTARY_KEY:
             return h
         self.new[name] = h
         return h + self.prev[name].astype(h.dtype)
@@ -290,7 +310,7 @@ def stacked_matmul(x: jax.Array, weights: list[jax.Array], *, flat: bool) -> lis
 
 def _by_rank(linears: Linears) -> dict[int, list[str]]:
     """Low-rank projection names grouped by rank (q|k|v share attn_rank, gate|up mlp_rank)."""
-    return _grouped(linears, lambda lin: lin.a[...].shape[1])
+    return _grouped(linears, lambda lin: (lin.a[...].shape[1], lin.rotary_key))
 
 
 def _by_width(linears: Linears) -> dict[int, list[str]]:

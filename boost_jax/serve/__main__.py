@@ -69,7 +69,7 @@ def _main(argv: list[str]) -> None:
     if not (a.run_dir / "tokenizer.json").is_file():
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     chat = chat_template(run)
-    kind = choose_cache(cfg.model, run.plan)[0] if a.cache == AUTO_CACHE else a.cache
+    kind = choose_cache(cfg.model, run.plan).kind if a.cache == AUTO_CACHE else a.cache
     pool_pages(cfg.serve, cache_bytes_per_token(kind, cfg.model, run.plan) * cfg.serve.page_tokens, context)
     sock = bind(a.host, a.port)  # before the slow restore: a port in use is said at once
     model, step = run.model(a.step)

@@ -63,6 +63,12 @@ def new_run_config(model_cfg, overrides, run_dir: Path, src: Path):
     run's tokenizer for any corpus it prepares (data.tokenizer_path), the model's every field, then
     the overrides, then its run dir."""
     raw = raw_args(list(overrides))
+    if (dims := raw.get("model", {}).get("attn_rope_dims")) not in (None, 0, "0"):
+        # Decoupled RoPE moves the rotation from after B_k to a projection of its own: no refactoring of
+        # a plain model's q/k reproduces its scores (docs/design/absorbed-attention.md).
+        raise ConfigError(f"model.attn_rope_dims={dims}: a plain model cannot become one with decoupled RoPE exactly "
+                          "(RoPE rotates its whole keys after B_k; decoupled RoPE rotates only a separate projection "
+                          "of attn_rope_dims per head): train it with model.attn_rope_dims from the start")
     if model_keys := sorted(set(raw.get("model", {})) - {"attn_latent_heads"}):
         raise ConfigError(f"model.{model_keys[0]}: the model is the source's; an import takes no model keys but "
                           "model.attn_latent_heads (k and v refactored into that many latent heads)")
@@ -161,6 +167,10 @@ def convert(a: argparse.Namespace) -> dict:
                               **{f"val_loss_{k}": v for k, v in evals.items()}}
     cfg = new_run_config(model_cfg, a.config, a.run_dir, a.src)
     if (groups := cfg.model.attn_latent_heads) != model_cfg.attn_latent_heads:
+        if model_cfg.attn_rope_dims:  # one rotary key per latent head: regrouping would have to invent keys
+            raise ConfigError(f"model.attn_latent_heads={groups}: the source has decoupled RoPE "
+                              f"(model.attn_rope_dims={model_cfg.attn_rope_dims}), one rotary key per latent head "
+                              f"({model_cfg.attn_latent_heads}); its latent heads cannot be regrouped exactly")
         model_cfg, params, report = latent_heads.convert(model_cfg, params, groups)
         out["latent_heads"] = {"groups": groups, "method": latent_heads.method(model_cfg.arch), "layers": report}
     write_run(cfg, params, tokenizer, str(a.src))
