@@ -44,7 +44,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=1, help="nodes of the machine's gpus_per_node GPUs (default 1)")
     p.add_argument("--gpus", type=int, default=0, help="fewer GPUs of one node (default 0: whole nodes)")
     p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
-                   help="the KV cache of the decoding programs (auto: as generate, the fewest bytes per device)")
+                   help="the KV cache of the decoding programs (auto: as generate, the fastest modelled step)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", type=Path, default=None, help="write the serialised executables here (an empty folder)")
     p.add_argument("--force", action="store_true", help="--save into a non-empty folder, replacing its files")

@@ -47,9 +47,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timings", action="store_true", help="print on stderr the seconds to the first token, by "
                    "phase: import, data, restore, compile, run (--json has them always)")
     p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
-                   help="auto (default): the kind with the fewest bytes per device for this model and layout; "
-                        "full: keys and values; latent_v: keys and v's rank-r latent; latent: both latents "
-                        "(low-rank archs; layers/kv_cache.py)")
+                   help="auto (default): the kind whose decode step a roofline of the device models fastest for this "
+                        "model and layout (printed with why); full: keys and values; latent_v: keys and v's rank-r "
+                        "latent; latent: both latents, absorbed with model.attn_rope_dims (low-rank archs; "
+                        "layers/kv_cache.py)")
     a = run_dir_args(p, argv)
     if a.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
