@@ -4,9 +4,12 @@ sides or the cap on extensions is spent (then the report says the best is on an 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,14 @@ def search(start: Sequence[float], loss_of: Callable[[float], float], max_extens
 def _finite(loss: float) -> float:
     """A diverged run (None or NaN) counts as the worst loss."""
     return math.inf if loss is None or not math.isfinite(loss) else loss
+
+
+def read_json(path: Path) -> tuple[Any, str]:
+    """A file the study wrote and reads back: (its JSON value, ""), or (None, why it cannot be read)."""
+    try:
+        return json.loads(path.read_text()), ""
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"{type(e).__name__}: {e}"
 
 
 def finite_number(x) -> bool:

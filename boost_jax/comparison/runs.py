@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 
-from boost_jax.comparison.grid import finite_number
+from boost_jax.comparison.grid import finite_number, read_json
 from boost_jax.config import Config, ConfigError
 from boost_jax.runtime.cache import atomic_write
 from boost_jax.runtime.errors import DivergenceError
@@ -54,10 +54,9 @@ def result(cfg: Config, eval_tokens: int, log=print, stopped: Callable[[], str |
 
 def read_result(path: Path) -> tuple[dict | None, str]:
     """(a finished run's figures, "") as `result` wrote them, or (None, what is wrong with the file)."""
-    try:
-        out = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, f"{type(e).__name__}: {e}"
+    out, why = read_json(path)
+    if why:
+        return None, why
     if not isinstance(out, dict):
         return None, "not a JSON object"
     if out.get("loss") is None:  # a diverged run

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from boost_jax.comparison.grid import read_json
 from boost_jax.config import Config, ConfigError, from_dict, raw_args
 from boost_jax.config.archs import ARCHS
 from boost_jax.config.study import StudyConfig
@@ -141,12 +142,8 @@ def check(spec: Spec) -> None:
 
 def read_record(path: Path) -> dict[str, Any]:
     """A study dir's study.json, or one ConfigError naming it and what is wrong (nothing is changed)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        record, why = None, f"{type(e).__name__}: {e}"
-    else:
-        why = "not a study's record (no study and run sections)"
+    record, why = read_json(path)
+    why = why or "not a study's record (no study and run sections)"
     if not (isinstance(record, dict) and isinstance(record.get("study"), dict) and isinstance(record.get("run"), dict)):
         raise ConfigError(f"study.dir: {path} is damaged ({why}); it records which spec the runs beside it belong to, "
                           "so they are not resumed without it: restore it, or use another study.dir")

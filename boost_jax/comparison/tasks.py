@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from boost_jax.comparison.grid import finite_number
+from boost_jax.comparison.grid import finite_number, read_json
 from boost_jax.config import Config, ConfigError
 from boost_jax.config.study import StudyConfig
 from boost_jax.runtime.cache import atomic_write
@@ -66,12 +66,8 @@ def scores(cfg: Config, s: StudyConfig, manager, log=print) -> dict[str, dict[st
 def read_scores(path: Path, log) -> dict[str, dict[str, float]]:
     """A run's saved scores (task -> metric -> value); a file that cannot be read back is said in one
     line and its tasks scored again."""
-    try:
-        done = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        done, why = None, f"{type(e).__name__}: {e}"
-    else:
-        why = "not task -> metric -> value"
+    done, why = read_json(path)
+    why = why or "not task -> metric -> value"
     if isinstance(done, dict) and all(isinstance(m, dict) and all(map(finite_number, m.values())) for m in done.values()):
         return done
     log(f"  {path} is damaged ({why}): scoring its tasks again")
