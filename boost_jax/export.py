@@ -1,7 +1,8 @@
-"""`python -m boost_jax.export RUN_DIR OUT_DIR [--step N] [--force]`: a checkpoint as safetensors.
+"""`python -m boost_jax.export RUN_DIR OUT_DIR [--step N] [--force] [--format hf]`: a checkpoint as safetensors.
 
 A dense SwiGLU model (a LLaMA) in the Hugging Face LLaMA layout, every other model in the boost
-layout; model/hf.py writes and reads them, docs/export.md lists the names.
+layout, or with `--format hf` a low-rank one as a transformers custom-code model; model/hf.py
+writes and reads them, docs/export.md lists the names.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer
 
 from boost_jax.config import Config
-from boost_jax.model.hf import HF_CONFIG, TOKENIZER, ExportError, check_out_dir, export_model
+from boost_jax.model.hf import (
+    BOOST_CONFIG,
+    FORMATS,
+    REMOTE_FILES,
+    TOKENIZER,
+    ExportError,
+    check_out_dir,
+    export_layout,
+    export_model,
+)
 from boost_jax.parallel import single_device_plan
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
 
@@ -21,14 +31,16 @@ if TYPE_CHECKING:
     from boost_jax.model.run_dir import Run
 
 
-def export(run: Run, out_dir: str | Path, step: int | None = None, force: bool = False) -> int:
-    """Export checkpoint `step` (default: the newest) of an opened run dir; returns the step exported."""
+def export(run: Run, out_dir: str | Path, step: int | None = None, force: bool = False, fmt: str = "auto") -> int:
+    """Export checkpoint `step` (default: the newest) of an opened run dir in format `fmt` (FORMATS);
+    returns the step exported."""
     out_dir = Path(out_dir)
     if out_dir.resolve() == run.run_dir.resolve():
         raise ExportError("OUT_DIR must not be the run dir")
-    check_out_dir(out_dir, force)  # before the slow restore
+    export_layout(run.cfg.model, fmt)  # a model the format cannot express, and
+    check_out_dir(out_dir, force)  # a bad out_dir, refused before the slow restore
     model, step = run.model(step, single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
-    export_model(run.cfg, model, out_dir, _run_tokenizer(run.run_dir, run.cfg), force=force)
+    export_model(run.cfg, model, out_dir, _run_tokenizer(run.run_dir, run.cfg), force=force, fmt=fmt)
     return step
 
 
@@ -60,21 +72,26 @@ def _main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m boost_jax.export",
         description="Export a run's checkpoint as safetensors: the Hugging Face LLaMA layout for a "
-                    "dense SwiGLU model, the boost layout otherwise (docs/export.md).",
+                    "dense SwiGLU model, the boost layout otherwise, or with --format hf a low-rank "
+                    "model as transformers custom code (docs/export.md).",
         epilog=DEBUG_HELP)
     parser.add_argument("run_dir", help="the run dir (holds config.yaml and checkpoints/)")
     parser.add_argument("out_dir", help="folder to write; must be empty unless --force")
     parser.add_argument("--step", type=int, help="checkpoint step to export (default: the newest)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty out_dir")
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="auto: HF LLaMA / Qwen2 where the model is one, else boost; hf: svd / cola / lax "
+                             "too, as a transformers model with trust_remote_code (default: auto)")
     args = parser.parse_args(argv)
     if args.step is not None and args.step < 0:
         raise ExportError(f"--step must be a checkpoint's step (>= 0), got {args.step}")
     from boost_jax.model.run_dir import open_run  # lazy: keeps Orbax out of --help
 
     run = open_run(args.run_dir, prepare=True, reuse_memory=False)  # no training-sized steps
-    step = export(run, args.out_dir, args.step, args.force)
+    step = export(run, args.out_dir, args.step, args.force, args.format)
     out = Path(args.out_dir)
-    layout = "Hugging Face LLaMA" if (out / HF_CONFIG).is_file() else "boost"
+    layout = ("boost" if (out / BOOST_CONFIG).is_file() else "transformers custom code (trust_remote_code)"
+              if (out / REMOTE_FILES[0]).is_file() else "Hugging Face LLaMA")
     print(f"exported step {step} of {args.run_dir} to {out} ({layout} layout): "
           + ", ".join(sorted(p.name for p in out.iterdir())))
 

@@ -41,9 +41,9 @@ CASES = {
 HF_CASES = ("dense", "dense_tied")
 
 
-def make_model(case):
-    """A llama-tiny model of `case` whose norm scales are random too (not all ones)."""
-    cfg = api.config("llama-tiny", *COMMON, *CASES[case])
+def make_model(case, overrides=None):
+    """A llama-tiny model of `case` (or of `overrides`, given) whose norm scales are random too (not all ones)."""
+    cfg = api.config("llama-tiny", *COMMON, *(CASES[case] if overrides is None else overrides))
     model = api.build_model(cfg)
     keys = iter(jax.random.split(jax.random.key(1), 64))
 

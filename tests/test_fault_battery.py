@@ -251,6 +251,8 @@ FIXTURES = {  # name -> maker(world) -> path, made on first use
     "study_string_mean_json": lambda w: _saved_study(w, "study_string_mean.json",
                                                      lambda r: r["cells"][0].update(mean="abc")),
     "probe_tasks": _probe_tasks,
+    # export --format hf (issue 73): a model the transformers custom code does not compute
+    "rope_cfg_run": _run_dir("rope_cfg_run", "model:\n  preset: llama-tiny\n  arch: cola\n  attn_rope_dims: 4\n"),
 }
 
 
@@ -1205,6 +1207,9 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
      "model.attn_rope_dims: 2 decouples the rotary keys from B_k"),
     ("convert into decoupled RoPE", cmd("convert", "import", "{run}", "{tmp}/c_rope", "model.attn_rope_dims=4"), 1,
      "model.attn_rope_dims=4: a plain model cannot become one with decoupled RoPE exactly"),
+    # export --format hf (issue 73): a layout the transformers custom code does not compute, refused by name
+    ("export --format hf of decoupled RoPE", cmd("export", "{rope_cfg_run}", "{tmp}/e_hf", "--format", "hf"), 1,
+     "model.attn_rope_dims=4 (decoupled RoPE) is not in the transformers model"),
 ]
 # Rows that run lm-eval itself: skipped where it is not installed (the eval extra).
 NEEDS_LM_EVAL = {"lm_eval --tasks no_such_task", "lm_eval --config a YAML list", "full disk: lm_eval --output_path"}

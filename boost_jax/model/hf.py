@@ -5,6 +5,9 @@ A dense model with the SwiGLU gate SiLU is written in a Hugging Face layout (`co
 embeddings included), or with `model.qkv_bias` a Qwen2's (`Qwen2ForCausalLM`); every other model
 (svd / cola / lax, and dense without the gate SiLU, which HF cannot express) in the boost layout
 (`boost_config.json` + `model.safetensors`). Tensors are float32; docs/export.md lists the names.
+With `--format hf` a low-rank model (svd / cola / lax) is written as a transformers custom-code
+model instead: `config.json` with an `auto_map` to the configuration and modeling files of
+`hf_remote/`, copied beside the weights (docs/export.md, "transformers custom code").
 `load_exported` reads either layout (or an HF LLaMA / Qwen2 folder from elsewhere) back into
 boost_jax's parameter dict; a config.json key it does not understand is refused by name
 (docs/design/hf-models.md). The commands: `python -m boost_jax.export` and `convert import`.
@@ -32,6 +35,11 @@ from boost_jax.runtime.paths import check_writable_dir, disk_full, is_disk_full
 FORMAT, FORMAT_VERSION = "boost_jax", 1
 WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
 HF_CONFIG, BOOST_CONFIG = "config.json", "boost_config.json"
+# The custom-code files of a low-rank model's HF export, copied verbatim from here (package data).
+REMOTE_DIR = Path(__file__).parent / "hf_remote"
+REMOTE_FILES = ("configuration_boost.py", "modeling_boost.py")
+EXPORTED = (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER, *REMOTE_FILES)  # every file an export may write
+FORMATS = ("auto", "hf")  # auto: HF LLaMA / Qwen2 where a model is one, else boost; hf: HF always
 
 # boost_jax parameter path -> HF LLaMA tensor name ({i}: layer index). Matrices ending in ".w" are
 # stored [in, out] here (x @ W) and [out, in] in HF (torch's Linear), so they are transposed.
@@ -44,6 +52,15 @@ HF_NAMES = {
     **{f"layers.attn.{p}.w": f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkvo"},
     **{f"layers.mlp.{p}.w": f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
     **{f"layers.attn.{p}.bias": f"model.layers.{{i}}.self_attn.{p}_proj.bias" for p in "qkv"},
+}
+# The same for hf_remote's modeling file: each projection `{p}_proj` is a pair of modules `a`, `b`
+# (torch's [out, in], transposed), q/k/v's bias on `b`.
+REMOTE_NAMES = {
+    **{k: v for k, v in HF_NAMES.items() if not k.startswith(("layers.attn.", "layers.mlp."))},
+    **{f"layers.attn.{p}.{f}": f"model.layers.{{i}}.self_attn.{p}_proj.{f}.weight" for p in "qkvo" for f in "ab"},
+    **{f"layers.mlp.{p}.{f}": f"model.layers.{{i}}.mlp.{p}_proj.{f}.weight" for p in ("gate", "up", "down")
+       for f in "ab"},
+    **{f"layers.attn.{p}.bias": f"model.layers.{{i}}.self_attn.{p}_proj.b.bias" for p in "qkv"},
 }
 
 # The HF families a dense SwiGLU model is exported as and imported from: model_type -> (its class,
@@ -65,6 +82,17 @@ def hf_family(cfg: ModelConfig) -> str | None:
     return "qwen2" if cfg.qkv_bias else "llama"
 
 
+def remote_refusal(cfg: ModelConfig) -> str | None:
+    """Why hf_remote's modeling file cannot compute this model (a sentence naming the key), or None."""
+    if not ARCHS[cfg.arch].low_rank:
+        return (f"model.mlp_gate_silu={cfg.mlp_gate_silu}: a dense model without the gate SiLU has no Hugging "
+                "Face layout (export it without --format hf, in the boost layout)")
+    if cfg.attn_rope_dims:
+        return (f"model.attn_rope_dims={cfg.attn_rope_dims} (decoupled RoPE) is not in the transformers model "
+                "--format hf writes; export it without --format hf, in the boost layout")
+    return None
+
+
 def is_hf_llama(cfg: ModelConfig) -> bool:
     """Whether `LlamaForCausalLM` runs this model as it is (what `bench --hf` compares with)."""
     return hf_family(cfg) == "llama"
@@ -73,48 +101,86 @@ def is_hf_llama(cfg: ModelConfig) -> bool:
 # ----------------------------------------------------------------------------- export
 
 
+def export_layout(m: ModelConfig, fmt: str = "auto") -> str:
+    """"hf" (LLaMA / Qwen2), "remote" (hf_remote's custom code) or "boost": the layout `fmt` (FORMATS)
+    gives this model; a model --format hf cannot express is refused by name."""
+    if hf_family(m) is not None:
+        return "hf"
+    if fmt == "auto":
+        return "boost"
+    if why := remote_refusal(m):
+        raise ExportError(f"--format hf cannot export this model: {why}")
+    return "remote"
+
+
 def export_model(cfg: Config, model, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-                 force: bool = False) -> None:
-    """Write `model` (built from `cfg`) to out_dir, in the HF layout if it is a LLaMA, else the boost one."""
+                 force: bool = False, fmt: str = "auto") -> None:
+    """Write `model` (built from `cfg`) to out_dir in the layout `export_layout` gives it."""
     out_dir, m = Path(out_dir), model.cfg
+    layout = export_layout(m, fmt)  # before anything is written
     check_out_dir(out_dir, force)
-    for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no stale file of another layout
+    for name in EXPORTED:  # no stale file of another layout
         (out_dir / name).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hf = hf_family(m) is not None
-    tensors = _to_tensors(_dense_latent_heads(nnx.to_pure_dict(nnx.state(model, nnx.Param)), m), hf)
-    meta = _hf_config(m, cfg.train.seq_len) if hf else {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
-    }
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    if layout == "remote":
+        tensors = _to_tensors(params, REMOTE_NAMES.__getitem__, _remote_orientation(m.attn_latent_heads))
+        meta = _remote_config(m, cfg.train.seq_len)
+    else:
+        hf = layout == "hf"
+        tensors = _to_tensors(_dense_latent_heads(params, m), lambda path: _tensor_name(path, hf),
+                              _hf_orientation if hf else lambda path, x: x)
+        meta = _hf_config(m, cfg.train.seq_len) if hf else {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "model": dataclasses.asdict(m), "train_seq_len": cfg.train.seq_len,
+        }
     try:
         # transformers refuses safetensors files without a "format" entry in their metadata.
-        save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"} if hf else None)
-        (out_dir / (HF_CONFIG if hf else BOOST_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
+        save_file(tensors, str(out_dir / WEIGHTS), metadata=None if layout == "boost" else {"format": "pt"})
+        (out_dir / (BOOST_CONFIG if layout == "boost" else HF_CONFIG)).write_text(json.dumps(meta, indent=2) + "\n")
+        for name in REMOTE_FILES if layout == "remote" else ():
+            shutil.copyfile(REMOTE_DIR / name, out_dir / name)
         if tokenizer_path is not None:
             shutil.copyfile(tokenizer_path, out_dir / TOKENIZER)
     except Exception as e:  # safetensors raises its own error type around the OSError
         if not is_disk_full(e):
             raise
-        for name in (WEIGHTS, HF_CONFIG, BOOST_CONFIG, TOKENIZER):  # no half-written export is left
+        for name in EXPORTED:  # no half-written export is left
             (out_dir / name).unlink(missing_ok=True)
         raise disk_full(out_dir, "the export", sum(t.nbytes for t in tensors.values()),
                         "no part of it is left there") from None
 
 
-def _to_tensors(params: dict, hf: bool) -> dict[str, np.ndarray]:
-    """One float32 tensor per parameter, split per layer for the stacked ones; HF matrices [out, in]."""
+def _to_tensors(params: dict, name_of, orient) -> dict[str, np.ndarray]:
+    """One float32 tensor per parameter, named `name_of(path)`, laid out by `orient(path, x)`, split
+    per layer for the stacked ones."""
     tensors = {}
     for path, x in _flat(params).items():
-        x = np.asarray(jax.device_get(x), np.float32)
-        if hf and path.endswith(".w"):
-            x = np.swapaxes(x, -1, -2)
-        name = _tensor_name(path, hf)
+        x = orient(path, np.asarray(jax.device_get(x), np.float32))
+        name = name_of(path)
         if path.startswith("layers."):
             tensors.update({name.format(i=i): np.ascontiguousarray(xi) for i, xi in enumerate(x)})
         else:
             tensors[name] = np.ascontiguousarray(x)
     return tensors
+
+
+def _hf_orientation(path: str, x: np.ndarray) -> np.ndarray:
+    """HF LLaMA's matrices are torch's [out, in]."""
+    return np.swapaxes(x, -1, -2) if path.endswith(".w") else x
+
+
+def _remote_orientation(groups: int):
+    """hf_remote's A, B and lm_head as torch's [out, in]; with latent heads k's and v's B (stacked [L, r, n])
+    as its g blocks [L, g, n, r / g] (its GroupedUp)."""
+    grouped = {f"layers.attn.{p}.b" for p in latent_heads.PROJECTIONS} if groups > 1 else set()
+
+    def orient(path: str, x: np.ndarray) -> np.ndarray:
+        if path in grouped:
+            x = x.reshape(x.shape[0], groups, x.shape[1] // groups, x.shape[2])
+        return np.swapaxes(x, -1, -2) if path.endswith((".a", ".b", ".w")) else x  # .w: lm_head
+
+    return orient
 
 
 def _dense_latent_heads(params: dict, m: ModelConfig) -> dict:
@@ -131,12 +197,45 @@ def _dense_latent_heads(params: dict, m: ModelConfig) -> dict:
 
 def _hf_config(m: ModelConfig, seq_len: int) -> dict:
     family = hf_family(m)
-    rope = {"rope_type": m.rope_scaling.type, "rope_theta": m.rope_theta}
-    if m.rope_scaling.type == "llama3":
-        rope.update({k: getattr(m.rope_scaling, k) for k in LLAMA3_ROPE})
+    rope = {"rope_type": m.rope_scaling.type, "rope_theta": m.rope_theta, **_llama3_numbers(m)}
     return {
         "architectures": [HF_FAMILIES[family][0]],
         "model_type": family,
+        **_hf_sizes(m, seq_len),
+        # transformers 5's `rope_parameters` (theta inside), and 4's `rope_scaling` + `rope_theta`
+        "rope_parameters": rope,
+        "rope_scaling": None if m.rope_scaling.type == "default" else rope,
+        "rope_theta": m.rope_theta,
+        "hidden_act": "silu",
+        **({"use_sliding_window": False} if family == "qwen2" else {"attention_bias": False, "mlp_bias": False}),
+    }
+
+
+def _remote_config(m: ModelConfig, seq_len: int) -> dict:
+    """config.json of hf_remote's model (configuration_boost.BoostConfig's fields)."""
+    return {
+        "architectures": ["BoostForCausalLM"],
+        "model_type": "boost_lowrank",
+        "auto_map": {"AutoConfig": "configuration_boost.BoostConfig",
+                     "AutoModelForCausalLM": "modeling_boost.BoostForCausalLM"},
+        "arch": m.arch,
+        **_hf_sizes(m, seq_len),
+        "attn_rank": m.attn_rank,
+        "mlp_rank": m.mlp_rank,
+        "attn_latent_heads": m.attn_latent_heads,
+        "mlp_gate_silu": m.mlp_gate_silu,
+        "qkv_bias": m.qkv_bias,
+        "boost_rope": {"type": m.rope_scaling.type, "theta": m.rope_theta, **_llama3_numbers(m)},
+    }
+
+
+def _llama3_numbers(m: ModelConfig) -> dict:
+    return {k: getattr(m.rope_scaling, k) for k in LLAMA3_ROPE} if m.rope_scaling.type == "llama3" else {}
+
+
+def _hf_sizes(m: ModelConfig, seq_len: int) -> dict:
+    """The config.json keys both HF layouts share: sizes, norm, embeddings, context, dtype, tokens."""
+    return {
         "hidden_size": m.d_model,
         "intermediate_size": m.d_ff,
         "num_hidden_layers": m.n_layers,
@@ -145,16 +244,10 @@ def _hf_config(m: ModelConfig, seq_len: int) -> dict:
         "head_dim": m.head_dim,
         "vocab_size": m.vocab_size,
         "rms_norm_eps": m.norm_eps,
-        # transformers 5's `rope_parameters` (theta inside), and 4's `rope_scaling` + `rope_theta`
-        "rope_parameters": rope,
-        "rope_scaling": None if m.rope_scaling.type == "default" else rope,
-        "rope_theta": m.rope_theta,
         "tie_word_embeddings": m.tie_embeddings,
         # the trained length (RoPE itself has no limit), at least the context llama3 scaling stretched
         "max_position_embeddings": max(seq_len, m.rope_scaling.original_max_position_embeddings
                                        if m.rope_scaling.type == "llama3" else 0),
-        "hidden_act": "silu",
-        **({"use_sliding_window": False} if family == "qwen2" else {"attention_bias": False, "mlp_bias": False}),
         "torch_dtype": "float32",
         "bos_token_id": 1,  # <bos>, <eos> of the tokenizers boost_jax trains
         "eos_token_id": 2,
