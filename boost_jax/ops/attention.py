@@ -62,9 +62,9 @@ class AttentionOp:
     rope_scaling: RopeScaling | None = None
     rope_dims: int = 0
 
-    def frequencies(self, dims: int) -> np.ndarray:
+    def frequencies(self, dims: int) -> jax.Array:
         """RoPE's frequencies of a rotary part `dims` wide, scaled as this op's `rope_scaling` says."""
-        return rope_frequencies(dims, self.rope_theta, self.rope_scaling)
+        return traced_frequencies(dims, self.rope_theta, self.rope_scaling)
 
     def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """RoPE of x [B, S, heads, d_h] at positions [B, S]: on its last `rope_dims` (decoupled RoPE:
@@ -118,16 +118,26 @@ def rope_frequencies(dim: int, theta: float, scaling: RopeScaling | None = None)
     return np.where(medium, (1 - smooth) * scaled / f + smooth * scaled, scaled).astype(np.float32)
 
 
+def traced_frequencies(dim: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """`rope_frequencies` for a traced program: unscaled, computed by the program itself (an iota, as
+    RoPE always was), so no constant table rides into a layer's saved residuals; llama3's scaled table
+    is a constant."""
+    if scaling is None or scaling.type == "default":
+        half = dim // 2
+        return theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    return jnp.asarray(rope_frequencies(dim, theta, scaling))
+
+
 def rope_with(x: jax.Array, positions: jax.Array, freq) -> jax.Array:
     """Rotary embedding in the rotate-half layout of x [B, S, H, 2 len(freq)] at positions [B, S] by
     the frequencies `freq` [D / 2] (whatever made them: `rope_frequencies`, scaled or not)."""
-    angle = positions[:, :, None, None].astype(jnp.float32) * jnp.asarray(freq, jnp.float32)  # [B, S, 1, D/2]
+    angle = positions[:, :, None, None].astype(jnp.float32) * freq  # [B, S, 1, D/2]
     return _rotate(x, jnp.cos(angle), jnp.sin(angle))
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
     """Rotary embedding in the rotate-half layout (as Hugging Face LLaMA): x: [B, S, H, D]."""
-    return rope_with(x, positions, rope_frequencies(x.shape[-1], theta, scaling))
+    return rope_with(x, positions, traced_frequencies(x.shape[-1], theta, scaling))
 
 
 def rope_tail(x: jax.Array, positions: jax.Array, freq) -> jax.Array:
