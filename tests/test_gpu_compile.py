@@ -10,6 +10,7 @@ import json
 import jax
 import pytest
 
+from boost_jax.bench import memory
 from boost_jax.config import load_config
 from boost_jax.config.hardware import load_hardware
 from boost_jax.runtime.errors import ConfigError, PackageError
@@ -60,6 +61,37 @@ def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn
         compile_tiny("parallel.tp=4", "parallel.dp=2", "model.attention=cudnn")
 
 
+@pytest.fixture
+def eval_step_only(monkeypatch):
+    """The command compiles the run's eval step alone (the train step's forward, ~1/5 of its compile)."""
+    from boost_jax.analysis import compiled
+
+    every = compiled.run_programs
+    monkeypatch.setattr(compiled, "run_programs", lambda *a: {"eval_step": every(*a)["eval_step"]})
+
+
+def test_the_command_compiles_the_eval_step_on_the_gpu_paths_and_saves_it(tmp_path, capsys, eval_step_only):
+    """The command of the test below in the inner tier, on the run's cheapest program to compile (the
+    eval step): cuDNN's flash attention and the kernels as Triton calls, the layers' forward bytes as
+    the formulas say, its memory, HLO and manifest saved."""
+    from boost_jax.compile import main
+
+    main([*TINY, "parallel.tp=2", "parallel.dp=4", "model.kernels=pallas", "train.eval_every=5",
+          "--hardware", H100, "--json", "--save", str(tmp_path / "exe")])
+    out = json.loads(capsys.readouterr().out)
+    (step,) = out["programs"]
+    assert out["hardware"] == H100 and out["devices"] == 8 and step["name"] == "eval_step"
+    assert calls(step)["__cudnn$fmhaSoftmax"] == 1 and "__cudnn$fmhaSoftmaxBackward" not in calls(step)
+    assert calls(step)["__gpu$xla.gpu.triton"] >= 1  # norm_down and grouped_matmul, forward
+    tokens = 4 // 4 * 128  # the online norm's 2 statistics per token ride in the latents' all-reduces
+    assert step["layer_collective_bytes"] == step["analytic_collective_bytes"] + 2 * tokens * 2 > 0
+    assert set(step["memory"]) == {"argument", "output", "alias", "temp", "peak"} and 0 < step["memory"]["peak"]
+    assert (tmp_path / "exe" / "eval_step.hlo.txt").read_text().startswith("HloModule")
+    (saved,) = json.loads((tmp_path / "exe" / "manifest.json").read_text())["programs"]
+    assert not saved["executable"] and "pickle" in saved["not_serialised"]  # cuDNN's attention cannot be
+
+
+@pytest.mark.slow  # the four programs (~25 s); the inner tier keeps the eval step's (above)
 def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_executables(tmp_path, capsys):
     """`python -m boost_jax.compile` at btp tp=2 with the Pallas kernels: the four programs, each with
     its compiled memory and optimised HLO; the train step takes cuDNN's flash attention forward and
@@ -117,13 +149,14 @@ def test_a_missing_plugin_or_target_is_named(monkeypatch, tmp_path):
         gpu_target.target_config(load_hardware(no_target)["a100-80gb"])
 
 
+# Every scheme on XLA's kernels (the default), and every low-rank arch's btp blocks on the Pallas
+# kernels, which serve btp alone: cola's are the command test's above (the same config), svd's and
+# lax's here.
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, scheme", [("dense", "megatron"), ("cola", "vanilla"), ("cola", "btp"), ("svd", "btp"),
-                                          ("lax", "btp")])
-@pytest.mark.parametrize("kernels", ["xla", "pallas"])
+@pytest.mark.parametrize("arch, scheme, kernels", [("dense", "megatron", "xla"), ("cola", "vanilla", "xla"),
+                                                   ("cola", "btp", "xla"), ("svd", "btp", "pallas"),
+                                                   ("lax", "btp", "pallas")])
 def test_every_scheme_and_kernel_compiles_for_gpus(arch, scheme, kernels):
-    if kernels == "pallas" and scheme != "btp":
-        pytest.skip("the Pallas kernels serve btp's blocks")
     _, (step,) = compile_tiny(f"model.arch={arch}", f"parallel.scheme={scheme}", "parallel.tp=2", "parallel.dp=4",
                               f"model.kernels={kernels}")
     assert calls(step).get("__cudnn$fmhaSoftmaxBackward") == 1
@@ -205,42 +238,33 @@ def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout
 
 
 @pytest.mark.slow
-def test_a_program_over_the_gpus_memory_is_named_and_exits_1(tmp_path, capsys):
+def test_a_program_over_the_gpus_memory_is_named_and_exits_1(tmp_path, eval_step_only):
     from boost_jax.compile import main
     from boost_jax.config.hardware import HARDWARE_FILE
 
-    small = tmp_path / "hw.yaml"  # an H100 of 1 MB
+    small = tmp_path / "hw.yaml"  # an H100 of 10 kB (the eval step's peak: ~1 MB)
     small.write_text(HARDWARE_FILE.read_text().replace("  hbm_bytes: 80.0e+9\n  gpus_per_node: 8",
-                                                       "  hbm_bytes: 1.0e+6\n  gpus_per_node: 8", 1))
+                                                       "  hbm_bytes: 1.0e+4\n  gpus_per_node: 8", 1))
     with pytest.raises(SystemExit) as e:
-        main([*TINY, "parallel.dp=-1", "train.batch_size=8", "--hardware", H100, "--hardware-file", str(small),
-              "--save", str(tmp_path / "exe")])
-    assert str(e.value).startswith("does not fit: train_step (") and "of a h100-80gb" in str(e.value)
+        main([*TINY, "parallel.dp=-1", "train.batch_size=8", "train.eval_every=5", "--hardware", H100,
+              "--hardware-file", str(small), "--save", str(tmp_path / "exe")])
+    assert str(e.value).startswith("does not fit: eval_step (") and "of a h100-80gb" in str(e.value)
     assert not (tmp_path / "exe").exists()  # nothing saved
 
 
-PIPELINE_FSDP = ("parallel.fsdp=2", "parallel.dp=1", "parallel.pp=2", "train.microbatches=4", "train.remat=lowrank")
-
-
-@pytest.mark.slow  # ~90 s each on 2 busy cores
-@pytest.mark.parametrize("layout", [("parallel.fsdp=4", "parallel.dp=1"), ("parallel.fsdp=1", "train.remat=full"),
-                                    (*PIPELINE_FSDP, "parallel.pp_repeats=2"),
-                                    (*PIPELINE_FSDP, "parallel.pp_repeats=2", "model.vocab_size=512", "train.seq_len=1024"),
-                                    (*PIPELINE_FSDP, "model.preset=llama-350m", "train.seq_len=1024")])
-def test_the_memory_model_is_within_10_percent_of_xla_gpus_peak(layout):
-    """FSDP (a whole-stack gather would add 3x the weights), full remat (the update's working set
-    sets the peak) and pipelines under FSDP with low-rank remat on an A100: circular (each iteration
-    keeps its chunk's FSDP shards, not the gathered weights: about 1.2x if counted gathered), and two
-    small ones where the loop's stacked `where` predicates, the chunk's gradients and the logits'
-    cotangent held past the loop weigh most (0.85x and 0.82x without them): the model for XLA:GPU
-    within 10% of its compiled train step."""
-    from boost_jax.analysis.compiled import compile_all
-    from boost_jax.launch.gpu_target import gpu_devices
-
-    cfg = load_config(None, ["model.preset=llama-60m", "model.arch=cola", "model.dtype=bfloat16", "train.batch_size=8",
-                             "train.seq_len=512", "train.eval_every=0", "parallel.dp=-1", *layout])
-    _, (step,), _ = compile_all(cfg, gpu_devices(load_hardware()["a100-80gb"], 1, 4), only=("train_step",))
-    assert step["model_memory"] == pytest.approx(step["memory"]["peak"], rel=0.10)
+@pytest.mark.slow  # XLA:GPU's train step and one decoder layer of llama-60m
+@pytest.mark.parametrize("case", [c for c in memory.GPU_VALIDATION if c.tested], ids=lambda c: c.label)
+def test_the_memory_model_is_within_10_percent_of_xla_gpus_peak(case, monkeypatch, capsys):
+    """`bench memory --validate --gpu-compile a100-80gb` on its grid's FSDP case (XLA:GPU gathers one
+    layer's shards inside the scan) and circular pipeline (each iteration keeps its chunk's FSDP
+    shards): the model for XLA:GPU within 10% of its compiled train step. The rest of the grid (full
+    remat, the pipelines where the loop's predicates and the logits' cotangent weigh most) is the
+    command's: `python -m boost_jax.bench memory --validate --gpu-compile a100-80gb` (minutes)."""
+    monkeypatch.setattr(memory, "GPU_VALIDATION", (case,))
+    memory.main(["--validate", "--gpu-compile", "a100-80gb", "--json"])  # exits 1 where off by the tolerance
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert memory.TOLERANCE == 0.10 and row["hardware"] == "a100-80gb"
+    assert row["memory_model_bytes"] == pytest.approx(row["peak_bytes"], rel=0.10)
 
 
 def test_a_gpu_compile_after_a_cpu_one_leaves_the_persistent_cache_alone(tmp_path):

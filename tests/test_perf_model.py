@@ -314,42 +314,119 @@ def test_shipped_hardware_file_and_its_errors(tmp_path):
         load_hardware(tmp_path / "missing.yaml")
 
 
-@pytest.mark.slow
+SHIPPED = Path(__file__).parents[1] / "docs" / "results.json"
+TRIO = ["dense/megatron", "cola/vanilla", "cola/btp"]
+
+
+def _shipped_1b(tmp_path) -> tuple[dict, Path, Path]:
+    """The shipped results, and their llama-1b rows of `bench paper` and `bench planner` saved as
+    --paper-json and --planner-json read them."""
+    shipped = json.loads(SHIPPED.read_text())
+    paper_json, planner_json = tmp_path / "paper.json", tmp_path / "planner.json"
+    for path, key in ((paper_json, "paper"), (planner_json, "planner")):
+        path.write_text(json.dumps({**shipped[key], "rows": [r for r in shipped[key]["rows"] if r["model"] == "llama-1b"
+                                                             and r.get("variant", "cola/btp") in TRIO]}))
+    return shipped, paper_json, planner_json
+
+
+@pytest.mark.slow  # a page, four plots and a rerender (~4 s of CPU)
 def test_report_writes_page_plots_and_json(tmp_path, monkeypatch):
-    """`bench report` end to end, on the paper's 1B row and llama-tiny for the measured part."""
-    monkeypatch.setenv("BOOST_JAX_CACHE", str(tmp_path / "cache"))  # the planner's compiles
-    report.main(["--models", "llama-1b", "--variants", "dense/megatron,cola/vanilla,cola/btp", "--hardware", "a100-80gb",
+    """`bench report` end to end on the paper's 1B row: the paper's and planner's rows from saved runs
+    (measured by the two tests below), the timed sections' fresh processes answered with the shipped
+    measurements (a section itself: test_report_times_and_profiles_a_section), asked for
+    llama-tiny as the flags say; the page, plots and JSON, and the page a pure function of the JSON."""
+    shipped, paper_json, planner_json = _shipped_1b(tmp_path)
+    profiles = {f"{arch}/{scheme}/tp{tp}": p for (arch, scheme, tp), p in zip(report.PROFILED, shipped["profile"])}
+    asked = {}
+
+    def shipped_section(section, *args):
+        asked[section] = args
+        tp = {"compare_section": 4, "single_device_section": 1}.get(section)
+        sections = {"compare_section": shipped["step_compare"], "single_device_section": shipped["single_device"],
+                    "measure_decode": shipped["decode"]}
+        answer = sections[section] if tp is None else (sections[section], {k: p for k, p in profiles.items()
+                                                                          if k.endswith(f"/tp{tp}")})
+        return json.loads(json.dumps(answer))
+
+    monkeypatch.setattr(report, "in_fresh_process", shipped_section)
+    report.main(["--models", "llama-1b", "--variants", ",".join(TRIO), "--hardware", "a100-80gb",
+                 "--paper-json", str(paper_json), "--planner-json", str(planner_json),
                  "--step-model", "llama-tiny", "--step-seq", "32", "--single-models", "llama-tiny", "--decode-model", "llama-tiny",
                  "--reps", "2", "--steps", "1", "--out", str(tmp_path)])
+    tiny = lambda arch, tp: report.step_args("llama-tiny", arch, tp, 4, 32)
+    assert asked["compare_section"][:4] == (tiny("cola", 4), 2, 1, "llama-tiny")
+    assert asked["single_device_section"][:4] == ([tiny("dense", 1), tiny("cola", 1)], 2, 1, "llama-tiny")
+    assert asked["measure_decode"] == ("llama-tiny", 2)
     page = (tmp_path / "results.md").read_text()
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["paper"]["rows"]
-    trio = ["dense/megatron", "cola/vanilla", "cola/btp"]
-    assert [(r["protocol"], r["variant"]) for r in rows] == [(p, v) for p in paper.PROTOCOLS for v in trio]
+    assert [(r["protocol"], r["variant"]) for r in rows] == [(p, v) for p in paper.PROTOCOLS for v in TRIO]
     assert "### Which reading fits the paper" in page and "| llama-1b | cola/btp | 0.59 |" in page
-    assert all(r["gemm_flops_hlo"] == r["gemm_flops_analytic"] for r in rows)
     dense = rows[0]["predicted"]["a100-80gb"]["seconds"]
     assert f"| llama-1b | 1,1,1 | {dense:.2f} / 0.85" in page
-    assert len(result["step_compare"]["rows"]["cola/btp"]["step_times_s"]) == 2
-    assert 0 < result["single_device"]["rows"][0]["fraction_of_matmul_peak"] < 2
+    assert result["step_compare"] == shipped["step_compare"] and result["decode"] == shipped["decode"]
     assert [(r["arch"], r["tp"]) for r in result["profile"]] == [("cola", 1), ("dense", 1), ("cola", 4), ("dense", 4)]
     assert all(r["categories"]["gemm"] > 0 for r in result["profile"]) and "### Where the step time goes" in page
     for png in ("paper_vs_model.png", "layer_comm.png", "cpu_measured.png", "decode.png"):
         data = (tmp_path / "img" / png).read_bytes()
         assert data[:4] == b"\x89PNG" and len(data) > 10_000
         assert f"(img/{png})" in page
-    assert math.isfinite(result["paper"]["rows"][2]["predicted"]["a100-80gb"]["gemm_utilization"])
-    assert 0 < rows[2]["memory_model_bytes"] < rows[2]["peak_bytes"] + rows[2]["adamw_bytes"]  # GPU bf16 < CPU's
     (plan,) = result["planner"]["rows"]
-    assert plan["model"] == "llama-1b" and plan["choice"]["step_s"] <= plan["paper_layout"]["step_s"]
-    assert "## 3. The planner on the paper's rows" in page and "| llama-1b | 1 | 4 x 4096 |" in page
-    assert f"| {plan['seconds_to_plan']:.0f} s |" in page and result["planner"]["settings"]["cold_cache"]
-    dense, cola = result["decode"]["runs"]
-    assert [r["batch"] for r in cola["rows"]] == [1, 8, 32] * 3 and "## 5. Decoding on this machine" in page
-    assert all(r["decode_tokens_per_s"] > 0 and r["floor_s"] > 0 for r in dense["rows"] + cola["rows"])
+    assert plan["model"] == "llama-1b" and "## 3. The planner on the paper's rows" in page
+    assert "| llama-1b | 1 | 4 x 4096 |" in page and f"| {plan['seconds_to_plan']:.0f} s |" in page
+    assert "## 5. Decoding on this machine" in page
     # The page is a pure function of the saved measurements.
     report.main(["--rerender", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page
+
+
+@pytest.mark.slow  # six compiles of llama-1b's train step on CPU (~22 s of CPU)
+def test_bench_paper_measures_the_1b_row(capsys):
+    """`bench paper` on the 1B row as `bench report` runs it: each protocol's trio compiled, its GEMM
+    FLOPs as counted, priced, and the memory model (a GPU's bf16) under the CPU compile's peak."""
+    paper.main(["--models", "llama-1b", "--variants", ",".join(TRIO), "--hardware", "a100-80gb", "--json"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["protocol"], r["variant"]) for r in rows] == [(p, v) for p in paper.PROTOCOLS for v in TRIO]
+    assert all(r["gemm_flops_hlo"] == r["gemm_flops_analytic"] for r in rows)
+    assert math.isfinite(rows[2]["predicted"]["a100-80gb"]["gemm_utilization"])
+    assert 0 < rows[2]["memory_model_bytes"] < rows[2]["peak_bytes"] + rows[2]["adamw_bytes"]  # GPU bf16 < CPU's
+
+
+@pytest.mark.slow  # the planner on llama-1b, a cold cache (~20 s of CPU)
+def test_bench_planner_plans_the_1b_row(tmp_path, monkeypatch):
+    """`bench planner` on the 1B row as `bench report` runs it: its choice no slower than the paper's
+    layout, timed from a cold cache, and the page's row."""
+    from boost_jax.bench import planner
+
+    monkeypatch.setenv("BOOST_JAX_CACHE", str(tmp_path / "cache"))  # the planner's compiles
+    result = planner.run(["llama-1b"], planner.paper_hardware(), log=lambda s: None)
+    (plan,) = result["rows"]
+    assert plan["model"] == "llama-1b" and plan["choice"]["step_s"] <= plan["paper_layout"]["step_s"]
+    assert result["settings"]["cold_cache"] and plan["seconds_to_plan"] > 0
+    assert planner.table(result)[2].startswith("| llama-1b | 1 | 4 x 4096 |")
+
+
+@pytest.mark.slow  # two llama-tiny steps compiled, timed and profiled
+def test_report_times_and_profiles_a_section(tmp_path, monkeypatch):
+    """A timed section of `bench report` (what its fresh process runs for the single device): the
+    steps beside the matmul peak measured in the same run, under the name results.json keeps, and
+    the profiles of the runners just timed (none compiled again), keyed as the page reads them."""
+    from boost_jax.bench import step
+    from boost_jax.bench.step import Runner
+    from boost_jax.launch.peaks import measure_matmul_peak
+
+    # The same probe at a size that takes milliseconds, not the 2 x 10 2048^3 matmuls of the benchmark.
+    monkeypatch.setattr(step, "measure_matmul_peak", lambda dtype: measure_matmul_peak(dtype, n=256, reps=2))
+    runners = [Runner(config_for("llama-tiny", arch, scheme, tp=1, batch_size=2, seq=32, dtype="float32",
+                                 overrides=["log.health=false"]))
+               for arch, scheme in (("dense", "megatron"), ("cola", "btp"))]
+    sd = report.single_device(runners, 2, 1)
+    assert sd["matmul_peak_flops"] > 0 and (sd["batch"], sd["seq"]) == (2, 32)
+    assert [0 < r["fraction_of_matmul_peak"] < 2 and "fraction_of_peak" not in r for r in sd["rows"]] == [True, True]
+    monkeypatch.setattr(report, "Runner", lambda cfg: pytest.fail(f"{cfg.model.arch} compiled again"))
+    profiles = report.profiles(runners, "llama-tiny", 1, tmp_path)
+    assert sorted(profiles) == ["cola/btp/tp1", "dense/megatron/tp1"]
+    assert all(p["categories"]["gemm"] > 0 for p in profiles.values())
 
 
 def test_the_shipped_page_is_rendered_from_the_shipped_measurements(tmp_path):

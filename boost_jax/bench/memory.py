@@ -23,7 +23,9 @@ the weights (at the compute dtype, as served) and the cache, beside each program
 analysis (arguments, outputs, temporaries, peak): what serving a model of that size needs.
 
 `--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
-each compile; it exits with status 1 if any is off by `TOLERANCE` or more.
+each compile; it exits with status 1 if any is off by `TOLERANCE` or more. `--validate --gpu-compile NAME`
+does the same for XLA:GPU on its own grid (`GPU_VALIDATION`): each train step compiled for 4 GPUs of
+NAME without a GPU (launch/gpu_target.py) beside the model as it lays the step out for XLA:GPU.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from boost_jax.analysis.memory_model import breakdown
 from boost_jax.analysis.program import build, config_for, optimizer_state, peak_bytes
 from boost_jax.bench.common import add_vary, config_of, parse, parser, variants
 from boost_jax.bench.step import measure as measure_steps
-from boost_jax.config import Config, ConfigError
+from boost_jax.config import Config, ConfigError, from_args
+from boost_jax.config.hardware import one_machine
 from boost_jax.layers.kv_cache import CACHES
 from boost_jax.model.decode import Decoder
 from boost_jax.model.weights import abstract_model
@@ -123,6 +126,47 @@ VALIDATION = (
 )
 
 
+@dataclass(frozen=True)
+class GpuCase:
+    """One train step of the XLA:GPU grid: llama-60m in bf16 on 4 GPUs (GPU_BASE), under `overrides`."""
+
+    label: str
+    overrides: tuple[str, ...]
+    tested: bool = False  # also compiled by tests/test_gpu_compile.py
+
+
+GPU_BASE = ("model.preset=llama-60m", "model.arch=cola", "model.dtype=bfloat16", "train.batch_size=8",
+            "train.seq_len=512", "train.eval_every=0", "parallel.dp=-1")
+GPU_DEVICES = 4
+_PIPELINE_FSDP = ("parallel.fsdp=2", "parallel.dp=1", "parallel.pp=2", "train.microbatches=4", "train.remat=lowrank")
+# Where XLA:GPU lays the step out unlike XLA:CPU (analysis/memory_model.py COMPILERS), one case per term:
+# FSDP (a whole-stack gather would add 3x the weights), full remat (the update's working set sets the
+# peak), and pipelines under FSDP with low-rank remat: circular (each iteration keeps its chunk's FSDP
+# shards, not the gathered weights: about 1.2x if counted gathered), and two where the loop's stacked
+# `where` predicates, the chunk's gradients and the logits' cotangent held past the loop weigh most
+# (0.85x and 0.82x without them). Measured on a100-80gb.
+GPU_VALIDATION = (
+    GpuCase("fsdp4", ("parallel.fsdp=4", "parallel.dp=1"), tested=True),
+    GpuCase("dp4 remat=full", ("parallel.fsdp=1", "train.remat=full")),
+    GpuCase("pp2x2 fsdp2 M4 lowrank", (*_PIPELINE_FSDP, "parallel.pp_repeats=2"), tested=True),
+    GpuCase("pp2x2 fsdp2 M4 lowrank vocab 512 seq 1024",
+            (*_PIPELINE_FSDP, "parallel.pp_repeats=2", "model.vocab_size=512", "train.seq_len=1024")),
+    GpuCase("pp2 fsdp2 M4 lowrank llama-350m seq 1024", (*_PIPELINE_FSDP, "model.preset=llama-350m", "train.seq_len=1024")),
+)
+
+
+def validate_gpu(case: GpuCase, hw) -> dict:
+    """The memory model for XLA:GPU beside the peak of the train step XLA:GPU compiles for `hw`."""
+    from boost_jax.analysis.compiled import compile_all  # lazy: the GPU compiler's modules
+    from boost_jax.launch.gpu_target import gpu_devices
+
+    cfg = from_args([*GPU_BASE, *case.overrides])  # the devices are the GPU topology's, not simulated CPUs
+    _, (step,), _ = compile_all(cfg, gpu_devices(hw, 1, GPU_DEVICES), only=("train_step",))
+    model, compiled = step["model_memory"], step["memory"]["peak"]
+    return {**asdict(case), "hardware": hw.name, "memory_model_bytes": model, "peak_bytes": compiled,
+            "error": model / compiled - 1}
+
+
 def validate(case: Case) -> dict:
     """The memory model's figure for one case beside its compiled peak."""
     cfg = case.config()
@@ -130,13 +174,15 @@ def validate(case: Case) -> dict:
     return {**asdict(case), "memory_model_bytes": model, "fwd_bwd_peak_bytes": compiled, "error": model / compiled - 1}
 
 
-def validate_all(cases, as_json: bool) -> None:
+def validate_all(cases, as_json: bool, hw=None) -> None:
+    """Each case validated (on XLA:GPU for `hw` where given, else on this CPU); exit 1 if one is off."""
     rows = []
     for case in cases:
-        rows.append(validate(case))
+        rows.append(validate(case) if hw is None else validate_gpu(case, hw))
         if not as_json:
             r = rows[-1]
-            print(f"{case.label:72s} compiled {r['fwd_bwd_peak_bytes'] / MIB:7.2f} MiB, model "
+            peak = r["fwd_bwd_peak_bytes" if hw is None else "peak_bytes"]
+            print(f"{case.label:72s} compiled {peak / MIB:7.2f} MiB, model "
                   f"{r['memory_model_bytes'] / MIB:7.2f} MiB: {100 * r['error']:+5.1f}%", flush=True)
     off = [r for r in rows if abs(r["error"]) >= TOLERANCE]
     if as_json:
@@ -271,6 +317,8 @@ def main(argv: list[str]) -> None:
                    help="peak at each micro-batch count, train.batch_size rows per micro-batch (with parallel.pp: the pipeline)")
     p.add_argument("--validate", action="store_true",
                    help="the memory model against the compile on its validation grid (the config is not used)")
+    p.add_argument("--gpu-compile", metavar="NAME", default=None,
+                   help="with --validate: XLA:GPU's grid, compiled for 4 GPUs of NAME of the hardware file")
     p.add_argument("--inference", action="store_true", help="generation's prefill and decode programs instead")
     p.add_argument("--cache", default="full", choices=list(CACHES), help="with --inference: the decoder's cache")
     add_vary(p)
@@ -283,7 +331,11 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--cache is the decoder's: it applies with --inference")
     if a.budget_gib and not a.vary:
         raise ConfigError("--budget-gib sizes the --vary variants: give --vary section.key=V1,V2,...")
+    if a.gpu_compile and not a.validate:
+        raise ConfigError("--gpu-compile NAME applies to --validate: give both")
     if a.validate:
+        if a.gpu_compile:
+            return validate_all(GPU_VALIDATION, a.json, one_machine(None, a.gpu_compile))
         return validate_all(VALIDATION, a.json)
     if a.inference:
         cfg = config_of(a.config, decoding=True)
