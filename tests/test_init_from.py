@@ -97,3 +97,14 @@ def test_a_missing_source_and_a_missing_step_are_named(tmp_path, tiny_overrides,
     with pytest.raises(ConfigError, match="has no checkpoint of step 3"):
         train(cfg, jax.devices()[:1])
     assert not (tmp_path / "run").exists()  # the source is read before the run dir is touched
+
+
+
+def test_api_config_reads_init_from_as_the_train_command_does(tmp_path, tiny_overrides, source):
+    """A notebook's api.config(..., "train.init_from=...") is the command's config: the source's model
+    (not the preset's) and its tokenizer, so a chat fine-tune needs no data.tokenizer_path."""
+    overrides = [*tiny_overrides, f"run_dir={tmp_path / 'ft'}", f"train.init_from={source}"]
+    cfg = api.config("llama-mini", *overrides)
+    assert cfg == from_dict(with_source_model(raw_args(["model.preset=llama-mini", *overrides])))
+    assert (cfg.model.arch, cfg.model.d_model) == ("dense", 64)
+    assert cfg.data.tokenizer_path == str((source / "tokenizer.json").absolute())
