@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from boost_jax.config import Config, ConfigError, load_config
+from boost_jax.config import Config, ConfigError, from_dict, raw_config
 from boost_jax.config.presets import PRESETS
 from boost_jax.data.chat import ChatTokens, check_turns
 from boost_jax.data.instruct import chat_tokens
@@ -42,16 +42,22 @@ from boost_jax.runtime.errors import (  # noqa: F401 -- the errors a caller catc
 
 
 def config(base: str | Path | None = None, *overrides: str) -> Config:
-    """A config from a preset name (`"llama-7b"`) or a YAML file, then `key=value` overrides."""
+    """A config from a preset name (`"llama-7b"`) or a YAML file, then `key=value` overrides, read as
+    `python -m boost_jax.train` reads them (with `train.init_from`, the model keys are the source's)."""
     if base is not None and not isinstance(base, (str, Path)):
         raise ConfigError(f"api.config: base must be a preset name or a YAML path, got {type(base).__name__}")
     if bad := [o for o in overrides if not isinstance(o, str)]:
         raise ConfigError(f"api.config: each override is a 'section.key=value' string, got {bad[0]!r}")
     if base is not None and str(base) in PRESETS:
-        return load_config(None, (f"model.preset={base}", *overrides))
-    if base is not None and not Path(base).is_file():
+        base, overrides = None, (f"model.preset={base}", *overrides)
+    elif base is not None and not Path(base).is_file():
         raise ConfigError(f"{str(base)!r} is neither a preset ({', '.join(PRESETS)}) nor a YAML file")
-    return load_config(base, overrides)
+    raw = raw_config(base, overrides)
+    if (raw.get("train") or {}).get("init_from"):
+        from boost_jax.training.importer import with_source_model  # lazy: the importer brings the optimizer
+
+        raw = with_source_model(raw)
+    return from_dict(raw)
 
 
 def build_model(cfg: Config) -> Model:

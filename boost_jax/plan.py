@@ -26,6 +26,7 @@ import sys
 
 from boost_jax.config import ConfigError, from_args, raw_args
 from boost_jax.config.hardware import one_machine
+from boost_jax.config.presets import shape_name
 from boost_jax.config.schemes import SCHEMES
 from boost_jax.runtime.cache import cache_root
 from boost_jax.runtime.cli import config_parser, int_list, refuse_retired_flags, run_main
@@ -155,7 +156,7 @@ def print_plan(a: argparse.Namespace, cfg, hw, cands) -> None:
     priced = [c for c in cands if c.step]
     nodes = math.ceil(a.gpus / hw.gpus_per_node)
     m, t = cfg.model, cfg.train
-    print(f"{m.preset} {m.arch} on {a.gpus} x {hw.name} ({nodes} node{'s' * (nodes > 1)}), global batch "
+    print(f"{shape_name(m)} {m.arch} on {a.gpus} x {hw.name} ({nodes} node{'s' * (nodes > 1)}), global batch "
           f"{t.batch_size} x {t.seq_len} tokens, {m.dtype}; memory budget {hw.hbm_bytes * (1 - a.headroom) / GIB:.1f} GiB "
           f"per GPU ({100 * a.headroom:.0f}% headroom)")
     print(f"{len(cands)} layouts: {sum(c.cfg is None for c in cands)} do not divide, "

@@ -97,3 +97,23 @@ def test_a_missing_source_and_a_missing_step_are_named(tmp_path, tiny_overrides,
     with pytest.raises(ConfigError, match="has no checkpoint of step 3"):
         train(cfg, jax.devices()[:1])
     assert not (tmp_path / "run").exists()  # the source is read before the run dir is touched
+
+
+
+def test_api_config_reads_init_from_as_the_train_command_does(tmp_path, tiny_overrides, source):
+    """A notebook's api.config(..., "train.init_from=...") is the command's config: the source's model
+    (not the preset's) and its tokenizer, so a chat fine-tune needs no data.tokenizer_path."""
+    overrides = [*tiny_overrides, f"run_dir={tmp_path / 'ft'}", f"train.init_from={source}"]
+    cfg = api.config("llama-mini", *overrides)
+    assert cfg == from_dict(with_source_model(raw_args(["model.preset=llama-mini", *overrides])))
+    assert (cfg.model.arch, cfg.model.d_model) == ("dense", 64)
+    assert cfg.data.tokenizer_path == str((source / "tokenizer.json").absolute())
+
+
+
+def test_a_model_of_another_shape_is_not_called_by_its_preset():
+    """An HF folder's model keeps the default model.preset (llama-mini) with every size its own: the log
+    calls a model by its preset only where it has the preset's shape."""
+    from boost_jax.config.presets import shape_name
+    assert shape_name(api.config(None, "model.d_model=64", "model.d_ff=160").model) == "custom"
+    assert shape_name(api.config("llama-tiny", "model.arch=dense", "model.tie_embeddings=true").model) == "llama-tiny"

@@ -12,7 +12,7 @@ NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
 
 def test_notebooks_exist():
-    assert {p.stem for p in NOTEBOOKS} == {"quickstart", "schemes"}
+    assert {p.stem for p in NOTEBOOKS} == {"fine-tuning", "quickstart", "schemes"}
 
 
 @pytest.mark.slow

@@ -48,3 +48,13 @@ PRESETS: dict[str, dict] = {
     "smollm2-360m": dict(d_model=960, d_ff=2560, n_layers=32, n_heads=15, n_kv_heads=5, vocab_size=49152,
                          tie_embeddings=True, rope_theta=100000.0, norm_eps=1e-5, mlp_gate_silu=True),
 }
+
+# The keys that make a model a preset's shape (the rest are switches a run may set over any shape).
+SHAPE_KEYS = ("d_model", "d_ff", "n_layers", "n_heads", "n_kv_heads", "vocab_size")
+
+
+def shape_name(model) -> str:
+    """What a log line calls a resolved model: its preset where it has the preset's shape, else
+    "custom" (e.g. a model imported from a folder, whose keys all come from the folder)."""
+    preset = PRESETS[model.preset]
+    return model.preset if all(getattr(model, k) == preset[k] for k in SHAPE_KEYS if k in preset) else "custom"

@@ -19,6 +19,7 @@ import jax
 
 from boost_jax.config import Config
 from boost_jax.config.packages import check_packages
+from boost_jax.config.presets import shape_name
 from boost_jax.data.build import Data, build_data, check_run_tokenizer
 from boost_jax.data.instruct import summary
 from boost_jax.launch.peaks import device_peak_flops
@@ -217,7 +218,7 @@ def banner(cfg: Config, plan: Plan, counts: Counts, train_tokens: int, peak: flo
     """The run's first log line: the model, the layout, the data and the peak MFU divides by."""
     m, kind = cfg.model, jax.devices()[0].device_kind
     per = "host" if jax.devices()[0].platform == "cpu" else "device"
-    return (f"model {m.preset} arch={m.arch} d={m.d_model} layers={m.n_layers} heads={m.n_heads}/{m.n_kv_heads} "
+    return (f"model {shape_name(m)} arch={m.arch} d={m.d_model} layers={m.n_layers} heads={m.n_heads}/{m.n_kv_heads} "
             f"ranks={m.attn_rank}/{m.mlp_rank} params={counts.params / 1e6:.2f}M "
             f"| {cfg.parallel.scheme} on mesh {dict(plan.mesh.shape)} of {plan.mesh.size} x {kind}, attention "
             f"{plan.attention}{f' ({plan.attention_why})' if plan.attention_why else ''} "
