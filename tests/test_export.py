@@ -9,13 +9,12 @@ import dataclasses
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 import yaml
+from conftest import train_tiny
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, models
@@ -212,18 +211,12 @@ def test_hf_layout_loads_in_transformers(case, tmp_path):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_overrides):
-    """A dense run dir with one checkpoint, at step 2, from the training CLI (in its own process, on
-    one device: the run dir must not depend on this session's simulated devices)."""
-    run_dir = tmp_path_factory.mktemp("export") / "run"
-    overrides = ["model.arch=dense", f"run_dir={run_dir}", "train.steps=2", "checkpoint.every=2",
-                 "data.val_fraction=0", "train.eval_every=0"]  # export needs no eval
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    subprocess.run([sys.executable, "-m", "boost_jax.train", *tiny_overrides, *overrides], env=env, check=True,
-                   capture_output=True)
-    return run_dir
+    """A dense run dir trained on one device, with one checkpoint, at step 2 (export needs no eval)."""
+    return train_tiny(tmp_path_factory.mktemp("export") / "run", tiny_overrides, "model.arch=dense", "train.steps=2",
+                      "checkpoint.every=2", "data.val_fraction=0")
 
 
-@pytest.mark.slow  # run_dir: a training process
+@pytest.mark.slow  # run_dir: a training run
 def test_cli_exports_the_checkpoint(run_dir, tmp_path, capsys):
     main([str(run_dir), str(tmp_path / "out"), "--step", "2"])
     assert "step 2" in capsys.readouterr().out
@@ -234,7 +227,7 @@ def test_cli_exports_the_checkpoint(run_dir, tmp_path, capsys):
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (run_dir / "tokenizer.json").read_bytes()
 
 
-@pytest.mark.slow  # run_dir: a training process
+@pytest.mark.slow  # run_dir: a training run
 def test_cli_copies_a_findable_tokenizer(run_dir, tmp_path):
     tokenizer = tmp_path / "tok.json"
     tokenizer.write_text(Tokenizer(models.BPE()).to_str())
@@ -250,7 +243,7 @@ def test_cli_copies_a_findable_tokenizer(run_dir, tmp_path):
         assert (src / "out" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
 
 
-@pytest.mark.slow  # run_dir: a training process
+@pytest.mark.slow  # run_dir: a training run
 def test_cli_refuses_a_non_empty_out_dir_unless_forced(run_dir, tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     with pytest.raises(SystemExit, match="not empty; pass --force"):
@@ -260,7 +253,7 @@ def test_cli_refuses_a_non_empty_out_dir_unless_forced(run_dir, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors", "notes.txt", "tokenizer.json"]
 
 
-@pytest.mark.slow  # run_dir: a training process
+@pytest.mark.slow  # run_dir: a training run
 def test_cli_errors(run_dir, tmp_path):
     with pytest.raises(SystemExit, match="run dir not found"):
         main([str(tmp_path / "missing"), str(tmp_path / "out")])

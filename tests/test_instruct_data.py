@@ -174,7 +174,7 @@ def test_a_chat_finetune_resumes_mid_epoch_bitwise(tmp_path, tiny_overrides, fol
     """200 rows of ~56 tokens pack into ~50 windows of 65 slots: 6 steps of 8 windows; a resume at
     step 3 starts inside epoch 0's windows and steps past its end into epoch 1's reshuffle."""
     common = ["train.schedule_steps=9", "checkpoint.every=3", "train.eval_every=3", "data.val_fraction=0.1"]
-    full, _ = finetune(tmp_path, tiny_overrides, folder, "full", *common, "train.steps=9")
+    full, _ = finetune(tmp_path, tiny_overrides, folder, "full", *common, "train.steps=9", "checkpoint.every=0")
     first, run_dir = finetune(tmp_path, tiny_overrides, folder, "split", *common, "train.steps=4")
     (run_dir / "checkpoints" / "4").rename(tmp_path / "moved-4")  # as if it stopped before saving step 4
     second, _ = finetune(tmp_path, tiny_overrides, folder, "split", *common, "train.steps=9")

@@ -33,8 +33,9 @@ def tokens(b=2, s=16, vocab=512, seed=1):
     return jax.random.randint(jax.random.key(seed), (b, s), 0, vocab)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+# bf16 compute once on the dense path and once on the low-rank one (svd and cola: LaX's projections)
+@pytest.mark.parametrize("arch, dtype", [*((a, "float32") for a in ARCHS),
+                                         *(pytest.param(a, "bfloat16", marks=pytest.mark.slow) for a in ("dense", "lax"))])
 def test_forward_backward_shapes(arch, dtype):
     model = Model(tiny(arch, dtype=dtype), rngs=nnx.Rngs(0))
     t = tokens()
@@ -132,8 +133,8 @@ def test_a_flat_gemm_equals_the_batched_one_with_a_one_axis_weight_gradient():
     assert "contracting_dims = [0, 1]" not in weight_grad(True)
 
 
-# The inner loop keeps dense and LaX; svd and cola, the same low-rank projections as LaX, run in the full suite.
-@pytest.mark.parametrize("arch", [a if a in ("dense", "lax") else pytest.param(a, marks=pytest.mark.slow) for a in ARCHS])
+# Dense and LaX; svd and cola have the same low-rank projections as LaX.
+@pytest.mark.parametrize("arch", ["dense", "lax"])
 def test_attention_matches_naive_gqa(arch):
     cfg = tiny(arch, n_layers=1)  # 8 heads, 2 kv heads
     layer = first_layer(Model(cfg, rngs=nnx.Rngs(0)))
@@ -153,9 +154,9 @@ def test_attention_matches_naive_gqa(arch):
 
 @pytest.mark.parametrize("dtype, rtol, seq, head_dim, query_block", [
     # the loop over query blocks: 5 blocks of 8 of 40 positions
-    (jnp.float32, 1e-6, 40, 8, 8), pytest.param(jnp.bfloat16, 2e-2, 40, 8, 8, marks=pytest.mark.slow),
-    # one query block: 3 causal blocks of 128, each against the keys up to its end
-    pytest.param(jnp.float32, 1e-6, 384, 12, 512, marks=pytest.mark.slow), (jnp.bfloat16, 2e-2, 384, 12, 512),
+    (jnp.float32, 1e-6, 40, 8, 8),
+    # one query block: 3 causal blocks of 128, each against the keys up to its end (each path once, each dtype once)
+    (jnp.bfloat16, 2e-2, 384, 12, 512),
 ])
 def test_blocked_attention_equals_whole_attention(dtype, rtol, seq, head_dim, query_block):
     """The CPU paths of attention against the written-out attention in fp32, with grouped-query
@@ -194,16 +195,7 @@ def test_layers_are_scanned_so_program_size_does_not_grow_with_depth():
     assert hlo_size(2) == hlo_size(16)
 
 
-@pytest.mark.parametrize("arch", [pytest.param("dense", marks=pytest.mark.slow), "lax"])
-def test_full_remat_gives_the_same_gradients(arch):
-    model = Model(tiny(arch), rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    t = tokens()
-    grad = lambda mode: jax.jit(jax.grad(
-        lambda p: loss_fn(nnx.merge(graphdef, p), {"inputs": t, "targets": t}, single_device_plan(model.cfg),
-                          remat_mode=mode)))(params)
-    for a, b in zip(jax.tree.leaves(grad("none")), jax.tree.leaves(grad("full"))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+# Full remat's gradients: tests/test_remat.py.
 
 
 def test_tied_embeddings_have_no_head():
