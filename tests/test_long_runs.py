@@ -235,37 +235,33 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"step {step} not reached: {proc.poll()=}")
 
 
-@pytest.mark.slow
-def test_sigterm_saves_the_step_and_exits_0_and_the_run_resumes_exactly(tiny_overrides, tmp_path):
-    args = ["train.steps=200", "checkpoint.every=1000", "log.every=5"]  # rows reach disk every 5 steps
-    run_to_end(tmp_path / "one", tiny_overrides, *args)
-    proc = run_cli(tmp_path / "run", tiny_overrides, *args)
-    wait_for_step(tmp_path / "run", 20, proc)
+@pytest.mark.slow  # five training processes
+def test_sigterm_and_kill_9_at_any_moment_leave_a_checkpoint_the_run_resumes_from_exactly(tiny_overrides, tmp_path):
+    """One run stopped three ways, then run to the end: its metrics are the uninterrupted run's, bit for
+    bit. SIGTERM (no step-based save due) saves the step it is at, its only checkpoint, and exits 0.
+    Then kill -9, saving every step, at a random moment after a row reached disk (inside a step or a
+    save): once with the saves asynchronous (one in flight in the background), once synchronous."""
+    run, steps, rarely = tmp_path / "run", "train.steps=30", "checkpoint.every=1000"
+    run_to_end(tmp_path / "one", tiny_overrides, steps, rarely)
+    proc = run_cli(run, tiny_overrides, steps, rarely)  # rows reach disk every 5 steps (log.every)
+    wait_for_step(run, 5, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert len(saved) == 1 and saved[0] < 200 and f"stopped by SIGTERM after step {saved[0]}: saved step" in err
-    assert f"resumed from step {saved[0]}" in run_to_end(tmp_path / "run", tiny_overrides, *args)
-    assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "one")]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("async_save", [True, False])
-def test_kill_9_at_any_moment_leaves_a_usable_checkpoint_and_an_exact_resume(tiny_overrides, tmp_path, async_save):
-    """Killed mid-run (saves every step, in flight or not) three times, then run to the end: the
-    metrics are the uninterrupted run's, bit for bit."""
-    args = ["train.steps=60", "checkpoint.every=1", "checkpoint.keep=2", f"checkpoint.async_save={async_save}"]
-    run_to_end(tmp_path / "one", tiny_overrides, *args)
-    rng = np.random.default_rng(0)
-    for kill in range(3):
-        proc = run_cli(tmp_path / "run", tiny_overrides, *args)
-        wait_for_step(tmp_path / "run", 5 + 15 * kill, proc)
+    saved = sorted(int(p.name) for p in (run / "checkpoints").iterdir())
+    assert len(saved) == 1 and saved[0] < 30 and f"stopped by SIGTERM after step {saved[0]}: saved step" in err
+    rng, resumed = np.random.default_rng(0), f"resumed from step {saved[0]}"  # the SIGTERM's step first
+    for rows, async_save in ((10, True), (16, False)):
+        proc = run_cli(run, tiny_overrides, steps, "checkpoint.every=1", "checkpoint.keep=2",
+                       f"checkpoint.async_save={async_save}")
+        wait_for_step(run, rows, proc)
         time.sleep(rng.uniform(0, 0.3))  # somewhere inside a step or a save
         proc.kill()
-        proc.wait()
-    assert "resumed from step" in run_to_end(tmp_path / "run", tiny_overrides, *args)
-    assert [r["loss"] for r in metrics(tmp_path / "run")] == [r["loss"] for r in metrics(tmp_path / "one")]
+        _, err = proc.communicate()
+        assert resumed in err, err
+        resumed = "resumed from step"
+    assert resumed in run_to_end(run, tiny_overrides, steps, rarely)
+    assert [r["loss"] for r in metrics(run)] == [r["loss"] for r in metrics(tmp_path / "one")]
 
 
 @pytest.mark.slow

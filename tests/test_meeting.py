@@ -54,30 +54,26 @@ def same_rows(a: dict, b: dict, steps) -> None:
 
 
 @pytest.mark.slow  # two training processes, three times
-def test_a_sigterm_to_one_process_stops_both_after_the_same_step_and_the_run_resumes_exactly(tmp_path, tiny_overrides):
+def test_one_process_clock_or_sigterm_saves_or_stops_both_after_the_same_step_and_the_run_resumes_exactly(
+        tmp_path, tiny_overrides):
+    """Process 1 alone learns twice: its clock asks for a save (after step 3), then a SIGTERM comes to it
+    alone. Both save after step 3 (both wrote their shards of it), then both stop and save after one step
+    k. The run resumes from k; then, k and later deleted, from 3: the rows of steps 4..k are the stopped
+    run's and those of k+1, k+2 the first resume's, bit for bit (a wrong save of either step shows)."""
     run_dir = tmp_path / "run"
-    procs = start(run_dir, tiny_overrides, 200)
-    wait_for(lambda: len(rows(run_dir / "metrics.jsonl")) >= 3, procs)
+    procs = start(run_dir, tiny_overrides, 200, patch_1=CLOCK_OF_ONE)
+    wait_for(lambda: len(rows(run_dir / "metrics.jsonl")) >= 5, procs)
     procs[1].send_signal(signal.SIGTERM)  # process 0 hears of it only at the meeting
     errs = finish(procs)
-    [k] = saved(run_dir)  # one save, after the step both stopped at
-    assert k < 200 and sorted(rows(run_dir / "metrics.jsonl")) == list(range(1, k + 1))
+    [three, k] = saved(run_dir)  # the clock's save, and one save after the step both stopped at
+    assert three == 3 and 5 <= k < 200 and sorted(rows(run_dir / "metrics.jsonl")) == list(range(1, k + 1))
     # Process 0 logs (process 1 says only that it received the signal); both exited 0, so neither
     # waited in a collective the other never joined.
     assert "SIGTERM: saving the current step" in errs[1] and "SIGTERM" not in errs[0]
     assert f"stopped by a signal to another process after step {k}: saved step {k}" in errs[0]
     assert f"resumed from step {k}" in finish(start(run_dir, tiny_overrides, k + 2))[0]
-    finish(start(tmp_path / "one", tiny_overrides, k + 2))  # the same run, never stopped
-    same_rows(rows(run_dir / "metrics.jsonl"), rows(tmp_path / "one" / "metrics.jsonl"), range(1, k + 3))
-
-
-@pytest.mark.slow  # two training processes, twice
-def test_one_process_clock_asking_for_a_save_saves_both_after_the_same_step_and_the_run_resumes_exactly(
-        tmp_path, tiny_overrides):
-    run_dir = tmp_path / "run"
-    finish(start(run_dir, tiny_overrides, 6, patch_1=CLOCK_OF_ONE))
-    assert saved(run_dir) == [3, 6]  # the clock's save after step 3 (both wrote their shards of it), and the end's
-    before = rows(run_dir / "metrics.jsonl")
-    shutil.rmtree(run_dir / "checkpoints" / "6")
-    assert "resumed from step 3" in finish(start(run_dir, tiny_overrides, 6))[0]
-    same_rows(rows(run_dir / "metrics.jsonl"), before, range(1, 7))
+    resumed = rows(run_dir / "metrics.jsonl")  # steps 1..k: the stopped run's rows, kept
+    for step in saved(run_dir)[1:]:
+        shutil.rmtree(run_dir / "checkpoints" / str(step))
+    assert "resumed from step 3" in finish(start(run_dir, tiny_overrides, k + 2))[0]
+    same_rows(rows(run_dir / "metrics.jsonl"), resumed, range(1, k + 3))
