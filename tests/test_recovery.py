@@ -2,6 +2,7 @@
 processes with the same trajectory, and what a restart cost in the metrics (training/recovery.py)."""
 
 import json
+import re
 import shutil
 from fnmatch import fnmatch
 from pathlib import Path
@@ -253,7 +254,8 @@ def test_a_host_lost_the_run_continues_on_fewer_processes(tmp_path, tiny_overrid
     assert "config error: parallel: train.batch_size=8 must divide by dp x fsdp = 3" in err
     assert "Traceback" not in err
     assert r["killed_at"] - 5 <= r["resumed_from"] <= r["killed_at"] and r["resumed_from"] % 5 == 0
-    assert r["resumed_line"].startswith(f"resumed from step {r['resumed_from']} (local tier of process 0")
+    # Any survivor's copy: process 0's save of the newest step may still be in flight when the peers stop.
+    assert re.match(rf"resumed from step {r['resumed_from']} \(local tier of process [012]\b", r["resumed_line"])
     assert r["steps_recomputed"] == r["killed_at"] - r["resumed_from"] and r["seconds_lost"] > 0
     whole = reference(config, 4, 24, tmp_path)
     assert sorted(r["losses"]) == list(range(1, 25))
