@@ -12,6 +12,13 @@ jax.config.update("jax_num_cpu_devices", 8)  # 8 simulated devices; must run bef
 import matplotlib.pyplot as plt
 from boost_jax import api"""
 
+
+def parameters(source: str):
+    """The notebook's knobs, in a cell tagged "parameters" (papermill's convention): tests/test_notebooks.py
+    runs the notebook with a cell of smaller values put right after this one."""
+    return new_code_cell(source, metadata={"tags": ["parameters"]})
+
+
 QUICKSTART = [
     new_markdown_cell("# boost_jax quickstart\n\nBuild a low-rank (CoLA) model on a simulated 8-device "
                       "mesh, look at how its weights are sharded under bottleneck-aware tensor parallelism "
@@ -58,6 +65,8 @@ SCHEMES = [
                       "low-rank TP and BOOST's bottleneck-aware TP (btp): communication per decoder layer "
                       "from the compiled HLO, and measured step time on this machine."),
     new_code_cell(SETUP),
+    parameters('model = "llama-60m"  # whose communication is measured (a cell tagged parameters: tests/test_notebooks.py '
+               'sets smaller values)\nreps, steps = 3, 2  # the step times: interleaved repetitions, steps in each'),
     new_code_cell("""\
 from boost_jax.analysis.comm import measure
 from boost_jax.analysis.program import build
@@ -67,7 +76,7 @@ def config(model, arch, scheme, *overrides):  # the train command's keys: tp=4 o
                       *overrides)
 
 variants = [("dense", "megatron"), ("cola", "vanilla"), ("cola", "btp")]
-reports = {f"{a}/{s}": measure(build(config("llama-60m", a, s, "train.batch_size=4", "train.seq_len=256",
+reports = {f"{a}/{s}": measure(build(config(model, a, s, "train.batch_size=4", "train.seq_len=256",
                                             "model.dtype=bfloat16")))
            for a, s in variants}
 for name, r in reports.items():
@@ -76,15 +85,16 @@ for name, r in reports.items():
     new_code_cell("""\
 names = list(reports)
 plt.bar(names, [reports[n]["layer_forward_bytes"] / 2**20 for n in names])
-plt.ylabel("MiB per layer, forward, per device"); plt.title("llama-60m, b=4, s=256, tp=4, bf16")
+plt.ylabel("MiB per layer, forward, per device"); plt.title(f"{model}, b=4, s=256, tp=4, bf16")
 assert reports["cola/btp"]["layer_forward_bytes"] < reports["cola/vanilla"]["layer_forward_bytes"] / 4"""),
     new_markdown_cell("## Step time on this machine\nInterleaved repetitions, so machine noise hits all three "
                       "alike; on simulated CPU devices communication is nearly free, so read the ratios, "
                       "not the absolute times."),
     new_code_cell("""\
 from boost_jax.bench.step import measure as measure_steps
-cfgs = [config("llama-tiny", a, s, "train.batch_size=8", "train.seq_len=64") for a, s in variants]
-for (a, s), r in zip(variants, measure_steps(cfgs, reps=3, steps=2)):
+cfgs = [config("llama-tiny", a, s, "train.batch_size=8", "train.seq_len=64", "log.health=false")  # health: compile only
+        for a, s in variants]
+for (a, s), r in zip(variants, measure_steps(cfgs, reps=reps, steps=steps)):
     print(f"{a}/{s:9s} {1e3 * r['median_step_s']:7.1f} ms  {r['tokens_per_s']:9,.0f} tokens/s  "
           f"peak {r['peak_bytes_per_device'] / 2**20:.1f} MiB/device")"""),
 ]

@@ -161,10 +161,10 @@ def test_twenty_steps_at_cp2_tp2_track_one_device(tmp_path, tiny_overrides):
 def test_a_run_resumes_from_cp2_to_cp1_and_back(tmp_path, tiny_overrides):
     """9 steps on one device against one run resumed twice: steps 0-3 at cp 2 x tp 2, 3-6 at cp 1
     (dp 2 x tp 2), 6-9 at cp 4 by the ring: the losses follow the single device's."""
-    common = [*tiny_overrides, "train.schedule_steps=9", "checkpoint.every=3", "train.eval_every=0"]
-    one = train(load_config(None, [*common, "train.steps=9", "parallel.dp=1", f"run_dir={tmp_path / 'one'}"]),
-                jax.devices()[:1])
-    moved = [*common, f"run_dir={tmp_path / 'moved'}"]
+    common = [*tiny_overrides, "train.schedule_steps=9", "train.eval_every=0"]
+    one = train(load_config(None, [*common, "train.steps=9", "checkpoint.every=0", "parallel.dp=1",
+                                   f"run_dir={tmp_path / 'one'}"]), jax.devices()[:1])  # the reference: no saves
+    moved = [*common, "checkpoint.every=3", f"run_dir={tmp_path / 'moved'}"]
     layouts = [["parallel.cp=2", "parallel.tp=2", "parallel.dp=2"], ["parallel.tp=2", "parallel.dp=4"],
                ["parallel.cp=4", "parallel.dp=2", "parallel.cp_attention=ring"]]
     runs = [train(load_config(None, [*moved, f"train.steps={3 * i}", *layout])) for i, layout in enumerate(layouts, 1)]

@@ -320,12 +320,22 @@ def test_the_lm_eval_command_runs_local_tasks_of_every_request_type(run_dir, har
         assert sample["resps"][0][0] == harness.generate_until([request(context, kwargs)])[0]
 
 
-@pytest.mark.slow  # eight tiny training runs and their evals: ~40 s
-def test_bench_quality_trains_evaluates_and_reports(tmp_path, cache_dir):
+@pytest.fixture(scope="module")
+def quality_tiny(cache_dir):
+    """`bench quality`'s config at its cheapest: llama-tiny, 8 x 32 tokens a step (8 rows: the factored dense
+    model trains on all 8 simulated devices), the runs' ~10 evals of one batch each, no health norms (most of
+    a train step's compile, no part of the bench); with 2,560 tokens (the bench's floor of 10 steps) and 512
+    validation tokens, one run takes seconds. The results page's figures come from `python -m boost_jax.bench
+    quality` at its own sizes."""
+    return ["model.preset=llama-tiny", "train.seq_len=32", "train.batch_size=8", "train.eval_batches=1",
+            "log.health=false", "data.max_bytes=300000", f"data.cache_dir={cache_dir}"]
+
+
+@pytest.mark.slow  # eight tiny training runs and their evals
+def test_bench_quality_trains_evaluates_and_reports(tmp_path, quality_tiny):
     from boost_jax.bench import quality, quality_section  # the results page's section 6 without a study
 
-    q = quality.measure(["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
-                         f"data.cache_dir={cache_dir}"], 5000, 4, tmp_path / "work", 1000, log=lambda s: None)
+    q = quality.measure(quality_tiny, 2560, 4, tmp_path / "work", 512, log=lambda s: None)
     assert [(r["arch"], r["budget"]) for r in q["runs"]] == [
         ("dense", "tokens"), ("svd", "tokens"), ("cola", "tokens"), ("lax", "tokens"), ("svd", "flops"), ("cola", "flops")]
     dense, cola_flops = q["runs"][0], q["runs"][-1]
@@ -366,12 +376,10 @@ def test_bench_quality_refuses_a_bad_latent_heads_axis_by_name():
 
 
 @pytest.mark.slow  # four tiny training runs and their evals
-def test_bench_quality_compares_latent_heads_over_two_seeds(tmp_path, cache_dir):
+def test_bench_quality_compares_latent_heads_over_two_seeds(tmp_path, quality_tiny):
     from boost_jax.bench import quality
 
-    args = ["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
-            f"data.cache_dir={cache_dir}"]
-    o = quality.compare_latent_heads(args, [1, 2], 5000, tmp_path / "work", 1000, log=lambda s: None)
+    o = quality.compare_latent_heads(quality_tiny, [1, 2], 2560, tmp_path / "work", 512, log=lambda s: None)
     assert [r["attn_latent_heads"] for r in o["rows"]] == [1, 2]
     assert o["rows"][1]["params"] < o["rows"][0]["params"]  # a block-diagonal B is g times smaller
     for r in o["rows"]:
@@ -380,13 +388,13 @@ def test_bench_quality_compares_latent_heads_over_two_seeds(tmp_path, cache_dir)
     assert lines[0].startswith("| latent heads g |") and [line.split(" | ")[0] for line in lines[2:]] == ["| 1", "| 2"]
 
 
-@pytest.mark.slow  # eight tiny training runs and their evals
-def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp_path, cache_dir):
+@pytest.mark.slow  # six tiny training runs and their evals
+def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp_path, quality_tiny):
+    """Two rates a grid here (the command asks three: vary_optimizers above), so that each optimizer's best
+    is picked from a grid and run again on a second seed in six runs, not eight."""
     from boost_jax.bench import quality, quality_section  # the results page's section 6 without a study
 
-    args = ["model.preset=llama-tiny", "train.seq_len=64", "train.batch_size=8", "data.max_bytes=300000",
-            f"data.cache_dir={cache_dir}"]
-    o = quality.compare_optimizers(args, ["adamw", "muon"], [1e-3, 3e-3, 1e-2], 5000, tmp_path / "work", 1000,
+    o = quality.compare_optimizers(quality_tiny, ["adamw", "muon"], [1e-3, 1e-2], 2560, tmp_path / "work", 512,
                                    archs=("cola",), log=lambda s: None)
     assert [(r["arch"], r["optimizer"]) for r in o["rows"]] == [("cola", "adamw"), ("cola", "muon")]
     for r in o["rows"]:
