@@ -99,11 +99,66 @@ for (a, s), r in zip(variants, measure_steps(cfgs, reps=reps, steps=steps)):
           f"peak {r['peak_bytes_per_device'] / 2**20:.1f} MiB/device")"""),
 ]
 
+FINE_TUNING = [
+    new_markdown_cell("""# Fine-tuning a model to answer in turns
+
+Start a new run from a trained model's weights, train it on chat rows with the loss on the replies alone, and talk to it: the path of [the Fine-tuning guide](../docs/guides/fine-tuning.md), in Python, on the embedded corpus, offline, in a minute on a CPU. The same config keys as `python -m boost_jax.train`."""),
+    new_code_cell("""import json, random
+import jax
+import matplotlib.pyplot as plt
+from boost_jax import api
+from boost_jax.training.run import train
+
+SMALL = ["model.preset=llama-tiny", "model.arch=dense", "train.batch_size=8", "log.progress=false",
+         "log.tensorboard=false", "log.every=10"]"""),
+    new_markdown_cell("""## 1. A model to start from
+A dense llama-tiny trained for a moment on the embedded corpus (the default `data.source`). With a Hugging Face model, `train.init_from` below takes its folder instead."""),
+    new_code_cell("""base = train(api.config(None, *SMALL, "run_dir=runs/base", "train.steps=30", "train.seq_len=64",
+                        "data.max_bytes=300000", "train.lr=1e-2", "train.warmup_steps=2", "train.eval_every=0",
+                        "checkpoint.every=30"))
+base["losses"][-1]"""),
+    new_markdown_cell("""## 2. Chat rows and what is trained on
+One conversation per line of a `.jsonl`. This model's tokenizer has no chat template of its own, so the run names the shipped ChatML one (`data.chat_template=chatml`). Under `train.loss_on=completion` (the default for chat rows) only the assistant's tokens and the end-of-turn token are targets: below, in brackets."""),
+    new_code_cell("""rng = random.Random(0)
+rows = []
+for _ in range(400):
+    a, b = rng.randrange(100), rng.randrange(100)
+    rows.append({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
+                              {"role": "assistant", "content": str(a + b)}]})
+with open("chat.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\\n" for r in rows)
+
+from tokenizers import Tokenizer
+tokenizer = Tokenizer.from_file("runs/base/tokenizer.json")
+chat = api.chat_template(tokenizer, template="chatml")
+ids, targets = chat.encode_turns(rows[0]["messages"])
+print("".join(f"[{tokenizer.decode([i])}]" if t else tokenizer.decode([i]) for i, t in zip(ids, targets)))"""),
+    new_markdown_cell("""## 3. The fine-tune
+`train.init_from` reads the base run's parameters (any mesh: here one device); the optimizer and the learning-rate schedule start fresh at step 0 in a new run dir. Rows are packed whole into windows, each attending only to itself; the log's data line says how full the windows are."""),
+    new_code_cell("""ft = train(api.config(None, *SMALL, "run_dir=runs/chat", "train.init_from=runs/base", "data.source=files",
+                      "data.paths=[chat.jsonl]", "data.format=chat", "data.chat_template=chatml",
+                      "train.seq_len=128", "train.steps=30", "train.lr=3e-3", "train.eval_every=30",
+                      "checkpoint.every=30"))
+plt.plot(ft["losses"])
+plt.xlabel("fine-tune step"); plt.ylabel("loss over the replies' tokens")
+assert ft["losses"][-1] < ft["losses"][0]"""),
+    new_markdown_cell("""## 4. Talk to it
+`api.restore_chat` reads the run's template with its tokenizer, as `python -m boost_jax.generate runs/chat --chat` does; each reply stops at the template's end-of-turn token. Thirty steps of a 0.15M-parameter model teach the shape of a reply, not sums."""),
+    new_code_cell("""cfg, model, step = api.restore("runs/chat")
+replies = api.generate_chat(model, api.restore_chat("runs/chat"), ["What is 2 + 3?", "What is 40 + 2?"],
+                            max_new_tokens=8)
+step, replies"""),
+    new_markdown_cell("""## Next
+- A Hugging Face model: `train.init_from=path/to/SmolLM2-135M-Instruct` (its own chat template is used).
+- A low-rank fine-tune of a dense model: `python -m boost_jax.convert import SRC runs/svd --to svd --rank R`, then `train.init_from=runs/svd`.
+- Serve it: `python -m boost_jax.serve runs/chat` (OpenAI's `/v1/chat/completions`); take it out: `python -m boost_jax.export runs/chat out/`."""),
+]
+
 
 def main() -> None:
     out = Path(__file__).parents[1] / "notebooks"
     out.mkdir(exist_ok=True)
-    for name, cells in (("quickstart", QUICKSTART), ("schemes", SCHEMES)):
+    for name, cells in (("quickstart", QUICKSTART), ("schemes", SCHEMES), ("fine-tuning", FINE_TUNING)):
         nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                                  "language": "python"}})
         nbformat.write(nb, out / f"{name}.ipynb")
