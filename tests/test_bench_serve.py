@@ -4,7 +4,7 @@ up (tokens over seconds, percentiles in order); bad flags are refused before any
 
 import pytest
 
-from boost_jax.bench import serve
+from boost_jax.bench import serve, serve_soak
 from boost_jax.config import ConfigError, from_args
 
 
@@ -40,3 +40,15 @@ def test_bench_serve_on_a_tiny_case_is_self_consistent():
 def test_bench_serve_refuses_bad_flags_and_config_before_any_model(argv, needle):
     with pytest.raises(ConfigError, match=needle):
         serve.main(argv)
+
+
+@pytest.mark.slow  # a server under 8 looping clients for 10 seconds
+def test_bench_serve_soak_leaves_no_page_and_no_request_behind():
+    cfg = from_args([*serve.DEFAULTS, "model.preset=llama-tiny", "train.seq_len=64", "serve.slots=4",
+                     "serve.page_tokens=8", "serve.buckets=1", "serve.decode_steps=2"])
+    _, _, engine = serve.start_engine(cfg, "auto")
+    with serve.loopback(cfg, engine) as loop:
+        r = serve_soak.soak(loop, engine, serve.mixed_requests(8, cfg.model.vocab_size, 64), 10.0, 0.2, 0.05)
+    assert r["flat"]["no_page_leaked"] and r["flat"]["nothing_left_running"]
+    assert r["requests"]["done"] > 0 and r["requests"]["cut"] > 0 and r["cancelled"] > 0
+    assert r["peak_pages_used"] > 0 and len(r["samples"]) >= 8

@@ -156,8 +156,10 @@ def serve_section(sv: dict) -> list[str]:
                   context=sv["context"], requests=sv["requests"], reps=sv["reps"], slots=sv["serve"]["slots"],
                   page_tokens=sv["serve"]["page_tokens"], decode_steps=sv["serve"]["decode_steps"],
                   programs=sv["programs"], prompts="-".join(map(str, sv["prompt_tokens"])),
-                  new="-".join(map(str, sv["new_tokens"])), useful=sv["useful_tokens"],
+                  new="-".join(map(str, sv["new_tokens"])), useful=f"{sv['useful_tokens']:,}",
                   over_one=ratio(sv["concurrent_over_one_at_a_time"]), over_batch=ratio(sv["concurrent_over_padded_batch"]),
+                  checks="Every completion's text was the same all three ways, nothing compiled while serving, every "
+                         "cache page came back." if sv["ok"] else f"A check FAILED: {sv['checks']}.",
                   table=serve.table(sv))
 
 

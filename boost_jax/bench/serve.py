@@ -7,7 +7,8 @@ train.seq_len=256, serve.slots=32) it starts `python -m boost_jax.serve`'s app (
 Engine, every program compiled first) on a loopback port, with a tokenizer of one word per token id
 (random weights have no text), and sends --requests greedy completions of mixed lengths (prompts of
 8 to 3/8 of the context, 8 to 1/4 of it new tokens, a seeded draw) as token-id prompts through the
-`openai` client, streamed. Side by side, --reps times in turn (the machine's noise hits all alike):
+`openai` client, streamed, from a process of their own (bench/serve_clients.py). After an untimed
+round of them all, side by side, --reps times in turn (the machine's noise hits all alike):
 all at once (concurrent clients), the same one at a time (each sent when the one before ended), and
 `api.generate` on all of them as one padded batch (to the longest's new tokens; its useful tokens
 are each request's own). Reported: output tokens/s (wall, first request sent to last token), time to
@@ -19,9 +20,9 @@ measurement (each client times out within it). Exits 1 on a failed check.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -90,33 +91,14 @@ class LoopbackServer:
         self.sock.close()
 
 
-async def _stream(client, prompt: list[int], max_tokens: int, deadline: float) -> dict:
-    """One streamed greedy completion: its text, when it was sent and when each chunk of text came."""
-    sent, times, counts, text = time.perf_counter(), [], [], ""
-    stream = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             timeout=max(deadline - time.perf_counter(), 1.0))
-    tokens = 0
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
-            times.append(time.perf_counter())
-            counts.append(len(chunk.choices[0].text.split()))  # the word tokenizer: one word per token
-            text += chunk.choices[0].text
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    return {"text": text, "tokens": tokens, "sent": sent, "times": times, "counts": counts}
-
-
-async def _clients(url: str, requests: list[tuple[list[int], int]], together: bool, deadline: float) -> list[dict]:
-    import httpx
-    import openai
-
-    limits = httpx.Limits(max_connections=len(requests) + 4, max_keepalive_connections=len(requests) + 4)
-    async with httpx.AsyncClient(limits=limits, timeout=None) as http:
-        client = openai.AsyncOpenAI(base_url=url, api_key="unused", http_client=http, max_retries=0)
-        if together:
-            return list(await asyncio.gather(*(_stream(client, p, n, deadline) for p, n in requests)))
-        return [await _stream(client, p, n, deadline) for p, n in requests]
+def run_clients(url: str, requests: list, together: bool, max_s: float) -> dict:
+    """bench/serve_clients.py in a process of its own: its wall seconds and each request's chunks."""
+    args = {"url": url, "model": MODEL_NAME, "requests": requests, "together": together, "max_s": max_s}
+    out = subprocess.run([sys.executable, "-m", "boost_jax.bench.serve_clients", json.dumps(args)],
+                         capture_output=True, text=True, timeout=max_s + 60, check=False)
+    if out.returncode:
+        raise RuntimeError(f"bench serve: its clients failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout)
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -169,7 +151,7 @@ def measure(cfg: Config, n_requests: int, reps: int, max_s: float, cache: str) -
     with loopback(cfg, engine) as loop:
         tok = loop.server.tok
         want = [tok.decode(out[:n]) for out, (_, n) in zip(generate(), requests)]
-        asyncio.run(_clients(loop.url, requests, True, deadline))  # untimed: the clients' and server's first calls
+        run_clients(loop.url, requests, True, max_s)  # untimed: the server's first calls
         for _ in range(reps):
             for how in HOW:
                 if time.perf_counter() > deadline:
@@ -180,9 +162,9 @@ def measure(cfg: Config, n_requests: int, reps: int, max_s: float, cache: str) -
                     runs[how].append({"seconds": seconds, "tokens": useful, "tokens_per_s": useful / seconds})
                     got = [tok.decode(out[:n]) for out, (_, n) in zip(outs, requests)]
                 else:
-                    results = asyncio.run(_clients(loop.url, requests, how == "concurrent", deadline))
-                    runs[how].append(served(results, time.perf_counter() - t0))
-                    got = [r["text"] for r in results]
+                    out = run_clients(loop.url, requests, how == "concurrent", deadline - time.perf_counter())
+                    runs[how].append(served(out["results"], out["seconds"]))
+                    got = [r["text"] for r in out["results"]]
                 differ += sum(g != w for g, w in zip(got, want))
     checks = {"completions_not_as_generate": differ, "compilations_while_serving": engine.compilations - compiled,
               "pages_used_after": engine.pages.used}
@@ -203,8 +185,8 @@ def measure(cfg: Config, n_requests: int, reps: int, max_s: float, cache: str) -
 
 def table(r: dict) -> list[str]:
     """Markdown: each way's median tokens/s, its ratio to the concurrent one, its latencies (of the median rep)."""
-    lines = ["| how | output tokens/s (median) | concurrent / this | time to first token p50 / p99 ms | "
-             "time between tokens p50 / p99 ms |", "|---|---|---|---|---|"]
+    lines = [("| how | output tokens/s (median) | concurrent / this | time to first token p50 / p99 ms | "
+              "time between tokens p50 / p99 ms |"), "|---|---|---|---|---|"]
     names = {"concurrent": f"{r['requests']} clients at once", "one_at_a_time": "one at a time",
              "padded_batch": f"`api.generate`, all {r['requests']} as one padded batch"}
     ms = lambda d: f"{d['p50_ms']:.0f} / {d['p99_ms']:.0f}" if d["p50_ms"] is not None else "-"
@@ -245,10 +227,10 @@ def main(argv: list[str]) -> None:
     else:
         result = {**measure(cfg, a.requests, a.reps, a.max_s, a.cache), "command": command}
         summary = "\n".join([
-            f"{command}: {result['model']} {result['arch']}, cache {result['cache']}, {result['devices']} device(s), "
-            f"{result['programs']} programs compiled in {result['warm_up_s']:.0f} s", *table(result),
-            f"concurrent / one at a time {result['concurrent_over_one_at_a_time']:.2f}x, concurrent / padded batch "
-            f"{result['concurrent_over_padded_batch']:.2f}x; checks: {result['checks']}"])
+            (f"{command}: {result['model']} {result['arch']}, cache {result['cache']}, {result['devices']} device(s), "
+             f"{result['programs']} programs compiled in {result['warm_up_s']:.0f} s"), *table(result),
+            (f"concurrent / one at a time {result['concurrent_over_one_at_a_time']:.2f}x, concurrent / padded batch "
+             f"{result['concurrent_over_padded_batch']:.2f}x; checks: {result['checks']}")])
     print(json.dumps(result) if a.json else summary)
     if not result["ok"]:
         sys.exit(f"bench serve: a check failed: {result.get('checks', result.get('flat'))}")

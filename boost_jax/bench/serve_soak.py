@@ -8,7 +8,8 @@ memory, threads and open descriptors (bench/soak.sample) and the cache pages in 
 second. Past the warm-up share of the time (--soak-warmup, after every program was compiled and the
 first requests served), RSS must stay within --rss-bound of its median over the first tenth of the
 samples (the last tenth's median against it), threads and descriptors within soak.COUNT_SLACK; at
-the end, once the last client is done, no request may run or wait and every page is free.
+the end, once the last client is done, no request may run or wait and every page is free. The
+clients run in the server's process (their memory is in its RSS too).
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     stop_ids: tuple[int, ...] = ()  # tokens it ends at besides the end-of-document one (a chat's end of turn)
+    logprobs: bool = False  # its tokens' logprobs and the top ones computed (else its events carry zeros)
     id: int = field(default_factory=itertools.count().__next__)
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False  # set by any thread (a client gone): the engine drops it at its next step
@@ -168,13 +169,19 @@ class Engine:
 
     # ------------------------------------------------------------------ the program
 
-    def _pick(self, logits, temperature, top_p, seed, index) -> tuple[jax.Array, ...]:
-        """Each row's next token from its logits [B, V], its logprob, the top TOP_LOGPROBS tokens and theirs."""
+    def _pick(self, logits, temperature, top_p, seed, index, scored) -> tuple[jax.Array, ...]:
+        """Each row's next token from its logits [B, V], its logprob, the top TOP_LOGPROBS tokens and
+        theirs: computed where some row is `scored` [B] (asks for logprobs), else zeros (a `cond`: the
+        top-k over the vocabulary is a tenth of a small model's step)."""
         token = sample_rows(logits, temperature, top_p, seed, index)
-        logprobs = jax.nn.log_softmax(logits, axis=-1)
-        top_logprobs, top_ids = jax.lax.top_k(logprobs, TOP_LOGPROBS)
-        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
-        return token, chosen, top_ids.astype(jnp.int32), top_logprobs
+
+        def scores():
+            logprobs = jax.nn.log_softmax(logits, axis=-1)
+            top_logprobs, top_ids = jax.lax.top_k(logprobs, TOP_LOGPROBS)
+            return jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0], top_ids.astype(jnp.int32), top_logprobs
+
+        none = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(scores))
+        return token, *jax.lax.cond(jnp.any(scored), scores, none)
 
     def _view(self, pool, tables) -> Cache:
         return tuple(c.constrain(self.plan.constrain) for c in paged_cache.view(pool, tables))
@@ -182,16 +189,17 @@ class Engine:
     def _store(self, pool, rows, tables, positions, valid):
         return paged_cache.constrain_pool(paged_cache.store(pool, rows, tables, positions, valid), self.plan.constrain)
 
-    def _prefill_fn(self, params, pool, tables, tokens, positions, valid, logits_at, temperature, top_p, seed, index):
+    def _prefill_fn(self, params, pool, tables, tokens, positions, valid, logits_at, temperature, top_p, seed, index,
+                    scored):
         """Rows' prompt chunks [B, S] at positions [B, S] (`valid` [B, S]: a real token) through the model
         over their pages (tables [B, P]) -> (the pool with their keys and values, each row's next token
         at logits_at [B] and its logprobs as `_pick`'s, each [B, 1, ...])."""
         rows = self._view(pool, tables)
         logits, rows = self.decoder._decode(params, tokens, rows, positions, logits_at)  # noqa: SLF001 (the Decoder's model call)
-        out = self._pick(logits, temperature, top_p, seed, index)
+        out = self._pick(logits, temperature, top_p, seed, index, scored)
         return self._store(pool, rows, tables, positions, valid), tuple(x[:, None] for x in out)
 
-    def _decode_fn(self, params, pool, tables, last, start, count, temperature, top_p, seed, index):
+    def _decode_fn(self, params, pool, tables, last, start, count, temperature, top_p, seed, index, scored):
         """count [B] (<= serve.decode_steps) tokens for each row, fed back one at a time: row b's last
         token last [B] at position start [B] first. The rows' pages (tables [B, P]) are gathered once,
         decoded over in place for max(count) steps, and only the positions each row wrote for its
@@ -199,14 +207,14 @@ class Engine:
         and their logprobs as `_pick`'s, each [B, decode_steps, ...], the first count[b] of row b real)."""
         b, n = last.shape[0], self.serve.decode_steps
         out = jax.eval_shape(self._pick, jnp.zeros((b, self.decoder.cfg.vocab_size), jnp.float32),
-                             temperature, top_p, seed, index)
+                             temperature, top_p, seed, index, scored)
         out = tuple(jnp.zeros((b, n, *x.shape[1:]), x.dtype) for x in out)
 
         def step(carry):
             i, rows, last, out = carry
             logits, rows = self.decoder._decode(params, last[:, None], rows, (start + i)[:, None],  # noqa: SLF001
                                                 jnp.zeros_like(last))
-            new = self._pick(logits, temperature, top_p, seed, index + i)
+            new = self._pick(logits, temperature, top_p, seed, index + i, scored)
             return i + 1, rows, new[0], tuple(o.at[:, i].set(x) for o, x in zip(out, new))
 
         init = (0, self._view(pool, tables), last, out)
@@ -218,8 +226,9 @@ class Engine:
     def _call(self, program, rows: list[Request | None], width: int, *arrays: np.ndarray) -> Step:
         """`program` on `arrays` for `rows` (None: an idle row) over the first `width` pages of their tables."""
         tables = np.stack([self.pages.table(r.id if r else None)[:width] for r in rows])
-        sampling = [(r.temperature, r.top_p, r.seed, len(r.tokens)) if r else (0.0, 1.0, 0, 0) for r in rows]
-        sampling = (np.array(c, d) for c, d in zip(zip(*sampling), (np.float32, np.float32, np.uint32, np.int32)))
+        sampling = [(r.temperature, r.top_p, r.seed, len(r.tokens), r.logprobs) if r else (0.0, 1.0, 0, 0, False)
+                    for r in rows]
+        sampling = (np.array(c, d) for c, d in zip(zip(*sampling), (np.float32, np.float32, np.uint32, np.int32, bool)))
         put = lambda x: jax.device_put(x, self._replicated)
         t0 = time.perf_counter()
         self.pool, out = program(self.decoder.params, self.pool, *map(put, (tables, *arrays, *sampling)))
