@@ -25,7 +25,7 @@ CHATML = Path(configs.__file__).parent / "chatml.jinja"
 def served(tiny_run_dir):
     run = open_run(tiny_run_dir, ["parallel.dp=1", "train.seq_len=128", f"data.chat_template={CHATML}"])
     model, _ = run.model()
-    serve = ServeConfig(slots=4, page_tokens=8, prefill_chunk=16, queue=40)
+    serve = ServeConfig(slots=4, page_tokens=8, prefill_chunk=16, queue=40, buckets=2)
     engine = Engine(model, run.plan, serve, cache="full", eos_id=run.eos, context=run.cfg.train.seq_len)
     engine.warm_up()
     server = Server(engine, run.tokenizer, model_name=MODEL, serve=serve, chat=run.chat)
@@ -105,7 +105,8 @@ def test_stop_logprobs_and_metrics(served):
     assert stopped["choices"][0]["text"] == text[:text.find(stop)] and stopped["choices"][0]["finish_reason"] == "stop"
     assert models["data"][0]["id"] == MODEL
     values = dict(line.split() for line in metrics.splitlines() if not line.startswith("#"))
-    assert values["boost_jax_serve_compilations_total"] == "2" and values["boost_jax_serve_requests_running"] == "0"
+    assert values["boost_jax_serve_compilations_total"] == str(server.engine.programs)
+    assert values["boost_jax_serve_requests_running"] == "0"
     assert int(values["boost_jax_serve_cache_pages_free"]) == server.engine.pages.n_pages - 1
 
 

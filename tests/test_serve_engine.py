@@ -49,15 +49,16 @@ def serve_all(engine, requests, **sampling):
 def test_greedy_completions_served_together_equal_generate(arch, tp, cache, overrides):
     model, plan = setup(arch, tp, *overrides)
     requests = mixed_requests(model.cfg.vocab_size)
-    engine = Engine(model, plan, ServeConfig(slots=8, page_tokens=8, prefill_chunk=16), cache=cache, eos_id=None,
-                    context=CONTEXT)
+    engine = Engine(model, plan, ServeConfig(slots=8, page_tokens=8, prefill_chunk=16, buckets=2), cache=cache,
+                    eos_id=None, context=CONTEXT)
     engine.warm_up()
     compiled = engine.compilations
     served, steps = serve_all(engine, requests)
     # Greedy is a prefix: each request's tokens are the first max_tokens of one long generation.
     longest = Decoder(model, plan, cache=cache).generate([p for p, _ in requests], max(n for _, n in requests)).tokens
     assert [r.tokens for r in served] == [full[:n] for full, (_, n) in zip(longest, requests)]
-    assert engine.compilations == compiled == 2  # one prefill and one decode program, none per request
+    # Every shape at warm-up (prefill rows 2, 4; decode rows 4, 8 x pages 6, 12), none per request.
+    assert engine.compilations == compiled == engine.programs == 6
     assert engine.pages.used == 0 and engine.running == 0  # every page back
     assert steps < sum(n for _, n in requests) // 2  # batched: far fewer steps than tokens
 

@@ -12,7 +12,7 @@ are measured and put together. Section 9 (latent heads) draws saved `bench decod
 `--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
 section 6 draws a saved study (`--study-json`), and beside it 6b and 6c the factored dense model of
 `--quality-json` and the step times of `--optimizers-json` (without a study, sections 6 and 6b are
-those two runs' comparisons); section 7 draws `--startup-json`. With `--rerender` the saved runs given
+those two runs' comparisons); section 7 draws `--startup-json`, section 10 `--serve-json`. With `--rerender` the saved runs given
 are added to the saved results (replacing what they held), and results.json is written with them.
 """
 
@@ -33,7 +33,7 @@ import jax
 import jaxlib
 import optax
 
-from boost_jax.bench import decode, latent_section, paper, planner, startup, study_section
+from boost_jax.bench import decode, latent_section, paper, planner, serve, startup, study_section
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.figures import plot
 from boost_jax.bench.gpu_section import gpu_section
@@ -134,6 +134,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         lines += gpu_section(result["gpu_paper"], result.get("gpu_planner"), result.get("gpu_programs", ()))
     if "latent_heads" in result:
         lines += latent_heads_section(result["latent_heads"])
+    if "serve" in result:
+        lines += serve_section(result["serve"])
     lines += render("plots", images=[f"![{name}]({img_dir}/{name})" for name in images])
     return "\n".join(lines) + "\n"
 
@@ -145,6 +147,20 @@ def head(result: dict) -> list[str]:
     memory = f"{mc['memory_bytes'] / GIB:.0f} GiB memory" if mc["memory_bytes"] else "memory unknown"
     return [*render("head", date=mc["date"], commit=mc["commit"]), *notes, *([""] if notes else []),
             *render("machine", **mc, memory=memory, commands=result["commands"])]
+
+
+def serve_section(sv: dict) -> list[str]:
+    """Markdown: `bench serve`: concurrent clients beside one at a time and api.generate's padded batch."""
+    ratio = lambda x: f"{x:.2f}"
+    return render("serve", command=sv["command"], model=sv["model"], arch=sv["arch"], cache=sv["cache"],
+                  context=sv["context"], requests=sv["requests"], reps=sv["reps"], slots=sv["serve"]["slots"],
+                  page_tokens=sv["serve"]["page_tokens"], decode_steps=sv["serve"]["decode_steps"],
+                  programs=sv["programs"], prompts="-".join(map(str, sv["prompt_tokens"])),
+                  new="-".join(map(str, sv["new_tokens"])), useful=f"{sv['useful_tokens']:,}",
+                  over_one=ratio(sv["concurrent_over_one_at_a_time"]), over_batch=ratio(sv["concurrent_over_padded_batch"]),
+                  checks="Every completion's text was the same all three ways, nothing compiled while serving, every "
+                         "cache page came back." if sv["ok"] else f"A check FAILED: {sv['checks']}.",
+                  table=serve.table(sv))
 
 
 def startup_section(st: dict) -> list[str]:
@@ -174,6 +190,7 @@ def main(argv: list[str]) -> None:
                                              "(beside a study: its step table, 6c)")
     p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hour of training) for section 6")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
+    p.add_argument("--serve-json", help="a saved `bench serve --json` (the server under many clients) for section 10")
     for saved_input in latent_section.INPUTS:  # section 9; with --rerender too: added to the saved results
         p.add_argument(saved_input.flag, nargs="+" if saved_input.several else None, help=saved_input.help)
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
@@ -301,7 +318,8 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
 # The sections a saved run fills rather than this command: (their key in results.json, the flag naming
 # the file, what a file of it must hold).
 KEPT = (("quality", "--quality-json", ("runs", "recovery")), ("optimizers", "--optimizers-json", ("optimizers", "command")),
-        ("startup", "--startup-json", ("rows", "command")), ("study", "--study-json", study_section.KEYS))
+        ("startup", "--startup-json", ("rows", "command")), ("study", "--study-json", study_section.KEYS),
+        ("serve", "--serve-json", ("runs", "command", "median_tokens_per_s")))
 
 
 def with_kept(result: dict, saved: dict[str, dict]) -> dict:

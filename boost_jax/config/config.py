@@ -373,6 +373,9 @@ class ServeConfig:
     page_tokens: int = 16  # positions per cache page
     cache_gib: float = 0.0  # the page pool's GiB per device; 0 = enough for every slot at the full context
     prefill_chunk: int = 64  # prompt tokens per prefill call, interleaved with decode steps
+    prefill_rows: int = 4  # prompts whose chunks one prefill call takes together
+    decode_steps: int = 8  # decode steps per program call while no request joins (tokens stream this many at a time)
+    buckets: int = 3  # program shapes per dimension: slots, slots/2, ... rows and context, context/2, ... pages
     queue: int = 64  # requests waiting for a slot before new ones get 503
     max_tokens: int = 16  # a request's max_tokens when it names none (OpenAI's default)
 
@@ -708,7 +711,7 @@ def _validate(c: Config) -> None:
     _require(not k.local_dir or k.every > 0 or k.every_minutes > 0, "checkpoint.local_dir",
              "is the frequent tier beside the persistent checkpoints in run_dir, which are off: set "
              "checkpoint.every or checkpoint.every_minutes > 0")
-    for name in ("slots", "page_tokens", "prefill_chunk", "queue", "max_tokens"):
+    for name in ("slots", "page_tokens", "prefill_chunk", "prefill_rows", "decode_steps", "buckets", "queue", "max_tokens"):
         _require(getattr(c.serve, name) > 0, f"serve.{name}", f"must be a positive integer, got {getattr(c.serve, name)}")
     _require(c.serve.cache_gib >= 0, "serve.cache_gib", f"must be >= 0 GiB (0 = every slot at the full context), "
              f"got {c.serve.cache_gib}")

@@ -185,7 +185,8 @@ class Server:
             loop.call_soon_threadsafe(events.put_nowait, (tokens, logprobs, finish))
 
         request = self.engine.submit(Completion(ids, sampling.max_tokens, on_event, sampling.temperature,
-                                                sampling.top_p, sampling.seed, stop_ids))
+                                                sampling.top_p, sampling.seed, stop_ids,
+                                                logprobs=sampling.logprobs is not None))
         out = Output()
         try:
             while out.finish is None:

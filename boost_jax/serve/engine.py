@@ -5,20 +5,25 @@
     request = engine.submit(Request([5, 9, 31], max_tokens=32, on_event=print))
     while engine.step(): ...                           # or engine.start(): a thread steps it
 
-`slots` sequences decode together, one token each per step (the decode program, [slots, 1]). A
-request waits in a queue until a slot is free and the page pool can promise it every page it may
-need (serve/pages.py); its prompt is then prefilled `prefill_chunk` tokens per step (the prefill
-program, [1, prefill_chunk]), one chunk between two decode steps, so a long prompt never stalls the
-slots already decoding. After its last chunk (which samples its first token) it joins the decode
-step that follows, and at its end (its <eos>, max_tokens, or a cancellation) its slot and pages are
-freed at once, taken by the next request at the next step.
+`slots` sequences decode together. A request waits in a queue until a slot is free and the page
+pool can promise it every page it may need (serve/pages.py); its prompt is then prefilled
+`prefill_chunk` tokens per step, the chunks of up to `prefill_rows` prompts in one call, between two
+decode steps, so a long prompt never stalls the slots already decoding. After its last chunk (which
+samples its first token) it joins the decode step that follows, and at its end (its <eos>,
+max_tokens, or a cancellation) its slot and pages are freed at once, taken by the next request at
+the next step.
 
-Both programs take every per-request choice as an array (positions, page tables, temperature,
-top_p, seed), so they are compiled once each for their shapes (`warm_up`) and `compilations` does
-not move while serving. Both run the model's own cached decoding (Model.decode through the
-Decoder's laid-out parameters) over a view of each row's pages (layers/paged_cache.py), so a greedy
-completion is the token sequence `Decoder.generate` gives. Token i of a sampled request is drawn
-with fold_in(key(seed), i): a seed repeats a completion whatever the other slots hold.
+A decode call runs the fewest rows (`slots`, slots/2, ...: `serve.buckets` sizes) and table pages
+(the context's, half of it, ...) that hold its requests, so a step of a few short requests reads few
+rows of few pages; it gathers their pages once and decodes up to `decode_steps` tokens in a loop on
+the device (one while a prompt is prefilling; while requests wait, no more than frees the first slot
+by its length), then stores back the positions written. Every shape is compiled at `warm_up`, and
+both programs take every per-request choice as an array (positions, page tables, counts,
+temperature, top_p, seed), so `compilations` does not move while serving. Both run the model's own
+cached decoding (Model.decode through the Decoder's laid-out parameters) over a view of each row's
+pages (layers/paged_cache.py), so a greedy completion is the token sequence `Decoder.generate`
+gives. Token i of a sampled request is drawn with fold_in(key(seed), i): a seed repeats a
+completion whatever the other slots hold.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from boost_jax.config import ServeConfig
 from boost_jax.layers import paged_cache
+from boost_jax.layers.kv_cache import Cache
 from boost_jax.model import Model
 from boost_jax.model.decode import COMPILER_OPTIONS, Decoder, cache_bytes_per_token
 from boost_jax.parallel.plan import Plan
@@ -50,8 +56,9 @@ GIB = 1 << 30
 @dataclass(eq=False)
 class Request:
     """One completion: its prompt's token ids, how many new tokens at most, how to sample. The engine
-    calls `on_event(request, tokens, logprobs, finish)` from its thread after each new token (tokens
-    and logprobs: the new ones; finish: None, or "stop" / "length" / "cancelled" at the end)."""
+    calls `on_event(request, tokens, logprobs, finish)` from its thread after each call that gave it
+    new tokens (tokens and logprobs: the new ones, up to serve.decode_steps; finish: None) and at its
+    end (no tokens; finish: "stop" / "length" / "cancelled")."""
 
     prompt: list[int]
     max_tokens: int
@@ -60,6 +67,7 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     stop_ids: tuple[int, ...] = ()  # tokens it ends at besides the end-of-document one (a chat's end of turn)
+    logprobs: bool = False  # its tokens' logprobs and the top ones computed (else its events carry zeros)
     id: int = field(default_factory=itertools.count().__next__)
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False  # set by any thread (a client gone): the engine drops it at its next step
@@ -69,7 +77,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Step:
-    """What one program call returns, on the host: each row's token, its logprob, the top tokens and theirs."""
+    """What one program call returns, on the host: each row's tokens [B, steps], their logprobs, the top
+    tokens and theirs [B, steps, TOP_LOGPROBS]."""
 
     token: np.ndarray
     logprob: np.ndarray
@@ -81,17 +90,33 @@ def sample_rows(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, see
                 index: jax.Array) -> jax.Array:
     """Token ids [B] from logits [B, V], each row its own way: greedy where temperature [B] is 0 (the
     argmax, as decode.sample), else drawn from the temperature-scaled distribution cut to its smallest
-    set of top_p [B] probability, with fold_in(key(seed[B]), index[B])."""
+    set of top_p [B] probability, with fold_in(key(seed[B]), index[B]). A step where every row is
+    greedy runs the argmax alone (a `cond`: the sort over the vocabulary costs more than the model's
+    step on a small one)."""
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
-    order = jnp.argsort(-scaled, axis=-1)
-    probs = jax.nn.softmax(jnp.take_along_axis(scaled, order, axis=-1), axis=-1)
-    keep_sorted = jnp.cumsum(probs, axis=-1) - probs < top_p[:, None]  # the first token always
-    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
-    scaled = jnp.where(keep, scaled, -jnp.inf)
-    keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seed, index)
-    drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
-    return jnp.where(temperature > 0, drawn, greedy)
+
+    def drawn():
+        scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+        descending = -jnp.sort(-scaled, axis=-1)
+        probs = jax.nn.softmax(descending, axis=-1)
+        kept = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p[:, None], axis=-1)  # the first token always
+        lowest = jnp.take_along_axis(descending, kept[:, None] - 1, axis=-1)  # the least likely kept
+        keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seed, index)
+        token = jax.vmap(jax.random.categorical)(keys, jnp.where(scaled >= lowest, scaled, -jnp.inf))
+        return jnp.where(temperature > 0, token.astype(jnp.int32), greedy)
+
+    return jax.lax.cond(jnp.any(temperature > 0), drawn, lambda: greedy)
+
+
+def shapes(top: int, n: int) -> tuple[int, ...]:
+    """The `n` sizes top, top/2, top/4, ... (rounded up, at least 1, no repeats), ascending: the rows or
+    pages programs are compiled for."""
+    return tuple(sorted({max(1, -(-top // 2**k)) for k in range(n)}))
+
+
+def fit(sizes: tuple[int, ...], n: int) -> int:
+    """The smallest of `sizes` (ascending) holding n."""
+    return next(s for s in sizes if s >= n)
 
 
 def pool_pages(serve: ServeConfig, page_bytes: int, context: int) -> int:
@@ -120,12 +145,19 @@ class Engine:
         self.page_bytes = cache_bytes_per_token(self.kind, model.cfg, plan) * serve.page_tokens
         self.max_pages = -(-context // serve.page_tokens)
         self.pages = Pages(pool_pages(serve, self.page_bytes, context), serve.page_tokens, self.max_pages)
+        # The shapes compiled at warm-up: a decode step runs the fewest rows and table pages that hold
+        # its live rows (a step of 3 short rows reads 3 rows of few pages, not every slot's context);
+        # a prefill call takes up to prefill_rows prompts' chunks, over the whole table.
+        self.decode_rows = shapes(serve.slots, serve.buckets)
+        self.decode_pages = shapes(self.max_pages, serve.buckets)
+        self.prefill_rows = shapes(min(serve.prefill_rows, serve.slots), serve.buckets)
         self._replicated = NamedSharding(plan.mesh, PartitionSpec())
         make_pool = jax.jit(lambda: paged_cache.constrain_pool(
             paged_cache.empty_pool(self.kind, model.cfg, self.pages.n_pages, serve.page_tokens), plan.constrain))
         self.pool = make_pool()
-        self._forward = jax.jit(self._forward_fn, donate_argnums=(1,),
-                                compiler_options=COMPILER_OPTIONS.get(plan.mesh.devices.flat[0].platform, {}))
+        options = COMPILER_OPTIONS.get(plan.mesh.devices.flat[0].platform, {})
+        self._prefill_program = jax.jit(self._prefill_fn, donate_argnums=(1,), compiler_options=options)
+        self._decode_program = jax.jit(self._decode_fn, donate_argnums=(1,), compiler_options=options)
         self.slots: list[Request | None] = [None] * serve.slots
         self.waiting: deque[Request] = deque()
         self._lock = threading.Condition()
@@ -137,47 +169,92 @@ class Engine:
 
     # ------------------------------------------------------------------ the program
 
-    def _forward_fn(self, params, pool, tokens, positions, valid, tables, logits_at, temperature, top_p, seed, index):
-        """Rows' tokens [B, S] at positions [B, S] (`valid` [B, S]: a real token) through the model over
-        their pages (tables [B, P]) -> (the pool with their keys and values, each row's next token at
-        its position logits_at [B], its logprob, the top TOP_LOGPROBS tokens and theirs)."""
-        rows = paged_cache.view(pool, tables)
-        rows = tuple(c.constrain(self.plan.constrain) for c in rows)
-        logits, rows = self.decoder._decode(params, tokens, rows, positions, logits_at)  # noqa: SLF001 (the Decoder's model call)
-        pool = paged_cache.constrain_pool(paged_cache.store(pool, rows, tables, positions, valid), self.plan.constrain)
+    def _pick(self, logits, temperature, top_p, seed, index, scored) -> tuple[jax.Array, ...]:
+        """Each row's next token from its logits [B, V], its logprob, the top TOP_LOGPROBS tokens and
+        theirs: computed where some row is `scored` [B] (asks for logprobs), else zeros (a `cond`: the
+        top-k over the vocabulary is a tenth of a small model's step)."""
         token = sample_rows(logits, temperature, top_p, seed, index)
-        logprobs = jax.nn.log_softmax(logits, axis=-1)
-        top_logprobs, top_ids = jax.lax.top_k(logprobs, TOP_LOGPROBS)
-        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
-        return pool, (token, chosen, top_ids.astype(jnp.int32), top_logprobs)
 
-    def _call(self, rows: list[Request | None], tokens: np.ndarray, positions: np.ndarray, valid: np.ndarray,
-              logits_at: np.ndarray) -> Step:
-        tables = np.stack([self.pages.table(r.id if r else None) for r in rows])
-        sampling = [(r.temperature, r.top_p, r.seed, len(r.tokens)) if r else (0.0, 1.0, 0, 0) for r in rows]
-        temperature, top_p, seed, index = (np.array(c, d) for c, d in zip(
-            zip(*sampling), (np.float32, np.float32, np.uint32, np.int32)))
+        def scores():
+            logprobs = jax.nn.log_softmax(logits, axis=-1)
+            top_logprobs, top_ids = jax.lax.top_k(logprobs, TOP_LOGPROBS)
+            return jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0], top_ids.astype(jnp.int32), top_logprobs
+
+        none = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(scores))
+        return token, *jax.lax.cond(jnp.any(scored), scores, none)
+
+    def _view(self, pool, tables) -> Cache:
+        return tuple(c.constrain(self.plan.constrain) for c in paged_cache.view(pool, tables))
+
+    def _store(self, pool, rows, tables, positions, valid):
+        return paged_cache.constrain_pool(paged_cache.store(pool, rows, tables, positions, valid), self.plan.constrain)
+
+    def _prefill_fn(self, params, pool, tables, tokens, positions, valid, logits_at, temperature, top_p, seed, index,
+                    scored):
+        """Rows' prompt chunks [B, S] at positions [B, S] (`valid` [B, S]: a real token) through the model
+        over their pages (tables [B, P]) -> (the pool with their keys and values, each row's next token
+        at logits_at [B] and its logprobs as `_pick`'s, each [B, 1, ...])."""
+        rows = self._view(pool, tables)
+        logits, rows = self.decoder._decode(params, tokens, rows, positions, logits_at)  # noqa: SLF001 (the Decoder's model call)
+        out = self._pick(logits, temperature, top_p, seed, index, scored)
+        return self._store(pool, rows, tables, positions, valid), tuple(x[:, None] for x in out)
+
+    def _decode_fn(self, params, pool, tables, last, start, count, temperature, top_p, seed, index, scored):
+        """count [B] (<= serve.decode_steps) tokens for each row, fed back one at a time: row b's last
+        token last [B] at position start [B] first. The rows' pages (tables [B, P]) are gathered once,
+        decoded over in place for max(count) steps, and only the positions each row wrote for its
+        count stored back: the gather costs once per call, not per token -> (the pool, each row's tokens
+        and their logprobs as `_pick`'s, each [B, decode_steps, ...], the first count[b] of row b real)."""
+        b, n = last.shape[0], self.serve.decode_steps
+        out = jax.eval_shape(self._pick, jnp.zeros((b, self.decoder.cfg.vocab_size), jnp.float32),
+                             temperature, top_p, seed, index, scored)
+        out = tuple(jnp.zeros((b, n, *x.shape[1:]), x.dtype) for x in out)
+
+        def step(carry):
+            i, rows, last, out = carry
+            logits, rows = self.decoder._decode(params, last[:, None], rows, (start + i)[:, None],  # noqa: SLF001
+                                                jnp.zeros_like(last))
+            new = self._pick(logits, temperature, top_p, seed, index + i, scored)
+            return i + 1, rows, new[0], tuple(o.at[:, i].set(x) for o, x in zip(out, new))
+
+        init = (0, self._view(pool, tables), last, out)
+        _, rows, _, out = jax.lax.while_loop(lambda c: c[0] < jnp.max(count), step, init)
+        positions = start[:, None] + jnp.arange(n)[None]
+        valid = jnp.arange(n)[None] < count[:, None]
+        return self._store(pool, rows, tables, positions, valid), out
+
+    def _call(self, program, rows: list[Request | None], width: int, *arrays: np.ndarray) -> Step:
+        """`program` on `arrays` for `rows` (None: an idle row) over the first `width` pages of their tables."""
+        tables = np.stack([self.pages.table(r.id if r else None)[:width] for r in rows])
+        sampling = [(r.temperature, r.top_p, r.seed, len(r.tokens), r.logprobs) if r else (0.0, 1.0, 0, 0, False)
+                    for r in rows]
+        sampling = (np.array(c, d) for c, d in zip(zip(*sampling), (np.float32, np.float32, np.uint32, np.int32, bool)))
         put = lambda x: jax.device_put(x, self._replicated)
         t0 = time.perf_counter()
-        self.pool, out = self._forward(self.decoder.params, self.pool, *map(put, (
-            tokens, positions, valid, tables, logits_at, temperature, top_p, seed, index)))
+        self.pool, out = program(self.decoder.params, self.pool, *map(put, (tables, *arrays, *sampling)))
         out = Step(*jax.device_get(out))
         self.busy_s += time.perf_counter() - t0
         return out
 
     @property
     def compilations(self) -> int:
-        """Programs compiled so far (the prefill and decode shapes of the one forward)."""
-        return self._forward._cache_size()  # noqa: SLF001 (jax.jit's count of its compiled programs)
+        """Programs compiled so far (every prefill and decode shape of the one forward)."""
+        return sum(p._cache_size() for p in (self._prefill_program, self._decode_program))  # noqa: SLF001 (jax.jit's count)
+
+    @property
+    def programs(self) -> int:
+        """The programs `warm_up` compiles: one per prefill and decode shape."""
+        return len(self.prefill_rows) + len(self.decode_rows) * len(self.decode_pages)
 
     def warm_up(self) -> None:
-        """Compile the prefill and decode programs (twice each: the second call sees the pool laid out
-        as the program returns it), writing nothing: every row idle."""
-        for _ in range(2):
-            self._prefill_call(None, 0, 0)
-            self._decode_call()
-
-    # ------------------------------------------------------------------ requests
+        """Compile every prefill and decode shape, writing nothing: every row idle. The first call runs
+        twice: its second sees the pool laid out as the programs return it, as every later call does."""
+        self._prefill_call([None])
+        for b in self.prefill_rows:
+            self._prefill_call([None] * b)
+        for b in self.decode_rows:
+            for width in self.decode_pages:
+                self._decode_call([None] * b, width, 0)
 
     def submit(self, request: Request) -> Request:
         """Queue `request` (any thread). Its prompt + max_tokens must fit the context (the caller says
@@ -211,8 +288,8 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> bool:
-        """Drop cancelled requests, admit waiting ones, run one prefill chunk and one decode step.
-        False when there was nothing to do."""
+        """Drop cancelled requests, admit waiting ones, run one prefill call (up to prefill_rows
+        prompts' next chunks) and one decode step. False when there was nothing to do."""
         with self._lock:
             for r in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(r)
@@ -223,12 +300,18 @@ class Engine:
                     self.cancelled += 1
                     self._end(r, "cancelled")
             self._admit()
-        prefilling = [r for r in self.slots if r is not None and r.prefilled < len(r.prompt)]
-        decoding = [r for r in self.slots if r is not None and r.prefilled == len(r.prompt)]
+        live = sorted((r for r in self.slots if r is not None), key=lambda r: r.id)
+        prefilling = [r for r in live if r.prefilled < len(r.prompt)]
+        decoding = [r for r in live if r.prefilled == len(r.prompt)]
         if prefilling:
-            self._prefill_chunk(min(prefilling, key=lambda r: r.id))
+            self._prefill(prefilling[:self.prefill_rows[-1]])
         if decoding:
-            self._decode_step(decoding)
+            # Several tokens per call while nothing joins: one while a prompt is prefilling; while
+            # requests wait, no more than free the first slot by its length (an <eos> may end one
+            # sooner: its slot waits out the call).
+            left = [r.max_tokens - len(r.tokens) for r in decoding]
+            steps = 1 if prefilling else min(self.serve.decode_steps, min(left) if self.waiting else max(left))
+            self._decode_step(decoding, steps)
         return bool(prefilling or decoding)
 
     def _admit(self) -> None:
@@ -240,50 +323,67 @@ class Engine:
             r.slot = self.slots.index(None)
             self.slots[r.slot] = r
 
-    def _prefill_call(self, r: Request | None, start: int, n: int) -> Step:
+    def _prefill_call(self, rows: list[Request | None]) -> Step:
+        """Each row's next prompt chunk (None: idle) in the fewest prefill rows that hold them."""
         chunk = self.serve.prefill_chunk
-        tokens = np.zeros((1, chunk), np.int32)
-        if r is not None:
-            tokens[0, :n] = r.prompt[start:start + n]
-        positions = (start + np.arange(chunk, dtype=np.int32))[None]
-        valid = (np.arange(chunk) < n)[None]
-        return self._call([r], tokens, positions, valid, np.array([max(n - 1, 0)], np.int32))
+        rows = rows + [None] * (fit(self.prefill_rows, len(rows)) - len(rows))
+        tokens, n = np.zeros((len(rows), chunk), np.int32), np.zeros(len(rows), np.int32)
+        start = np.array([r.prefilled if r else 0 for r in rows], np.int32)
+        for i, r in enumerate(rows):
+            if r is not None:
+                n[i] = min(chunk, len(r.prompt) - r.prefilled)
+                tokens[i, :n[i]] = r.prompt[r.prefilled:r.prefilled + n[i]]
+        positions = start[:, None] + np.arange(chunk, dtype=np.int32)[None]
+        valid = np.arange(chunk)[None] < n[:, None]
+        return self._call(self._prefill_program, rows, self.max_pages, tokens, positions, valid, np.maximum(n - 1, 0))
 
-    def _prefill_chunk(self, r: Request) -> None:
-        n = min(self.serve.prefill_chunk, len(r.prompt) - r.prefilled)
-        self.pages.grow(r.id, r.prefilled + n)
-        out = self._prefill_call(r, r.prefilled, n)
-        r.prefilled += n
-        if r.prefilled == len(r.prompt):  # the last chunk: its first token
-            self._emit(r, out, 0)
+    def _prefill(self, rows: list[Request]) -> None:
+        for r in rows:
+            self.pages.grow(r.id, min(len(r.prompt), r.prefilled + self.serve.prefill_chunk))
+        out = self._prefill_call(rows)
+        for i, r in enumerate(rows):
+            r.prefilled = min(len(r.prompt), r.prefilled + self.serve.prefill_chunk)
+            if r.prefilled == len(r.prompt):  # the last chunk: its first token
+                self._emit(r, out, i)
 
-    def _decode_call(self, rows: list[Request | None] | None = None) -> Step:
-        rows = rows or [None] * self.serve.slots
-        live = [r is not None for r in rows]
-        tokens = np.array([[r.tokens[-1] if r else 0] for r in rows], np.int32)
-        positions = np.array([[len(r.prompt) + len(r.tokens) - 1 if r else 0] for r in rows], np.int32)
-        return self._call(rows, tokens, positions, np.array(live)[:, None], np.zeros(len(rows), np.int32))
+    def _decode_call(self, rows: list[Request | None], width: int, steps: int) -> Step:
+        """Up to `steps` new tokens for each row (None: idle), none past its max_tokens, over the first
+        `width` pages of its table."""
+        last = np.array([r.tokens[-1] if r else 0 for r in rows], np.int32)
+        start = np.array([len(r.prompt) + len(r.tokens) - 1 if r else 0 for r in rows], np.int32)
+        count = np.array([min(steps, r.max_tokens - len(r.tokens)) if r else 0 for r in rows], np.int32)
+        return self._call(self._decode_program, rows, width, last, start, count)
 
-    def _decode_step(self, decoding: list[Request]) -> None:
-        for r in decoding:
-            self.pages.grow(r.id, len(r.prompt) + len(r.tokens))
-        ids = {r.id for r in decoding}
-        rows = [r if r is not None and r.id in ids else None for r in self.slots]
-        out = self._decode_call(rows)
-        for r in decoding:
-            self._emit(r, out, r.slot)
+    def _decode_step(self, decoding: list[Request], steps: int) -> None:
+        """Up to `steps` tokens for each decoding request, in the fewest rows and pages that hold them
+        all. A request that ends before its last one (its <eos>) drops the rest: its pages go back whole."""
+        ends = [len(r.prompt) + min(len(r.tokens) + steps, r.max_tokens) - 1 for r in decoding]  # positions held
+        for r, end in zip(decoding, ends):
+            self.pages.grow(r.id, end)
+        width = fit(self.decode_pages, self.pages.pages_for(max(ends)))
+        out = self._decode_call(decoding + [None] * (fit(self.decode_rows, len(decoding)) - len(decoding)), width, steps)
+        for i, r in enumerate(decoding):
+            self._emit(r, out, i, steps)
 
-    def _emit(self, r: Request, out: Step, row: int) -> None:
-        token = int(out.token[row])
-        self.generated += 1
-        if token == self.eos_id or token in r.stop_ids:  # not returned, as generate's
-            self._end(r, "stop")
-            return
-        r.tokens.append(token)
-        logprob = {"token": token, "logprob": float(out.logprob[row]),
-                   "top": dict(zip(out.top_ids[row].tolist(), out.top_logprobs[row].tolist()))}
-        finish = "length" if len(r.tokens) >= r.max_tokens else None
-        r.on_event(r, [token], [logprob], None)
+    def _emit(self, r: Request, out: Step, row: int, count: int = 1) -> None:
+        """Hand `r` its tokens out[row, :count] in one event, up to its end (its <eos>, not returned, as
+        generate's; or its max_tokens)."""
+        tokens, logprobs, finish = [], [], None
+        for column in range(count):
+            token = int(out.token[row, column])
+            self.generated += 1
+            if token == self.eos_id or token in r.stop_ids:
+                finish = "stop"
+                break
+            tokens.append(token)
+            logprobs.append({"token": token, "logprob": float(out.logprob[row, column]),
+                             "top": dict(zip(out.top_ids[row, column].tolist(), out.top_logprobs[row, column].tolist()))})
+            if len(r.tokens) + len(tokens) >= r.max_tokens:
+                finish = "length"
+                break
+        r.tokens += tokens
+        if tokens:
+            r.on_event(r, tokens, logprobs, None)
         if finish:
             self._end(r, finish)
 
