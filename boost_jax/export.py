@@ -2,18 +2,21 @@
 
 A dense SwiGLU model (a LLaMA) in the Hugging Face LLaMA layout, every other model in the boost
 layout, or with `--format hf` a low-rank one as a transformers custom-code model; model/hf.py
-writes and reads them, docs/export.md lists the names.
+writes and reads them, docs/export.md lists the names. A run trained on chats (data.format=chat, or
+with data.chat_template) also gets its chat template in tokenizer_config.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
 from boost_jax.config import Config
+from boost_jax.data.chat import CONFIG_FILE, ChatTemplate
 from boost_jax.model.hf import (
     BOOST_CONFIG,
     FORMATS,
@@ -39,9 +42,21 @@ def export(run: Run, out_dir: str | Path, step: int | None = None, force: bool =
         raise ExportError("OUT_DIR must not be the run dir")
     export_layout(run.cfg.model, fmt)  # a model the format cannot express, and
     check_out_dir(out_dir, force)  # a bad out_dir, refused before the slow restore
+    chats = run.cfg.data.format == "chat" or run.cfg.data.chat_template
+    template = run.chat.template if chats else None  # one that does not load, named before anything is written
     model, step = run.model(step, single_device_plan(run.cfg.model, run.cfg.parallel.scheme))
     export_model(run.cfg, model, out_dir, _run_tokenizer(run.run_dir, run.cfg), force=force, fmt=fmt)
+    if template is not None:
+        _write_chat_template(template, out_dir)
     return step
+
+
+def _write_chat_template(template: ChatTemplate, out_dir: Path) -> None:
+    """A chat-trained run's template and the named special tokens it renders with, as the
+    tokenizer_config.json transformers reads beside tokenizer.json: `apply_chat_template` on the
+    exported folder renders its chats as the run was trained on them (and `convert import` reads it back)."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **template.special_tokens, "chat_template": template.text}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _run_tokenizer(run_dir: Path, cfg: Config) -> Path | None:

@@ -1,4 +1,4 @@
-"""python -m boost_jax.bench {comm,step,profile,memory,kernels,decode,quality,paper,planner,report,data,checkpoint,soak,startup,recovery,serve} [CONFIG.yaml] [section.key=value ...] [flags]
+"""python -m boost_jax.bench {comm,step,profile,memory,kernels,decode,quality,paper,planner,report,data,checkpoint,soak,startup,recovery,serve,finetune} [CONFIG.yaml] [section.key=value ...] [flags]
 
 Every benchmark reads the train config (an optional YAML file, then `section.key=value` overrides;
 `train.batch_size` is global); flags are only for what is not config (--json, repetitions, ...).
@@ -11,7 +11,7 @@ from boost_jax.config import Config, ParallelConfig
 from boost_jax.runtime.cli import DEBUG_HELP, run_main
 
 COMMANDS = ("comm", "step", "profile", "memory", "kernels", "decode", "quality", "paper", "planner", "report", "data",
-            "checkpoint", "soak", "startup", "recovery", "serve")
+            "checkpoint", "soak", "startup", "recovery", "serve", "finetune")
 # Simulated CPU devices of the sweeps over the paper's table (its 30B row is TP 4 x PP 4: 16 GPUs);
 # the other commands simulate their config's mesh (bench/common.py).
 SWEEP_CPU_DEVICES = {"paper": 16, "planner": 16, "report": 16}

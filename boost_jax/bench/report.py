@@ -12,7 +12,7 @@ are measured and put together. Section 9 (latent heads) draws saved `bench decod
 `--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
 section 6 draws a saved study (`--study-json`), and beside it 6b and 6c the factored dense model of
 `--quality-json` and the step times of `--optimizers-json` (without a study, sections 6 and 6b are
-those two runs' comparisons); section 7 draws `--startup-json`, section 10 `--serve-json`. With `--rerender` the saved runs given
+those two runs' comparisons); section 7 draws `--startup-json`, section 10 `--serve-json`, section 11 `--finetune-json`. With `--rerender` the saved runs given
 are added to the saved results (replacing what they held), and results.json is written with them.
 """
 
@@ -36,6 +36,7 @@ import optax
 from boost_jax.bench import decode, latent_section, paper, planner, serve, startup, study_section
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.figures import plot
+from boost_jax.bench.finetune_section import finetune_section
 from boost_jax.bench.gpu_section import gpu_section
 from boost_jax.bench.latent_section import latent_heads_commands, latent_heads_section
 from boost_jax.bench.measured_section import decode_section, measured_section, profile_section
@@ -136,6 +137,8 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
         lines += latent_heads_section(result["latent_heads"])
     if "serve" in result:
         lines += serve_section(result["serve"])
+    if "finetune" in result:
+        lines += finetune_section(result["finetune"])
     lines += render("plots", images=[f"![{name}]({img_dir}/{name})" for name in images])
     return "\n".join(lines) + "\n"
 
@@ -191,6 +194,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hour of training) for section 6")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
     p.add_argument("--serve-json", help="a saved `bench serve --json` (the server under many clients) for section 10")
+    p.add_argument("--finetune-json", help="a saved `bench finetune --json` (its pre-training and fine-tunes) for section 11")
     for saved_input in latent_section.INPUTS:  # section 9; with --rerender too: added to the saved results
         p.add_argument(saved_input.flag, nargs="+" if saved_input.several else None, help=saved_input.help)
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
@@ -319,7 +323,8 @@ def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, di
 # the file, what a file of it must hold).
 KEPT = (("quality", "--quality-json", ("runs", "recovery")), ("optimizers", "--optimizers-json", ("optimizers", "command")),
         ("startup", "--startup-json", ("rows", "command")), ("study", "--study-json", study_section.KEYS),
-        ("serve", "--serve-json", ("runs", "command", "median_tokens_per_s")))
+        ("serve", "--serve-json", ("runs", "command", "median_tokens_per_s")),
+        ("finetune", "--finetune-json", ("paths", "throughput", "fill", "command")))
 
 
 def with_kept(result: dict, saved: dict[str, dict]) -> dict:
