@@ -50,12 +50,13 @@ def test_the_kernels_are_interpreted_only_off_gpus():
     assert (gpu.platform, gpu.interpret_kernels, cpu.platform, cpu.interpret_kernels) == ("gpu", False, "cpu", True)
 
 
-@pytest.mark.slow  # a second train step compile (~70 s busy); the inner loop keeps the command's btp tp=2 one
+@pytest.mark.slow  # one eval step compile: ~2.5 CPU s (the train step's: ~16)
 def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn():
     """llama-tiny's 2 kv heads at tp=4: cuDNN's partitioner cannot split q and replicate k, v (the
-    compile failed with "Query, key and value should have same sharding"); auto takes XLA's
-    attention and compiles, an explicit cudnn is refused by name before any work."""
-    plan, (step,) = compile_tiny("parallel.tp=4", "parallel.dp=2")
+    compile failed with "Query, key and value should have same sharding", raised by the forward's
+    partitioning: the eval step, the train step's forward, shows it); auto takes XLA's attention and
+    compiles, an explicit cudnn is refused by name before any work."""
+    plan, (step,) = compile_tiny("parallel.tp=4", "parallel.dp=2", "train.eval_every=5", only=("eval_step",))
     assert plan.attention == "xla" and not any("cudnn" in k for k in calls(step))
     with pytest.raises(ConfigError, match="parallel.tp=4 does not divide model.n_kv_heads=2"):
         compile_tiny("parallel.tp=4", "parallel.dp=2", "model.attention=cudnn")
