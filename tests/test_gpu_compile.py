@@ -223,12 +223,22 @@ def test_a_rows_gpus_are_whole_nodes_or_part_of_one():
 
 
 @pytest.mark.slow
-def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout():
+def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout(monkeypatch):
     """bench paper --gpu-compile's reading of one program: a roofline under the performance model's
     price, the memory model beside the peak; bench planner --gpu-compile's check of a layout."""
+    from boost_jax.analysis import memory_model
     from boost_jax.bench.paper import gpu_reading
     from boost_jax.bench.planner import gpu_check
 
+    # Both measure the same decoder layer on the same 2 GPUs: compiled once, for the reading.
+    measured, measure = {}, memory_model.measure_layer
+
+    def measure_once(layer_cfg, devices):
+        if repr(layer_cfg) not in measured:
+            measured[repr(layer_cfg)] = measure(layer_cfg, devices)
+        return measured[repr(layer_cfg)]
+
+    monkeypatch.setattr(memory_model, "measure_layer", measure_once)
     cfg = load_config(None, [*TINY, "parallel.tp=2", "parallel.dp=1"])
     r = gpu_reading(cfg, load_hardware()[H100])
     assert r["attention"] == "cudnn" and r["custom_calls"]["__cudnn$fmhaSoftmaxBackward"] == 1
@@ -236,6 +246,7 @@ def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout
     assert r["memory_model_step_bytes"] == pytest.approx(r["peak_bytes"], rel=0.5)
     check = gpu_check(cfg, load_hardware()[H100], 2)
     assert check["fits"] and check["attention"] and check["peak_bytes"] > r["peak_bytes"]  # the optimizer's state too
+    assert len(measured) == 1 and check["memory_model_bytes"] > r["memory_model_step_bytes"]
 
 
 @pytest.mark.slow
