@@ -50,12 +50,13 @@ def test_the_kernels_are_interpreted_only_off_gpus():
     assert (gpu.platform, gpu.interpret_kernels, cpu.platform, cpu.interpret_kernels) == ("gpu", False, "cpu", True)
 
 
-@pytest.mark.slow  # a second train step compile (~70 s busy); the inner loop keeps the command's btp tp=2 one
+@pytest.mark.slow  # one eval step compile: ~2.5 CPU s (the train step's: ~16)
 def test_kv_heads_tp_does_not_divide_take_xla_attention_or_are_refused_for_cudnn():
     """llama-tiny's 2 kv heads at tp=4: cuDNN's partitioner cannot split q and replicate k, v (the
-    compile failed with "Query, key and value should have same sharding"); auto takes XLA's
-    attention and compiles, an explicit cudnn is refused by name before any work."""
-    plan, (step,) = compile_tiny("parallel.tp=4", "parallel.dp=2")
+    compile failed with "Query, key and value should have same sharding", raised by the forward's
+    partitioning: the eval step, the train step's forward, shows it); auto takes XLA's attention and
+    compiles, an explicit cudnn is refused by name before any work."""
+    plan, (step,) = compile_tiny("parallel.tp=4", "parallel.dp=2", "train.eval_every=5", only=("eval_step",))
     assert plan.attention == "xla" and not any("cudnn" in k for k in calls(step))
     with pytest.raises(ConfigError, match="parallel.tp=4 does not divide model.n_kv_heads=2"):
         compile_tiny("parallel.tp=4", "parallel.dp=2", "model.attention=cudnn")
@@ -222,12 +223,22 @@ def test_a_rows_gpus_are_whole_nodes_or_part_of_one():
 
 
 @pytest.mark.slow
-def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout():
+def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout(monkeypatch):
     """bench paper --gpu-compile's reading of one program: a roofline under the performance model's
     price, the memory model beside the peak; bench planner --gpu-compile's check of a layout."""
+    from boost_jax.analysis import memory_model
     from boost_jax.bench.paper import gpu_reading
     from boost_jax.bench.planner import gpu_check
 
+    # Both measure the same decoder layer on the same 2 GPUs: compiled once, for the reading.
+    measured, measure = {}, memory_model.measure_layer
+
+    def measure_once(layer_cfg, devices):
+        if repr(layer_cfg) not in measured:
+            measured[repr(layer_cfg)] = measure(layer_cfg, devices)
+        return measured[repr(layer_cfg)]
+
+    monkeypatch.setattr(memory_model, "measure_layer", measure_once)
     cfg = load_config(None, [*TINY, "parallel.tp=2", "parallel.dp=1"])
     r = gpu_reading(cfg, load_hardware()[H100])
     assert r["attention"] == "cudnn" and r["custom_calls"]["__cudnn$fmhaSoftmaxBackward"] == 1
@@ -235,6 +246,7 @@ def test_the_gpu_reading_prices_xla_gpus_program_and_the_planner_checks_a_layout
     assert r["memory_model_step_bytes"] == pytest.approx(r["peak_bytes"], rel=0.5)
     check = gpu_check(cfg, load_hardware()[H100], 2)
     assert check["fits"] and check["attention"] and check["peak_bytes"] > r["peak_bytes"]  # the optimizer's state too
+    assert len(measured) == 1 and check["memory_model_bytes"] > r["memory_model_step_bytes"]
 
 
 @pytest.mark.slow
