@@ -33,6 +33,13 @@ from boost_jax.runtime.paths import check_out_dir
 from boost_jax.runtime.units import GIB, MIB
 
 
+PROGRAMS = ("train_step", "eval_step", "prefill", "decode")  # analysis/compiled.py's run_programs, in its order
+
+
+def names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.split(",") if n)
+
+
 def main(argv: list[str] | None = None) -> None:
     run_main(_main, argv)
 
@@ -45,11 +52,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=0, help="fewer GPUs of one node (default 0: whole nodes)")
     p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
                    help="the KV cache of the decoding programs (auto: as generate, the fastest modelled step)")
+    p.add_argument("--programs", type=names, default=(),
+                   help=f"compile only these, comma-separated, of {list(PROGRAMS)} (default: every one the run "
+                        "has; decode compiles on the prefill's cache, so it needs prefill)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", type=Path, default=None, help="write the serialised executables here (an empty folder)")
     p.add_argument("--force", action="store_true", help="--save into a non-empty folder, replacing its files")
     refuse_retired_flags(argv)
     a = p.parse_intermixed_args(argv)
+    if bad := [n for n in a.programs if n not in PROGRAMS]:
+        raise ConfigError(f"--programs: unknown {bad[0]!r}; choose from {list(PROGRAMS)}")
+    if "decode" in a.programs and "prefill" not in a.programs:
+        raise ConfigError("--programs decode: the decode loop compiles on the prefill's cache; name prefill too")
     if a.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, got {a.nodes}")
     if a.save is not None:
@@ -70,7 +84,7 @@ def _main(argv: list[str]) -> None:
     from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
 
     prepare_jax(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, compile_cache=False)), reuse_memory=False)
-    result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus)
+    result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus, a.programs)
     compiled = result.pop("_compiled")
     if a.json:
         print(json.dumps(result, indent=1))
@@ -84,18 +98,19 @@ def _main(argv: list[str]) -> None:
         save(a.save, result, compiled)
 
 
-def compile_run(cfg, hw, nodes: int, cache: str = "auto", gpus: int = 0) -> dict:
+def compile_run(cfg, hw, nodes: int, cache: str = "auto", gpus: int = 0, only: tuple[str, ...] = ()) -> dict:
     """Every program of `cfg`'s run compiled for `nodes` nodes of `hw`, or `gpus` GPUs of one (JAX on the
     CPU, the CUDA plugin installed): one report each (analysis/compiled.py), the memory model's figure beside the train
-    step's, and the executables themselves under "_compiled" (for --save)."""
+    step's, and the executables themselves under "_compiled" (for --save); `only`: those programs alone."""
     from boost_jax.analysis.compiled import compile_all  # lazy: keeps --help free of JAX
     from boost_jax.launch.gpu_target import gpu_devices  # lazy: keeps --help free of JAX
 
     devices = gpu_devices(hw, nodes, gpus)
-    plan, programs, compiled = compile_all(cfg, devices, cache)
+    plan, programs, compiled = compile_all(cfg, devices, cache, only)
     m = cfg.model
     return {"hardware": hw.name, "devices": len(devices), "nodes": nodes, "mesh": dict(plan.mesh.shape),
-            "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "dtype": m.dtype,
+            "model": m.preset, "arch": m.arch, "scheme": cfg.parallel.scheme, "dtype": m.dtype, "cache": cache,
+            "n_layers": m.n_layers, "attn_latent_heads": m.attn_latent_heads, "attn_rope_dims": m.attn_rope_dims,
             "attention": plan.attention, "attention_why": plan.attention_why, "kernels": m.kernels, "batch": cfg.train.batch_size,
             "seq": cfg.train.seq_len, "programs": programs, "_compiled": compiled}
 
@@ -124,6 +139,10 @@ def print_result(r: dict) -> None:
             got = p["layer_collective_bytes"]
             print(f"  per decoder layer over tp, {passes}: {got / MIB:,.3f} MiB = {got / analytic:.3f}x the scheme's "
                   f"formula, {analytic / MIB:,.3f} MiB")
+        if work := p.get("step_work"):
+            print(f"  a step of the decode loop: {work['flops'] / 1e9:,.2f} GFLOP, its GEMMs read "
+                  f"{work['gemm_read_bytes'] / MIB:,.1f} MiB, memory-bound instructions move "
+                  f"{work['memory_bound_bytes'] / MIB:,.1f} MiB (analysis/work.step_work)")
         calls = ", ".join(f"{k} {n}" for k, n in p["custom_calls"].items())
         print(f"  library calls and generated kernels: {calls or 'none'}")
 

@@ -365,27 +365,40 @@ def test_bench_quality_refuses_a_bad_optimizer_axis_by_name():
                                                                                           [1e-3, 3e-3, 1e-2])
 
 
-def test_bench_quality_refuses_a_bad_latent_heads_axis_by_name():
+def test_bench_quality_refuses_a_bad_model_axis_by_name():
     from boost_jax.bench import quality
 
-    assert quality.vary_latent_heads("model.attn_latent_heads=1,2,4", ["train.lr=1e-3"]) == [1, 2, 4]
-    for vary, config, needle in [("model.attn_latent_heads=1,two", [], "expected whole numbers of latent heads"),
-                                 ("model.attn_latent_heads=1,2", ["train.seed=3"], "train.seed=3: with --vary")]:
+    assert quality.vary_model_values("model.attn_latent_heads=1,2,4", ["train.lr=1e-3"]) == ("model.attn_latent_heads",
+                                                                                            [1, 2, 4])
+    assert quality.vary_model_values("model.attn_rope_dims=0,16", []) == ("model.attn_rope_dims", [0, 16])
+    for vary, config, needle in [("model.attn_latent_heads=1,two", [], "expected whole numbers separated by commas"),
+                                 ("model.attn_latent_heads=1,2", ["train.seed=3"], "train.seed=3: with --vary"),
+                                 ("model.attn_rope_dims=0,16", ["model.attn_rope_dims=8"], "model.attn_rope_dims=8: with --vary"),
+                                 ("model.d_model=64,128", [], "bench quality varies train.optimizer or one of")]:
         with pytest.raises(ConfigError, match=re.escape(needle)):
-            quality.vary_latent_heads(vary, config)
+            quality.vary_model_values(vary, config)
 
 
-@pytest.mark.slow  # four tiny training runs and their evals
-def test_bench_quality_compares_latent_heads_over_two_seeds(tmp_path, quality_tiny):
+@pytest.mark.slow  # seven tiny training runs and their evals
+def test_bench_quality_compares_a_model_key_over_seeds(tmp_path, quality_tiny):
     from boost_jax.bench import quality
 
-    o = quality.compare_latent_heads(quality_tiny, [1, 2], 2560, tmp_path / "work", 512, log=lambda s: None)
+    o = quality.compare_model_values(quality_tiny, "model.attn_latent_heads", [1, 2], 2560, tmp_path / "work", 512,
+                                     log=lambda s: None)
     assert [r["attn_latent_heads"] for r in o["rows"]] == [1, 2]
     assert o["rows"][1]["params"] < o["rows"][0]["params"]  # a block-diagonal B is g times smaller
     for r in o["rows"]:
         assert r["seed_losses"][1] != r["seed_losses"][0] and r["spread"] == abs(r["seed_losses"][0] - r["seed_losses"][1])
-    lines = quality.latent_heads_table(o)
-    assert lines[0].startswith("| latent heads g |") and [line.split(" | ")[0] for line in lines[2:]] == ["| 1", "| 2"]
+    lines = quality.model_values_table(o)
+    assert lines[0].startswith("| latent heads g | params | seed 0 / seed 1 |")
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| 1", "| 2"]
+    # three seeds of decoupled RoPE (2 of llama-tiny's 8 dims per head): the spread is the seeds' range
+    o = quality.compare_model_values(quality_tiny, "model.attn_rope_dims", [2], 2560, tmp_path / "work", 512, seeds=3,
+                                     log=lambda s: None)
+    (row,) = o["rows"]
+    assert row["attn_rope_dims"] == 2 and len(row["seed_losses"]) == 3
+    assert row["spread"] == max(row["seed_losses"]) - min(row["seed_losses"]) > 0
+    assert quality.model_values_table(o)[0].startswith("| rotary dims d_r | params | seed 0 / seed 1 / seed 2 |")
 
 
 @pytest.mark.slow  # six tiny training runs and their evals

@@ -253,6 +253,9 @@ FIXTURES = {  # name -> maker(world) -> path, made on first use
     "probe_tasks": _probe_tasks,
     # export --format hf (issue 73): a model the transformers custom code does not compute
     "rope_cfg_run": _run_dir("rope_cfg_run", "model:\n  preset: llama-tiny\n  arch: cola\n  attn_rope_dims: 4\n"),
+    # decoupled RoPE with 2 latent heads: an absorbed latent cache that only some layouts split
+    "rope_heads_cfg_run": _run_dir("rope_heads_cfg_run", "model:\n  preset: llama-tiny\n  arch: cola\n  attn_rope_dims: 4\n"
+                                                         "  attn_latent_heads: 2\n"),
 }
 
 
@@ -1207,6 +1210,12 @@ CASES = [  # (name, argv, exit status due, a fragment of stderr[, timeout s[, en
      "model.attn_rope_dims: 2 decouples the rotary keys from B_k"),
     ("convert into decoupled RoPE", cmd("convert", "import", "{run}", "{tmp}/c_rope", "model.attn_rope_dims=4"), 1,
      "model.attn_rope_dims=4: a plain model cannot become one with decoupled RoPE exactly"),
+    ("generate --cache latent, latent heads tp cannot split", cmd("generate", "{rope_heads_cfg_run}", "--cache", "latent",
+                                                                  "--prompt", "def", "parallel.tp=4"), 1,
+     "model.attn_latent_heads: 2 must divide by parallel.tp=4"),
+    ("generate --cache latent, latent heads under vanilla", cmd("generate", "{rope_heads_cfg_run}", "--cache", "latent",
+                                                                "--prompt", "def", "parallel.tp=2", "parallel.scheme=vanilla"),
+     1, "model.attn_latent_heads: 2 needs a scheme that lays the latent heads out over tp (btp)"),
     # export --format hf (issue 73): a layout the transformers custom code does not compute, refused by name
     ("export --format hf of decoupled RoPE", cmd("export", "{rope_cfg_run}", "{tmp}/e_hf", "--format", "hf"), 1,
      "model.attn_rope_dims=4 (decoupled RoPE) is not in the transformers model"),

@@ -122,10 +122,35 @@ def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_execu
     assert (tmp_path / "exe" / "decode.bin").stat().st_size > 0 and "pickle" in manifest["train_step"]["not_serialised"]
 
 
+@pytest.mark.slow  # two XLA:GPU compiles of the decoding programs
+def test_a_decode_steps_work_reads_every_cached_token_and_the_absorbed_cache_moves_less():
+    """`compile --programs prefill,decode`: the decode program's step (analysis/work.step_work) reads at
+    least the cache a device keeps, and the absorbed latent cache's step moves fewer bytes than the full
+    cache's on the same model (decoupled RoPE, latent heads split over tp=2)."""
+    from boost_jax.analysis.compiled import compile_all
+    from boost_jax.launch.gpu_target import gpu_devices
+    from boost_jax.model.decode import cache_bytes_per_token
+
+    # 8 rows per device: XLA:GPU runs a single row's matrix-vector products as reductions, not GEMMs
+    cfg = load_config(None, [*TINY, "train.batch_size=32", "train.seq_len=512", "model.n_kv_heads=8",
+                             "model.attn_rope_dims=4", "model.attn_latent_heads=2", "parallel.tp=2", "parallel.dp=4"])
+    moved = {}
+    for cache in ("full", "latent"):
+        plan, (prefill, decode), _ = compile_all(cfg, gpu_devices(load_hardware()[H100], 1), cache, ("prefill", "decode"))
+        work = decode["step_work"]
+        moved[cache] = work["gemm_read_bytes"] + work["memory_bound_bytes"]
+        rows = cfg.train.batch_size // plan.size("batch")
+        assert "step_work" not in prefill and work["flops"] > 0
+        assert moved[cache] >= rows * cfg.train.seq_len * cache_bytes_per_token(cache, cfg.model, plan), cache
+    assert moved["latent"] < moved["full"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--hardware", "b200"], "unknown machine"),
     (["--hardware", H100, "--nodes", "0"], "--nodes must be at least 1"),
     (["--hardware", H100, "parallel.tp=16"], "does not divide the 8 devices"),
+    (["--hardware", H100, "--programs", "prefill,decoder"], "--programs: unknown 'decoder'"),
+    (["--hardware", H100, "--programs", "decode"], "--programs decode: the decode loop compiles on the prefill's cache"),
 ])
 def test_bad_input_is_one_message_and_writes_nothing(argv, message, tmp_path, capsys):
     from boost_jax.compile import main

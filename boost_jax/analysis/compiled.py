@@ -25,6 +25,7 @@ from boost_jax.analysis.comm import in_layers, layer_analytic, over_axis
 from boost_jax.analysis.hlo import collectives, summarize
 from boost_jax.analysis.memory_model import breakdown, layer_bytes_on
 from boost_jax.analysis.program import peak_bytes
+from boost_jax.analysis.work import step_work
 from boost_jax.config import Config
 from boost_jax.config.schemes import TP
 from boost_jax.launch.gpu_target import no_persistent_cache
@@ -123,6 +124,8 @@ def read(name: str, compiled: jax.stages.Compiled, seconds: float, cfg: Config, 
               "conditional_collectives": on_some["by_kind"], "conditional_collective_bytes": on_some["bytes"],
               "custom_calls": custom_calls(text), "while_loops": text.count(" while("),
               "analytic_collective_bytes": None}
+    if name == "decode":  # a step's work, the loop's trip count unknown to the program
+        report["step_work"] = step_work(text, itemsize=jax.numpy.dtype(cfg.model.dtype).itemsize)
     if name in ("train_step", "eval_step") and plan.mesh.shape[TP] > 1:
         # Per decoder layer, the collectives over tp inside the layer scan (a data-parallel gradient
         # reduction XLA:GPU moves into the backward loop is not the scheme's). Forward and backward

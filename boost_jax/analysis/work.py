@@ -175,11 +175,14 @@ def _attention_loops(comps) -> set[str]:
 
 
 def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int = 1,
-            group: int = 1) -> tuple[list[Gemm], list[Traffic]]:
+            group: int = 1, scatter_in_place: bool = False) -> tuple[list[Gemm], list[Traffic]]:
     """GEMMs and memory-bound traffic of a compiled module's text (`compiled.as_text()`);
     `query_block`: the program's `model.attention_query_block`; `cp`: its context parallelism
     (a device's queries are 1/cp of the sequence, its keys all of it or, round a ring, 1/cp);
-    `group`: a device's query heads per kv head (`context.query_group`; 1 without GQA)."""
+    `group`: a device's query heads per kv head (`context.query_group`; 1 without GQA);
+    `scatter_in_place`: a scatter writes its updates into its operand's buffer (a decode step's
+    cache: each row's slot at its own position), so it moves the updates only, as an in-place
+    dynamic-update-slice does."""
     blocks = attention_blocks(seq, query_block, cp, group)  # the dots' (G x rows, keys)
     # A score value keeps G apart ([.., G, rows, keys]) or, inside a fusion, folds it like the dots.
     scores = {**attention_blocks(seq, query_block, cp), **blocks}
@@ -211,11 +214,13 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
             body = comps.get(attr(ins.attrs, "calls") or "") if ins.op == "fusion" else None
             if body is not None and body.name in has_dot:
                 continue  # a GEMM with its prologue/epilogue fused in
+            # In place: (the instruction, its update's operand index), a dynamic-update-slice's or a scatter's.
+            in_place = {"dynamic-update-slice": 1, **({"scatter": 2} if scatter_in_place else {})}
             if body is not None:
                 ops = {i.op for i in body.instrs.values()} - {"parameter"}
-                dus = next((i for i in body.instrs.values() if i.op == "dynamic-update-slice"), None)
+                dus = next((i for i in body.instrs.values() if i.op in in_place), None)
             else:
-                ops, dus = {ins.op}, (ins if ins.op == "dynamic-update-slice" else None)
+                ops, dus = {ins.op}, (ins if ins.op in in_place else None)
             if ops <= _DTYPE_AND_FILL:
                 continue  # a bf16 program on a GPU neither upcasts its values nor zero-fills scan stacks
             out = _scaled_bytes(ins, itemsize, scores)
@@ -223,11 +228,27 @@ def analyze(hlo_text: str, *, seq: int, itemsize: int, query_block: int, cp: int
             reads = [operand_bytes(comp, ins, body, i, scaled) for i, o in enumerate(ins.operands) if o in comp.instrs]
             if out is None or any(b is None for b in reads):
                 continue
-            if dus is not None:  # in place into a scan stack: reads and writes the update only
-                moved = 2 * (_scaled_bytes((body or comp).instrs[dus.operands[1]], itemsize, scores) or 0)
+            if dus is not None:  # in place (into a scan stack, a cache): reads and writes the update only
+                update = (body or comp).instrs[dus.operands[in_place[dus.op]]]
+                moved = 2 * (_scaled_bytes(update, itemsize, scores) or 0)
             elif ins.op in SLICES:
                 moved = 2 * out
             else:
                 moved = out + sum(reads)
             traffic.append(Traffic(moved, trips, depth > 0))
     return gemms, traffic
+
+
+def step_work(hlo_text: str, itemsize: int) -> dict[str, int]:
+    """What one step of a decode program (model/decode.py's loop) does per device: the FLOPs of its
+    GEMMs, the bytes its GEMMs read (both operands: the weights and the cached tokens), and the
+    memory-bound instructions' bytes read and written. The loop's body only, once (the program does
+    not know its trip count): what XLA does around the loop (the cache's layout changed on the way in
+    and back on the way out) is paid once per call of CHUNK steps. One query per row attends to the
+    cache with plain dots, no flash kernel: every instruction is priced, none taken for attention's
+    on-chip work (seq 1 has no score blocks); the token's slots are written into the cache in place."""
+    gemms, traffic = analyze(hlo_text, seq=1, itemsize=itemsize, query_block=1, scatter_in_place=True)
+    gemms, traffic = [g for g in gemms if g.in_loop], [t for t in traffic if t.in_loop]
+    return {"flops": sum(g.flops * g.trip_count for g in gemms),
+            "gemm_read_bytes": sum(itemsize * g.batch * g.k * (g.m + g.n) * g.trip_count for g in gemms),
+            "memory_bound_bytes": sum(t.bytes * t.trip_count for t in traffic)}

@@ -53,7 +53,8 @@ from boost_jax.runtime.units import MIB
 
 def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int, new_tokens: int, reps: int,
             bandwidth: float, xla_defaults: bool = False, through_api: bool = False) -> dict:
-    """Rows of speeds per (cache kind, batch size), with the memory-bound floor of each decode step;
+    """Rows of speeds per (cache kind, batch size), with the memory-bound floor of each decode step, the
+    kinds timed in turn in every repetition on the same prompts;
     with `xla_defaults`, each row's step also timed (interleaved) under XLA's default options instead
     of `decode.COMPILER_OPTIONS`; with `through_api`, `api.generate` timed (interleaved) beside the
     kept Decoder's call."""
@@ -64,29 +65,34 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
     weight_bytes = sum(x.size * itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     # A step looks up one embedding row per sequence; only a tied head reads the whole table.
     table_bytes = 0 if m.tie_embeddings else model.embed[...].size * itemsize
+    kinds = {cache: (Decoder(model, plan, cache=cache),
+                     Decoder(model, plan, cache=cache, compiler_options={}) if xla_defaults else None)
+             for cache in caches}
     rows = []
     rng = np.random.default_rng(0)
-    for cache in caches:
-        decoder = Decoder(model, plan, cache=cache)
-        baseline = Decoder(model, plan, cache=cache, compiler_options={}) if xla_defaults else None
-        per_token = cache_type(cache, m).bytes_per_token(m, itemsize)
-        per_device = cache_bytes_per_token(cache, m, plan)
-        for b in batches:
-            prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()
-            runs, base, calls, api_calls = [], [], [], []
-            call_api = lambda: api.generate(model, prompts, max_new_tokens=new_tokens, plan=plan, cache=cache)
-            for d in filter(None, (decoder, baseline)):
+    for b in batches:
+        prompts = rng.integers(3, m.vocab_size, (b, prompt_len)).tolist()  # every kind decodes the same prompts
+        timed = {cache: ([], [], [], []) for cache in caches}  # runs, the baseline's, calls, api.generate's
+        api_call = lambda cache: api.generate(model, prompts, max_new_tokens=new_tokens, plan=plan, cache=cache)
+        for cache, pair in kinds.items():
+            for d in filter(None, pair):
                 d.generate(prompts, new_tokens)  # compiles every program this shape needs
             if through_api:
-                call_api()  # its first call: what api.generate keeps for the model is made here
-            for _ in range(reps):
+                api_call(cache)  # its first call: what api.generate keeps for the model is made here
+        for _ in range(reps):  # the kinds interleaved: machine noise hits them alike
+            for cache, (decoder, baseline) in kinds.items():
+                runs, base, calls, api_calls = timed[cache]
                 t0 = time.perf_counter()
                 runs.append(decoder.generate(prompts, new_tokens))
                 calls.append(time.perf_counter() - t0)
                 if baseline:
                     base.append(baseline.generate(prompts, new_tokens).decode_s)
                 if through_api:
-                    api_calls.append(seconds(call_api))
+                    api_calls.append(seconds(lambda: api_call(cache)))
+        for cache, (decoder, _) in kinds.items():
+            runs, base, calls, api_calls = timed[cache]
+            per_token = cache_type(cache, m).bytes_per_token(m, itemsize)
+            per_device = cache_bytes_per_token(cache, m, plan)
             prefill = statistics.median(r.prefill_s for r in runs)
             decode = statistics.median(r.decode_s for r in runs)
             steps = new_tokens - 1  # the first new token comes from the prefill
@@ -104,6 +110,7 @@ def measure(cfg: Config, caches: list[str], batches: list[int], prompt_len: int,
                          **({"xla_defaults_step_s": statistics.median(base) / steps} if base else {}),
                          **({"call_s": statistics.median(calls), "api_call_s": statistics.median(api_calls),
                              "api_tokens_per_s": b * new_tokens / statistics.median(api_calls)} if api_calls else {})})
+    rows.sort(key=lambda r: caches.index(r["cache"]))  # by kind, then batch, as the tables read them
     return {"model": m.preset, "arch": m.arch, "dtype": m.dtype, "tp": cfg.parallel.tp,
             "attn_latent_heads": m.attn_latent_heads, "prompt_len": prompt_len, "new_tokens": new_tokens,
             "weight_bytes": weight_bytes, "dense_cache_bytes_per_token": KVCache.bytes_per_token(m, itemsize),

@@ -1,4 +1,4 @@
-"""The results page's section 10 (`--finetune-json`, a saved `bench finetune --json`): each path's held-out
+"""The results page's section 12 (`--finetune-json`, a saved `bench finetune --json`): each path's held-out
 exact match and completion loss, the packed batches' fill and the fine-tune's step beside pre-training's."""
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def kv_forward(comms: list[dict]) -> list[dict]:
 
 def quality_table(q: dict) -> list[str]:
     """Markdown: bench quality's own table of each g's seeds, mean and spread."""
-    return quality.latent_heads_table(q["latent_heads"])
+    return quality.model_values_table(q["latent_heads"])
 
 
 def quality_costs(q: dict) -> str:

@@ -93,7 +93,8 @@ class Case:
 # R = 1, 2, M = 2..8, every remat mode: all within 8.3%) as 5 x M, and refitted as 3.5 x M on the 8
 # pipelined rows below (all within 6.8%) once the edges' vocabulary split over pp (docs/design.md
 # section 9) shrank the head's share of the compiled peak. The tested rows cover each term: the layer scan, vanilla, dense, FSDP's gathered weights,
-# accumulation, LaX's latents, a loss-dominated vocabulary, pipelines with R = 1, R = 2 and Lc > 1.
+# accumulation, LaX's latents, a loss-dominated vocabulary, pipelines with R = 1, R = 2 and Lc > 1,
+# decoupled RoPE's rotary keys.
 VALIDATION = (
     Case("cola", "btp", "lowrank", tp=2, tested=True),
     Case("cola", "btp", "full", tp=2, pp=2, microbatches=2, tested=True),
@@ -123,6 +124,8 @@ VALIDATION = (
     Case("cola", "btp", "full", tp=2, cp=2, seq=128, overrides=("parallel.cp_attention=latent",)),
     Case("dense", "megatron", "none", tp=2, cp=2, seq=128),
     Case("cola", "btp", "lowrank", tp=2, pp=2, cp=2, microbatches=2, seq=128),
+    # decoupled RoPE split by latent heads: the rotary keys' projection and activations (model.attn_rope_dims)
+    Case("cola", "btp", "lowrank", tp=2, overrides=("model.attn_latent_heads=2", "model.attn_rope_dims=4"), tested=True),
 )
 
 

@@ -14,9 +14,10 @@ low-rank archs only) at equal tokens, each optimizer at the best of a learning-r
 values, every run's loss printed), then a second seed at that rate only; the table shows both seeds'
 losses and their spread.
 
-`--vary model.attn_latent_heads=1,2,4` measures what latent heads cost (docs/design.md section 11):
-cola with each number of k/v latent heads at equal tokens, the protocol's learning rate, seeds 0 and
-1 (another initialisation and batch order); the table shows both seeds' losses, their mean and spread.
+`--vary model.attn_latent_heads=1,2,4` measures what latent heads cost (docs/design.md section 11), and
+`--vary model.attn_rope_dims=0,16,32` what decoupled RoPE costs: cola with each value at equal tokens,
+the protocol's learning rate, --seeds seeds (default 2: 0 and 1, another initialisation and batch
+order); the table shows each seed's loss, their mean and spread (largest - smallest).
 """
 
 from __future__ import annotations
@@ -132,42 +133,56 @@ def compare_optimizers(args: list[str], optimizers: list[str], lrs: list[float],
             "evaluated_tokens": evaluated, "rows": rows}
 
 
-def compare_latent_heads(args: list[str], groups: list[int], tokens: int, work: Path, max_tokens: int,
-                         log=print) -> dict:
-    """cola with each number of latent heads in `groups` at equal tokens, seeds 0 and 1."""
+# The model keys `--vary` compares at equal tokens on cola: the result's key, the run dirs' prefix and the
+# table's first column.
+MODEL_AXES = {"model.attn_latent_heads": ("latent_heads", "heads", "latent heads g"),
+              "model.attn_rope_dims": ("rope_dims", "rope", "rotary dims d_r")}
+
+
+def compare_model_values(args: list[str], key: str, values: list[int], tokens: int, work: Path, max_tokens: int,
+                         seeds: int = 2, log=print) -> dict:
+    """cola with each value of the model key `key` (MODEL_AXES) at equal tokens, seeds 0 to `seeds` - 1."""
     steps, per_step = steps_for(from_args([*PROTOCOL, *args, "parallel.dp=1"]), tokens)
+    field, prefix = key.partition(".")[2], MODEL_AXES[key][1]
     rows, evaluated = [], None
-    for g in groups:
-        log(f"cola, {g} latent heads: seeds 0 and 1, {steps} steps each")
-        runs = [train_run([*args, f"model.attn_latent_heads={g}", f"train.seed={seed}"], "cola", steps,
-                          work / f"cola-heads{g}-seed{seed}", max_tokens, log) for seed in (0, 1)]
+    for v in values:
+        log(f"cola, {key}={v}: seeds 0 to {seeds - 1}, {steps} steps each")
+        runs = [train_run([*args, f"{key}={v}", f"train.seed={seed}"], "cola", steps,
+                          work / f"cola-{prefix}{v}-seed{seed}", max_tokens, log) for seed in range(seeds)]
         losses = [r["final"]["loss"] for r in runs]
         evaluated = runs[-1]["final"]["tokens"]  # every run evaluates the same split
-        rows.append({"attn_latent_heads": g, "params": runs[0]["params"], "seed_losses": losses,
-                     "mean_loss": sum(losses) / 2, "spread": abs(losses[0] - losses[1]),
+        rows.append({field: v, "params": runs[0]["params"], "seed_losses": losses,
+                     "mean_loss": sum(losses) / seeds, "spread": max(losses) - min(losses),
                      "minutes": sum(r["seconds"] for r in runs) / 60})
-    return {"tokens": steps * per_step, "steps": steps, "eval_tokens": max_tokens, "evaluated_tokens": evaluated,
-            "rows": rows}
+    return {"key": key, "tokens": steps * per_step, "steps": steps, "eval_tokens": max_tokens,
+            "evaluated_tokens": evaluated, "rows": rows}
 
 
-def latent_heads_table(o: dict) -> list[str]:
-    """Markdown: each number of latent heads, its two seeds' losses, their mean and spread."""
-    lines = ["| latent heads g | params | seed 0 / seed 1 | mean val loss | spread | minutes |", "|---|---|---|---|---|---|"]
+def model_values_table(o: dict) -> list[str]:
+    """Markdown: each value of the varied key, its seeds' losses, their mean and spread (largest - smallest)."""
+    key = o.get("key", "model.attn_latent_heads")  # results saved before --vary took other keys
+    field, title = key.partition(".")[2], MODEL_AXES[key][2]
+    n = len(o["rows"][0]["seed_losses"])
+    lines = [f"| {title} | params | {' / '.join(f'seed {i}' for i in range(n))} | mean val loss | spread | minutes |",
+             "|---|---|---|---|---|---|"]
     for r in o["rows"]:
-        lines.append(f"| {r['attn_latent_heads']} | {r['params'] / 1e6:.2f}M | {r['seed_losses'][0]:.4f} / "
-                     f"{r['seed_losses'][1]:.4f} | {r['mean_loss']:.4f} | {r['spread']:.4f} | {r['minutes']:.1f} |")
+        lines.append(f"| {r[field]} | {r['params'] / 1e6:.2f}M | {' / '.join(f'{x:.4f}' for x in r['seed_losses'])} | "
+                     f"{r['mean_loss']:.4f} | {r['spread']:.4f} | {r['minutes']:.1f} |")
     return lines
 
 
-def vary_latent_heads(vary: str, config: list[str]) -> list[int]:
-    """The numbers of latent heads of `--vary model.attn_latent_heads=G1,G2,...`, checked."""
+def vary_model_values(vary: str, config: list[str]) -> tuple[str, list[int]]:
+    """The key and whole-number values of `--vary model.KEY=V1,V2,...` (a key of MODEL_AXES), checked."""
+    key, _, values = vary.partition("=")
+    if key not in MODEL_AXES:
+        raise ConfigError(f"--vary {vary!r}: bench quality varies train.optimizer or one of {sorted(MODEL_AXES)}")
     try:
-        groups = [int(x) for x in vary.partition("=")[2].split(",")]
+        numbers = [int(x) for x in values.split(",")]
     except ValueError:
-        raise ConfigError(f"--vary {vary!r}: expected whole numbers of latent heads, e.g. 1,2,4") from None
-    if bad := [c for c in config if c.split("=")[0] in ("model.attn_latent_heads", "train.seed")]:
-        raise ConfigError(f"{bad[0]}: with --vary, bench quality sets the latent heads and the seed of each run")
-    return groups
+        raise ConfigError(f"--vary {vary!r}: expected whole numbers separated by commas") from None
+    if bad := [c for c in config if c.split("=")[0] in (key, "train.seed")]:
+        raise ConfigError(f"{bad[0]}: with --vary, bench quality sets {key} and the seed of each run")
+    return key, numbers
 
 
 def optimizer_table(o: dict) -> list[str]:
@@ -211,20 +226,24 @@ def main(argv: list[str]) -> None:
     p.add_argument("--eval-tokens", type=int, default=200_000, help="validation tokens of each final eval")
     p.add_argument("--work", type=Path, default=Path("runs/quality"), help="where the run dirs go")
     p.add_argument("--vary", metavar="train.optimizer=A,B,...",
-                   help="compare optimizers instead of archs (or model.attn_latent_heads=G1,G2,...: cola's latent heads)")
+                   help="compare optimizers instead of archs (or model.attn_latent_heads=G1,G2,... or "
+                        "model.attn_rope_dims=D1,D2,...: cola with each value)")
+    p.add_argument("--seeds", type=int, default=2, help="with --vary model.KEY=...: seeds per value")
     p.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="with --vary: the learning-rate grid (three values)")
     a = parse(p, argv)
-    if a.tokens < 1 or a.recover_steps < 1 or a.eval_tokens < 1:
-        raise ConfigError("--tokens, --recover-steps and --eval-tokens must be at least 1")
+    if a.tokens < 1 or a.recover_steps < 1 or a.eval_tokens < 1 or a.seeds < 2:
+        raise ConfigError("--tokens, --recover-steps and --eval-tokens must be at least 1, --seeds at least 2")
     if bad := [c for c in a.config if c.split("=")[0] in ("model.arch", "train.steps", "run_dir")]:
         raise ConfigError(f"{bad[0]}: bench quality sets the arch, the steps and the run dir of each run")
     log = lambda s: print(s, file=sys.stderr, flush=True)
-    if a.vary is not None and a.vary.startswith("model.attn_latent_heads="):
-        groups = vary_latent_heads(a.vary, a.config)
-        result = {"latent_heads": compare_latent_heads(a.config, groups, a.tokens, a.work, a.eval_tokens, log=log),
+    if a.vary is not None and a.vary.partition("=")[0] in MODEL_AXES:
+        key, values = vary_model_values(a.vary, a.config)
+        seeds = [f"--seeds {a.seeds}"] if a.seeds != 2 else []
+        result = {MODEL_AXES[key][0]: compare_model_values(a.config, key, values, a.tokens, a.work, a.eval_tokens,
+                                                           seeds=a.seeds, log=log),
                   "command": " ".join(["python -m boost_jax.bench quality", *a.config, f"--tokens {a.tokens}",
-                                       f"--eval-tokens {a.eval_tokens} --vary {a.vary}"])}
-        lines = latent_heads_table(result["latent_heads"])
+                                       f"--eval-tokens {a.eval_tokens}", *seeds, f"--vary {a.vary}"])}
+        lines = model_values_table(result[MODEL_AXES[key][0]])
     elif a.vary is not None:
         optimizers, lrs = vary_optimizers(a.vary, a.lrs, a.config)
         result = {"optimizers": compare_optimizers(a.config, optimizers, lrs, a.tokens, a.work, a.eval_tokens, log=log),

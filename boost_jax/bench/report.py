@@ -7,12 +7,14 @@ matmul peak measured in the same run; then writes the page and the PNGs. Every n
 comes from this run (or from `--paper-json`, a saved `bench paper --json`). The page's text is the
 template results_page.md beside this file (bench/page.py fills it); each section's numbers and tables are
 computed by its module (bench/paper_section.py, measured_section.py, study_section.py,
-quality_section.py, gpu_section.py, latent_section.py) and its plots by bench/figures.py; here they
+quality_section.py, gpu_section.py, latent_section.py, absorbed_section.py) and its plots by bench/figures.py; here they
 are measured and put together. Section 9 (latent heads) draws saved `bench decode`, `bench comm` and `bench quality` outputs given by
-`--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py);
+`--latent-decode-json`, `--latent-comm-json` and `--latent-quality-json` (bench/latent_section.py), section 10
+(decoupled RoPE) saved `bench decode`, `compile` and `bench quality` outputs given by `--absorbed-decode-json`,
+`--absorbed-gpu-json` and `--absorbed-quality-json` (bench/absorbed_section.py);
 section 6 draws a saved study (`--study-json`), and beside it 6b and 6c the factored dense model of
 `--quality-json` and the step times of `--optimizers-json` (without a study, sections 6 and 6b are
-those two runs' comparisons); section 7 draws `--startup-json`, section 10 `--serve-json`, section 11 `--finetune-json`. With `--rerender` the saved runs given
+those two runs' comparisons); section 7 draws `--startup-json`, section 11 `--serve-json`, section 12 `--finetune-json`. With `--rerender` the saved runs given
 are added to the saved results (replacing what they held), and results.json is written with them.
 """
 
@@ -26,6 +28,8 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import flax
@@ -33,12 +37,11 @@ import jax
 import jaxlib
 import optax
 
-from boost_jax.bench import decode, latent_section, paper, planner, serve, startup, study_section
+from boost_jax.bench import absorbed_section, decode, latent_section, paper, planner, serve, startup, study_section
 from boost_jax.bench.common import config_of, parse, parser
 from boost_jax.bench.figures import plot
 from boost_jax.bench.finetune_section import finetune_section
 from boost_jax.bench.gpu_section import gpu_section
-from boost_jax.bench.latent_section import latent_heads_commands, latent_heads_section
 from boost_jax.bench.measured_section import decode_section, measured_section, profile_section
 from boost_jax.bench.page import render
 from boost_jax.bench.paper_section import paper_sections, planner_section
@@ -133,8 +136,9 @@ def page(result: dict, images: list[str], img_dir: str) -> str:
             lines += (SUPERSEDED.get(key, section) if "study" in result else section)(result[key])
     if "gpu_paper" in result:
         lines += gpu_section(result["gpu_paper"], result.get("gpu_planner"), result.get("gpu_programs", ()))
-    if "latent_heads" in result:
-        lines += latent_heads_section(result["latent_heads"])
+    for saved in SAVED_SECTIONS:
+        if saved.key in result:
+            lines += saved.section(result[saved.key])
     if "serve" in result:
         lines += serve_section(result["serve"])
     if "finetune" in result:
@@ -193,9 +197,9 @@ def main(argv: list[str]) -> None:
                                              "(beside a study: its step table, 6c)")
     p.add_argument("--study-json", help="a saved `python -m boost_jax.study --json` (its hour of training) for section 6")
     p.add_argument("--startup-json", help="a saved `bench startup --json` (its minutes of fresh processes) for section 7")
-    p.add_argument("--serve-json", help="a saved `bench serve --json` (the server under many clients) for section 10")
-    p.add_argument("--finetune-json", help="a saved `bench finetune --json` (its pre-training and fine-tunes) for section 11")
-    for saved_input in latent_section.INPUTS:  # section 9; with --rerender too: added to the saved results
+    p.add_argument("--serve-json", help="a saved `bench serve --json` (the server under many clients) for section 11")
+    p.add_argument("--finetune-json", help="a saved `bench finetune --json` (its pre-training and fine-tunes) for section 12")
+    for saved_input in (s for saved in SAVED_SECTIONS for s in saved.inputs):  # with --rerender too: added to the saved results
         p.add_argument(saved_input.flag, nargs="+" if saved_input.several else None, help=saved_input.help)
     p.add_argument("--step-model", default="llama-130m", help="bench step --compare preset (TP=4)")
     p.add_argument("--step-batch", type=int, default=4, help="train.batch_size of the timed sections")
@@ -223,10 +227,10 @@ def main(argv: list[str]) -> None:
              if (path := given(a, flag))}
     if "--study-json" in saved:
         study_section.check(saved["--study-json"], a.study_json)
-    latent = read_latent_heads(a)
-    added = latent or any(flag in saved for _, flag, _ in KEPT)  # with --rerender: saved runs to add to results.json
+    parts = read_saved_sections(a)
+    added = any(parts.values()) or any(flag in saved for _, flag, _ in KEPT)  # with --rerender: saved runs to add
     result = saved["--rerender"] if a.rerender else measure_all(a, argv, log, saved)
-    result = with_latent_heads(with_kept(result, saved), latent)
+    result = with_saved_sections(with_kept(result, saved), parts)
     images = plot(result, out / "img")
     (out / "results.md").write_text(page(result, images, "img"))
     if not a.rerender or added:
@@ -255,24 +259,48 @@ def read_saved(path: str, flag: str, keys: tuple[str, ...]) -> dict:
     return data
 
 
-def read_latent_heads(a: argparse.Namespace) -> dict:
-    """Section 9's saved inputs given on the command line, by part, each file checked by `read_saved`."""
-    latent = {}
-    for s in latent_section.INPUTS:
-        if paths := given(a, s.flag):
-            latent[s.part] = [read_saved(p, s.flag, s.keys) for p in paths] if s.several else read_saved(paths, s.flag, s.keys)
-    if "comm" in latent:
-        latent_section.check_comm(latent["comm"], a.latent_comm_json)
-    return latent
+@dataclass(frozen=True)
+class SavedSection:
+    """A section drawn only from saved bench outputs: its key in results.json, its flags, its Markdown
+    and the commands it states."""
+
+    key: str
+    inputs: tuple  # latent_section.SavedInput
+    section: Callable[[dict], list[str]]
+    commands: Callable[[dict], list[str]]
+    check: dict  # part -> check(files, paths) of the parts read from several files
 
 
-def with_latent_heads(result: dict, latent: dict) -> dict:
-    """`result` with section 9's saved inputs (replacing the parts it held) and their commands in its list."""
-    if not latent:
-        return result
-    merged = {**result.get("latent_heads", {}), **latent}
-    commands = [*result["commands"], *(c for c in latent_heads_commands(merged) if c not in result["commands"])]
-    return {**result, "commands": commands, "latent_heads": merged}
+SAVED_SECTIONS = (
+    SavedSection("latent_heads", latent_section.INPUTS, latent_section.latent_heads_section,
+                 latent_section.latent_heads_commands, {"comm": latent_section.check_comm}),  # section 9
+    SavedSection("absorbed", absorbed_section.INPUTS, absorbed_section.absorbed_section,
+                 absorbed_section.absorbed_commands, {"gpu": absorbed_section.check_gpu}),  # section 10
+)
+
+
+def read_saved_sections(a: argparse.Namespace) -> dict[str, dict]:
+    """The saved inputs of each SAVED_SECTIONS section given on the command line, by part, each file
+    checked by `read_saved`."""
+    out = {}
+    for saved in SAVED_SECTIONS:
+        parts = out[saved.key] = {}
+        for s in saved.inputs:
+            if paths := given(a, s.flag):
+                parts[s.part] = [read_saved(p, s.flag, s.keys) for p in paths] if s.several else read_saved(paths, s.flag, s.keys)
+                if s.part in saved.check:
+                    saved.check[s.part](parts[s.part], paths)
+    return out
+
+
+def with_saved_sections(result: dict, parts: dict[str, dict]) -> dict:
+    """`result` with the saved sections' inputs (replacing the parts it held) and their commands in its list."""
+    for saved in SAVED_SECTIONS:
+        if given := parts.get(saved.key):
+            merged = {**result.get(saved.key, {}), **given}
+            commands = [*result["commands"], *(c for c in saved.commands(merged) if c not in result["commands"])]
+            result = {**result, "commands": commands, saved.key: merged}
+    return result
 
 
 def measure_all(a: argparse.Namespace, argv: list[str], log, saved: dict[str, dict]) -> dict:
