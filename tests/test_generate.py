@@ -93,12 +93,15 @@ def test_the_latent_caches_compute_what_the_full_one_does(arch):
 
 
 # Latent heads (model.attn_latent_heads=g), and decoupled RoPE on top (model.attn_rope_dims): the latent
-# caches split over tp by latent heads. (arch, g, tp, kv_heads, rope_dims); the slow tier adds g = 1 (no
-# latent heads) under tp, and LaX at tp = 4 with 2 kv heads per latent head.
+# caches split over tp by latent heads. (arch, g, tp, kv_heads, rope_dims); the inner tier: each cache
+# layout once (the latent cache split by latent heads; the absorbed cache split by them). The slow tier
+# adds the absorbed cache without latent heads on one device (svd; LaX's latent caches on one device:
+# test_the_latent_caches_compute_what_the_full_one_does[lax]) and under tp, and LaX at tp = 4 with 2 kv
+# heads per latent head.
 LATENT_HEADS = [
     pytest.param("cola", 2, 2, 2, 0, id="cola-2-2-2"),
     pytest.param("cola", 2, 2, 2, 4, id="cola-2-2-2-absorbed"),
-    pytest.param("svd", 1, 1, 2, 4, id="svd-1-1-2-absorbed"),
+    pytest.param("svd", 1, 1, 2, 4, id="svd-1-1-2-absorbed", marks=pytest.mark.slow),
     pytest.param("cola", 1, 2, 2, 4, id="cola-1-2-2-absorbed", marks=pytest.mark.slow),
     pytest.param("lax", 4, 4, 8, 4, id="lax-4-4-8-absorbed", marks=pytest.mark.slow),
 ]

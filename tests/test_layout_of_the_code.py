@@ -3,6 +3,7 @@ the commands (and the Python API); each module imports only from its own floor o
 imports included; no import closes a circle; the tables every command validates against load no JAX."""
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ FOLDER_FLOORS = [
     {"bench"},
 ]
 
+# Parsed once per session: every test below walks the same files (each walk re-parsed them all).
+@functools.cache
 def modules() -> dict[str, Path]:
     files = {}
     for pkg in ("boost_jax", "pallas_kernels"):
@@ -53,7 +56,8 @@ def modules() -> dict[str, Path]:
     return files
 
 
-def imports(path: Path) -> set[str]:
+@functools.cache
+def imports(path: Path) -> frozenset[str]:
     """Every boost_jax / pallas_kernels module this file imports: at the top, inside a function, or
     under `if TYPE_CHECKING:` (a type a module names is a dependency too)."""
     found = set()
@@ -63,7 +67,7 @@ def imports(path: Path) -> set[str]:
             found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if m.split(".")[0] in ("boost_jax", "pallas_kernels")}
+    return frozenset(m for m in found if m.split(".")[0] in ("boost_jax", "pallas_kernels"))
 
 
 def floor(module: str) -> int:
@@ -229,12 +233,19 @@ def test_the_attention_op_imports_nothing_of_the_package(path):
     assert imports(ROOT / "boost_jax" / path) == set()
 
 
-@pytest.mark.parametrize("module", ["boost_jax.config", "boost_jax.config.schemes", "boost_jax.config.archs", "boost_jax.runtime.cache",
-                                    "boost_jax.data.prepare", "boost_jax.data.__main__"])
-def test_tables_and_data_preparation_load_no_jax(module):
-    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax')))"
+NO_JAX = ["boost_jax.config", "boost_jax.config.schemes", "boost_jax.config.archs", "boost_jax.runtime.cache",
+          "boost_jax.data.prepare", "boost_jax.data.__main__"]
+
+
+def test_tables_and_data_preparation_load_no_jax():
+    """One fresh interpreter imports them one after another and names, after each, what of JAX has
+    loaded so far: the first line that is not empty is the module that brought it in."""
+    code = ("import importlib, sys\n"
+            f"for module in {NO_JAX!r}:\n"
+            "    importlib.import_module(module)\n"
+            "    print(module, sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert out.stdout.splitlines() == [f"{module} []" for module in NO_JAX], out.stdout
 
 
 @pytest.mark.parametrize("package", sorted({p.parent for p in (ROOT / "boost_jax").rglob("__init__.py")}), ids=str)

@@ -143,12 +143,17 @@ def test_attention_matches_naive_gqa(arch):
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
     plan = single_device_plan(cfg)
     proj = plan.projections(cfg, plan, {p: jnp.zeros((2, 12, 16)) for p in "qkvo"})
-    got, _ = attn(x, layer.attn_norm, proj, Positions(pos))
-    x = layer.attn_norm(x)
-    q = rope(attn.q(x, flat=False).reshape(2, 12, 8, 8), pos, cfg.rope_theta)  # x @ W as written
-    k = rope(attn.k(x, flat=False).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
-    v = attn.v(x, flat=False).reshape(2, 12, 2, 8)
-    want = attn.o(naive_attention(q, k, v).reshape(2, 12, 64), flat=False)
+
+    @nnx.jit  # one program (un-jitted, each op compiled alone)
+    def layer_and_written_out(attn, norm, x):
+        got, _ = attn(x, norm, proj, Positions(pos))
+        x = norm(x)
+        q = rope(attn.q(x, flat=False).reshape(2, 12, 8, 8), pos, cfg.rope_theta)  # x @ W as written
+        k = rope(attn.k(x, flat=False).reshape(2, 12, 2, 8), pos, cfg.rope_theta)
+        v = attn.v(x, flat=False).reshape(2, 12, 2, 8)
+        return got, attn.o(naive_attention(q, k, v).reshape(2, 12, 64), flat=False)
+
+    got, want = layer_and_written_out(attn, layer.attn_norm, x)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -169,9 +174,14 @@ def test_blocked_attention_equals_whole_attention(dtype, rtol, seq, head_dim, qu
     q, k, v = (jax.random.normal(key, (2, seq, h, head_dim)) for key, h in zip(keys, (8, 2, 2)))
     w = jax.random.normal(keys[3], (2, seq, 8, head_dim))
     blocked = lambda q, k, v: causal_attention(q, k, v, impl="xla", query_block=query_block).astype(jnp.float32)
-    got, pull = jax.vjp(blocked, *(x.astype(dtype) for x in (q, k, v)))
-    want, pull_want = jax.vjp(naive_attention, q, k, v)
-    for a, b in zip((got, *pull(w)), (want, *pull_want(w))):
+
+    @jax.jit  # one program, as the model runs it (un-jitted, each op of the block loop compiled alone)
+    def outputs_and_gradients(q, k, v, w):
+        got, pull = jax.vjp(blocked, *(x.astype(dtype) for x in (q, k, v)))
+        want, pull_want = jax.vjp(naive_attention, q, k, v)
+        return (got, *pull(w)), (want, *pull_want(w))
+
+    for a, b in zip(*outputs_and_gradients(q, k, v, w)):
         assert float(jnp.abs(a.astype(jnp.float32) - b).max()) <= rtol * float(jnp.abs(b).max())
 
 

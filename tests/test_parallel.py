@@ -70,8 +70,10 @@ def test_scheme_equals_single_device(arch, scheme, mesh):
 
 # Latent heads (model.attn_latent_heads): under btp each rank computes and keeps only its own groups of
 # the k/v latents (a reduce-scatter, its backward an all-gather). The reference is the same model on one
-# device; one case in the inner loop, the grid (tp=4 and 8, GQA, fsdp, LaX's crossing, ungrouped, the
-# sync norm, svd) in the slow tier. (arch, (dp, fsdp, tp), overrides)
+# device; the inner loop runs latent heads under btp in test_decoupled_rope_equals_single_device's cola
+# case (with the rotary keys beside the latents) and in tests/test_context.py (with cp), so the grid (tp=2,
+# 4 and 8, GQA, fsdp, LaX's crossing, ungrouped, the sync norm, svd) is the slow tier's.
+# (arch, (dp, fsdp, tp), overrides)
 LATENT_HEADS = [
     ("cola", (4, 1, 2), ("model.attn_latent_heads=2",)),
     ("lax", (2, 2, 2), ("model.attn_latent_heads=2",)),
@@ -83,7 +85,7 @@ LATENT_HEADS = [
 
 @pytest.mark.parametrize("arch, mesh, overrides", [
     pytest.param(a, m, o, id=f"{a}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}-" + "-".join(x.split("=")[1] for x in o),
-                 marks=() if i == 0 else pytest.mark.slow) for i, (a, m, o) in enumerate(LATENT_HEADS)])
+                 marks=pytest.mark.slow) for a, m, o in LATENT_HEADS])
 def test_latent_heads_equal_single_device(arch, mesh, overrides):
     value, logits, grads = loss_logits_grads(config(arch, "btp", *mesh, *overrides), jax.devices())
     ref_value, ref_logits, ref_grads = loss_logits_grads(config(arch, "btp", 1, 1, 1, *overrides), jax.devices()[:1])
@@ -94,11 +96,12 @@ def test_latent_heads_equal_single_device(arch, mesh, overrides):
 
 # Decoupled RoPE (model.attn_rope_dims): each key [B_k's position-free part | a rotary key of its own
 # projection, one per latent head]; the reference is the same model on one device. The inner loop: btp
-# on dp x fsdp x tp, vanilla at tp = 4, btp with latent heads at tp = 4; the grid (vanilla with fsdp,
-# ungrouped latent heads, the sync norm) in the slow tier.
+# with latent heads on dp x fsdp x tp, vanilla at tp = 4; the grid (btp without latent heads, btp with
+# latent heads at tp = 4, vanilla with fsdp, ungrouped latent heads, the sync norm) in the slow tier.
 ROPE = [
-    ("cola", "btp", (2, 2, 2), ()),
+    ("cola", "btp", (2, 2, 2), ("model.attn_latent_heads=2",)),
     ("svd", "vanilla", (2, 1, 4), ()),
+    ("cola", "btp", (2, 2, 2), ()),
     ("lax", "btp", (2, 1, 4), ("model.attn_latent_heads=4", "model.n_kv_heads=4")),
     ("lax", "vanilla", (2, 2, 2), ()),
     ("cola", "btp", (4, 1, 2), ("model.attn_latent_heads=2", "model.grouping=false")),
@@ -108,7 +111,7 @@ ROPE = [
 
 @pytest.mark.parametrize("arch, scheme, mesh, overrides", [
     pytest.param(a, s, m, o, id=f"{a}-{s}-dp{m[0]}-fsdp{m[1]}-tp{m[2]}-" + "-".join(x.split("=")[1] for x in o),
-                 marks=() if i < 3 else pytest.mark.slow) for i, (a, s, m, o) in enumerate(ROPE)])
+                 marks=() if i < 2 else pytest.mark.slow) for i, (a, s, m, o) in enumerate(ROPE)])
 def test_decoupled_rope_equals_single_device(arch, scheme, mesh, overrides):
     extra = ("model.attn_rope_dims=4", *overrides)
     value, logits, grads = loss_logits_grads(config(arch, scheme, *mesh, *extra), jax.devices())
