@@ -4,6 +4,7 @@ z-loss and loss-spike skipping, per-layer health norms, Weights & Biases offline
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def test_a_mixture_run_evaluates_each_dataset_and_logs_health(prepared_pair, tin
     assert r["datasets"]["asyncio"]["loss"] == pytest.approx(last["eval_loss/asyncio"], rel=1e-5)
 
 
-@pytest.mark.slow  # five short training runs
+@pytest.mark.slow  # five short training runs (two run dirs copied from the first)
 def test_a_mixture_run_resumes_exactly_and_takes_new_weights_at_a_resume(prepared_pair, tiny_overrides, tmp_path,
                                                                          capsys):
     asyncio_dir, email_dir = prepared_pair
@@ -147,13 +148,14 @@ def test_a_mixture_run_resumes_exactly_and_takes_new_weights_at_a_resume(prepare
     run = lambda name, weights, steps: train(load_config(None, [*common, mix(*weights), f"train.steps={steps}",
                                                                f"run_dir={tmp_path / name}"]), jax.devices()[:1])
     whole = run("whole", (0.25, 0.75), 6)
-    run("resumed", (0.25, 0.75), 3)
+    shutil.copytree(tmp_path / "whole", tmp_path / "split")  # the same run to step 6, for the second story
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "6")  # as if stopped after step 3's save
     assert run("resumed", (0.25, 0.75), 6)["losses"] == whole["losses"][3:]  # bit for bit
     # New weights at a resume: allowed, said, recorded; a later resume keeps the new stretch.
     capsys.readouterr()
     changed = run("resumed", (0.9, 0.1), 9)["losses"]
     assert "data.mixture weights change at step 6" in capsys.readouterr().err
-    run("split", (0.25, 0.75), 6)
     run("split", (0.9, 0.1), 7)
     assert run("split", (0.9, 0.1), 9)["losses"] == changed[1:]
 
