@@ -121,10 +121,32 @@ def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_execu
     assert (tmp_path / "exe" / "decode.bin").stat().st_size > 0 and "pickle" in manifest["train_step"]["not_serialised"]
 
 
+@pytest.mark.slow  # XLA:GPU's serve_decode of llama-tiny on 2 GPUs (~25 s busy)
+def test_the_servers_paged_decode_compiles_for_gpus_its_pool_split_over_tp(capsys):
+    """`--only serve_decode` (issue 73): the engine's paged decode compiled for 2 H100s at tp=2 with 2
+    latent heads, the decode loop on the device; its donated pool is exactly the pool the server
+    sizes (serve/programs.py pool_size), half of what each device holds with one latent."""
+    from boost_jax.compile import main
+    from boost_jax.parallel import make_plan
+    from boost_jax.serve.programs import pool_size
+
+    layout = [*TINY, "parallel.tp=2", "parallel.dp=1"]
+    main([*layout, "model.attn_latent_heads=2", "--gpus", "2", "--cache", "latent", "--only", "serve_decode",
+          "--hardware", H100, "--json"])
+    (program,) = json.loads(capsys.readouterr().out)["programs"]
+    assert program["name"] == "serve_decode" and program["while_loops"] >= 1
+    pools = {}
+    for g in (1, 2):
+        cfg = load_config(None, [*layout, f"model.attn_latent_heads={g}"])
+        pools[g] = pool_size(cfg.serve, "latent", cfg.model, make_plan(cfg, jax.devices()[:2]), 128).bytes
+    assert program["memory"]["alias"] == pools[2] == pools[1] // 2 > 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--hardware", "b200"], "unknown machine"),
     (["--hardware", H100, "--nodes", "0"], "--nodes must be at least 1"),
     (["--hardware", H100, "parallel.tp=16"], "does not divide the 8 devices"),
+    (["--hardware", H100, "parallel.tp=2", "parallel.dp=4", "--only", "serve_decode"], "serve_decode: not a program of this run"),
 ])
 def test_bad_input_is_one_message_and_writes_nothing(argv, message, tmp_path, capsys):
     from boost_jax.compile import main
