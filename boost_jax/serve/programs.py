@@ -14,6 +14,7 @@ allocates but `empty_pool`, so a GPU topology's devices compile them without a G
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from boost_jax.config import ServeConfig
+from boost_jax.config.hardware import HARDWARE_FILE, machine_of
 from boost_jax.layers import paged_cache
 from boost_jax.layers.kv_cache import Cache
 from boost_jax.model.decode import COMPILER_OPTIONS, Decoder, cache_bytes_per_token
@@ -29,6 +31,8 @@ from boost_jax.runtime.errors import ConfigError
 
 TOP_LOGPROBS = 5  # the most likely tokens each step reports (OpenAI's completions allow up to 5)
 GIB = 1 << 30
+# Each row's sampling arrays, after the program's own: temperature, top_p, seed, token index, scored.
+SAMPLING = ((jnp.float32,), (jnp.float32,), (jnp.uint32,), (jnp.int32,), (jnp.bool_,))
 
 
 def sample_rows(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, seed: jax.Array,
@@ -66,18 +70,24 @@ class PoolSize:
         return self.pages * self.page_bytes
 
 
-def pool_size(serve: ServeConfig, kind: str, cfg, plan: Plan, context: int) -> PoolSize:
+def pool_size(serve: ServeConfig, kind: str, cfg, plan: Plan, context: int, left_bytes: int | None = None) -> PoolSize:
     """The pool of a cache `kind` for model `cfg` under `plan`: pages of `serve.page_tokens` positions
     laid out as the plan splits the kind (model/decode.py cache_bytes_per_token), `serve.cache_gib` of
-    them per device, or every slot at the full context; refused when that holds less than one request
-    at the context."""
+    them per device; with cache_gib 0, `left_bytes` of them (a GPU's memory left, PagedPrograms) or,
+    where that is None (CPU devices), every slot at the full context. Refused when that holds less
+    than one request at the context."""
     page_bytes = cache_bytes_per_token(kind, cfg, plan) * serve.page_tokens
     per_seq = -(-context // serve.page_tokens)
-    n = int(serve.cache_gib * GIB // page_bytes) if serve.cache_gib else serve.slots * per_seq + 1
+    if serve.cache_gib:
+        n, source = int(serve.cache_gib * GIB // page_bytes), f"serve.cache_gib={serve.cache_gib}"
+    elif left_bytes is not None:
+        n, source = max(left_bytes, 0) // page_bytes, f"the {left_bytes / GIB:.2f} GiB the device has left (serve.cache_gib=0)"
+    else:
+        n, source = serve.slots * per_seq + 1, "every slot at the context"
     if n - 1 < per_seq:
-        raise ConfigError(f"serve.cache_gib={serve.cache_gib} holds {max(n - 1, 0)} pages of {serve.page_tokens} "
-                          f"tokens ({page_bytes:,} bytes each per device): less than one request at the context "
-                          f"({context} positions, {per_seq} pages); raise serve.cache_gib (0 = every slot at the context)")
+        raise ConfigError(f"{source} holds {max(n - 1, 0)} pages of {serve.page_tokens} tokens ({page_bytes:,} bytes "
+                          f"each per device): less than one request at the context ({context} positions, {per_seq} "
+                          "pages); set serve.cache_gib, or fewer positions (train.seq_len)")
     return PoolSize(n, page_bytes)
 
 
@@ -88,28 +98,55 @@ class PagedPrograms:
     def __init__(self, decoder: Decoder, serve: ServeConfig, context: int):
         self.decoder, self.plan, self.serve = decoder, decoder.plan, serve
         self.kind = decoder.cache_name
-        self.size = pool_size(serve, self.kind, decoder.cfg, self.plan, context)
         self.max_pages = -(-context // serve.page_tokens)  # a table's entries: the context's pages
         self.replicated = NamedSharding(self.plan.mesh, PartitionSpec())
-        self._make_pool = jax.jit(lambda: paged_cache.constrain_pool(
-            paged_cache.empty_pool(self.kind, decoder.cfg, self.size.pages, serve.page_tokens), self.plan.constrain))
-        options = COMPILER_OPTIONS.get(self.plan.mesh.devices.flat[0].platform, {})
+        self._make_pool = jax.jit(lambda n: paged_cache.constrain_pool(
+            paged_cache.empty_pool(self.kind, decoder.cfg, n, serve.page_tokens), self.plan.constrain), static_argnums=0)
+        options = COMPILER_OPTIONS.get(self.plan.platform, {})
         self.prefill = jax.jit(self._prefill_fn, donate_argnums=(1,), compiler_options=options)
         self.decode = jax.jit(self._decode_fn, donate_argnums=(1,), compiler_options=options)
+        self.size = pool_size(serve, self.kind, decoder.cfg, self.plan, context)
+        if not serve.cache_gib and self.plan.platform == "gpu":
+            self.size = pool_size(serve, self.kind, decoder.cfg, self.plan, context, self.memory_left())
+
+    def memory_left(self) -> int:
+        """Bytes a GPU has for the pool: its HBM (the hardware file's machine of its device_kind) less
+        the weights and the working memory (temporaries) of the widest prefill and decode programs,
+        compiled over the pool `self.size` holds (the pool is donated and updated in place: what they
+        need beside it does not grow with it)."""
+        device = self.plan.mesh.devices.flat[0]
+        hw = machine_of(device.device_kind)
+        if hw is None:
+            raise ConfigError(f"serve.cache_gib=0 sizes the pool from the GPU's memory, but no machine of "
+                              f"{HARDWARE_FILE} reports device_kind {device.device_kind!r}: set serve.cache_gib")
+        weights = sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+                      for a in jax.tree.leaves(self.decoder.params))
+        working = max(self.compiled_prefill(min(self.serve.prefill_rows, self.serve.slots)).memory_analysis().temp_size_in_bytes,
+                      self.compiled_decode(self.serve.slots, self.max_pages).memory_analysis().temp_size_in_bytes)
+        return int(hw.hbm_bytes) - weights - working
 
     def empty_pool(self) -> Cache:
-        return self._make_pool()
+        return self._make_pool(self.size.pages)
+
+    def _abstract(self, program, rows: int, *shapes: tuple) -> jax.stages.Compiled:
+        """`program` compiled for `rows` rows on abstract inputs laid out as the engine's: the pool as
+        `empty_pool` makes it, then per row arrays of `shapes` ((dtype, *trailing dims) each), replicated."""
+        made = self._make_pool.lower(self.size.pages).compile()
+        pool = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            jax.eval_shape(self._make_pool, self.size.pages), made.output_shardings)
+        args = [jax.ShapeDtypeStruct((rows, *dims), dtype, sharding=self.replicated) for dtype, *dims in shapes]
+        return program.lower(self.decoder.params, pool, *args).compile()
+
+    def compiled_prefill(self, rows: int) -> jax.stages.Compiled:
+        """The prefill program of `rows` rows (`_prefill_fn`), compiled on abstract inputs."""
+        i32, chunk = jnp.int32, self.serve.prefill_chunk
+        return self._abstract(self.prefill, rows, (i32, self.max_pages), (i32, chunk), (i32, chunk), (jnp.bool_, chunk),
+                              (i32,), *SAMPLING)
 
     def compiled_decode(self, rows: int, width: int) -> jax.stages.Compiled:
-        """The decode program of `rows` rows over `width` table pages, compiled on abstract inputs laid
-        out as the engine's (the pool as `empty_pool` makes it, the rest replicated)."""
-        made = self._make_pool.lower().compile()
-        pool = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            jax.eval_shape(self._make_pool), made.output_shardings)
-        row = lambda dtype, *shape: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=self.replicated)
+        """The decode program of `rows` rows over `width` table pages (`_decode_fn`), compiled on abstract inputs."""
         i32 = jnp.int32
-        return self.decode.lower(self.decoder.params, pool, row(i32, width), row(i32), row(i32), row(i32),
-                                 row(jnp.float32), row(jnp.float32), row(jnp.uint32), row(i32), row(jnp.bool_)).compile()
+        return self._abstract(self.decode, rows, (i32, width), (i32,), (i32,), (i32,), *SAMPLING)
 
     def _pick(self, logits, temperature, top_p, seed, index, scored) -> tuple[jax.Array, ...]:
         """Each row's next token from its logits [B, V], its logprob, the top TOP_LOGPROBS tokens and
