@@ -126,7 +126,7 @@ def test_the_servers_paged_decode_compiles_for_gpus_its_pool_split_over_tp_and_f
     """`--only serve_decode` (issue 73): the engine's paged decode compiled for 2 H100s at tp=2 with 2
     latent heads, the decode loop on the device. Its donated pool holds pages of the bytes the server
     sizes them by (serve/programs.py pool_size), half a page with one latent; with serve.cache_gib=0 on
-    a GPU the pool takes what the H100's HBM leaves, so the program's peak is within it and near it."""
+    a GPU the pool takes what the H100's HBM less 10% leaves, so the program's peak is within it and near it."""
     from boost_jax.compile import main
     from boost_jax.parallel import make_plan
     from boost_jax.serve.programs import pool_size
@@ -142,7 +142,7 @@ def test_the_servers_paged_decode_compiles_for_gpus_its_pool_split_over_tp_and_f
         page[g] = pool_size(cfg.serve, "latent", cfg.model, make_plan(cfg, jax.devices()[:2]), 128).page_bytes
     hbm = load_hardware()[H100].hbm_bytes
     assert page[2] == page[1] // 2 > 0 and program["memory"]["alias"] % page[2] == 0
-    assert 0.95 * hbm < program["memory"]["peak"] <= hbm
+    assert 0.85 * hbm < program["memory"]["peak"] <= 0.9 * hbm
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -31,6 +31,7 @@ from boost_jax.runtime.errors import ConfigError
 
 TOP_LOGPROBS = 5  # the most likely tokens each step reports (OpenAI's completions allow up to 5)
 GIB = 1 << 30
+HEADROOM = 0.10  # of a GPU's memory kept free with serve.cache_gib=0 (CUDA's, XLA's own buffers): plan.py's default
 # Each row's sampling arrays, after the program's own: temperature, top_p, seed, token index, scored.
 SAMPLING = ((jnp.float32,), (jnp.float32,), (jnp.uint32,), (jnp.int32,), (jnp.bool_,))
 
@@ -110,20 +111,27 @@ class PagedPrograms:
             self.size = pool_size(serve, self.kind, decoder.cfg, self.plan, context, self.memory_left())
 
     def memory_left(self) -> int:
-        """Bytes a GPU has for the pool: its HBM (the hardware file's machine of its device_kind) less
-        the weights and the working memory (temporaries) of the widest prefill and decode programs,
-        compiled over the pool `self.size` holds (the pool is donated and updated in place: what they
-        need beside it does not grow with it)."""
+        """Bytes a GPU has for the pool: its memory less HEADROOM (the allocator's limit where the device
+        reports one, else the HBM of the hardware file's machine of its device_kind: a GPU topology's,
+        compiled for without one), less the weights and the working memory (temporaries) of the widest
+        prefill and decode programs, compiled over the pool `self.size` holds (the pool is donated and
+        updated in place: what they need beside it does not grow with it)."""
         device = self.plan.mesh.devices.flat[0]
-        hw = machine_of(device.device_kind)
-        if hw is None:
-            raise ConfigError(f"serve.cache_gib=0 sizes the pool from the GPU's memory, but no machine of "
-                              f"{HARDWARE_FILE} reports device_kind {device.device_kind!r}: set serve.cache_gib")
+        stats = device.memory_stats() if device in jax.local_devices() else None  # a GPU topology's has none
+        if stats and "bytes_limit" in stats:
+            limit = stats["bytes_limit"]
+        elif (hw := machine_of(device.device_kind)) is not None:
+            limit = hw.hbm_bytes
+        else:
+            raise ConfigError(f"serve.cache_gib=0 sizes the pool from the GPU's memory, which the device does not "
+                              f"report and no machine of {HARDWARE_FILE} has (device_kind {device.device_kind!r}): "
+                              "set serve.cache_gib")
         weights = sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
                       for a in jax.tree.leaves(self.decoder.params))
-        working = max(self.compiled_prefill(min(self.serve.prefill_rows, self.serve.slots)).memory_analysis().temp_size_in_bytes,
-                      self.compiled_decode(self.serve.slots, self.max_pages).memory_analysis().temp_size_in_bytes)
-        return int(hw.hbm_bytes) - weights - working
+        prefill = self.compiled_prefill(min(self.serve.prefill_rows, self.serve.slots))
+        decode = self.compiled_decode(self.serve.slots, self.max_pages)
+        working = max(p.memory_analysis().temp_size_in_bytes for p in (prefill, decode))
+        return int(limit * (1 - HEADROOM)) - weights - working
 
     def empty_pool(self) -> Cache:
         return self._make_pool(self.size.pages)
