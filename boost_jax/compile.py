@@ -1,8 +1,10 @@
 """python -m boost_jax.compile [CONFIG.yaml] [section.key=value ...] --hardware NAME [--nodes N | --gpus N]
-[--json] [--save DIR [--force]]
+[--only PROGRAM,...] [--json] [--save DIR [--force]]
 
 Compiles every program a run executes (the train step exactly as `train` builds it, the eval step,
-and on a layout that decodes the prefill and the decode loop) with XLA's GPU compiler for N nodes of
+on a layout that decodes the prefill and the decode loop, and with parallel.dp=1 parallel.fsdp=1 the
+server's paged decode, `serve_decode`, as `python -m boost_jax.serve` runs it: `serve.slots` rows over
+the pool `serve.*` sizes) with XLA's GPU compiler for N nodes of
 NAME (boost_jax/configs/hardware.yaml), on this machine, with no GPU: a deviceless compile through
 JAX's CUDA plugin (`pip install -e '.[gpu-compile]'`). Prints per program and per device the compiled
 memory beside the memory model's prediction, the collectives per step (kind, count, bytes), the
@@ -33,13 +35,6 @@ from boost_jax.runtime.paths import check_out_dir
 from boost_jax.runtime.units import GIB, MIB
 
 
-PROGRAMS = ("train_step", "eval_step", "prefill", "decode")  # analysis/compiled.py's run_programs, in its order
-
-
-def names(text: str) -> tuple[str, ...]:
-    return tuple(n for n in text.split(",") if n)
-
-
 def main(argv: list[str] | None = None) -> None:
     run_main(_main, argv)
 
@@ -52,18 +47,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=0, help="fewer GPUs of one node (default 0: whole nodes)")
     p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
                    help="the KV cache of the decoding programs (auto: as generate, the fastest modelled step)")
-    p.add_argument("--programs", type=names, default=(),
-                   help=f"compile only these, comma-separated, of {list(PROGRAMS)} (default: every one the run "
-                        "has; decode compiles on the prefill's cache, so it needs prefill)")
+    p.add_argument("--only", default="", metavar="PROGRAM,...",
+                   help="compile only these of the run's programs (train_step, eval_step, prefill, decode, serve_decode)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", type=Path, default=None, help="write the serialised executables here (an empty folder)")
     p.add_argument("--force", action="store_true", help="--save into a non-empty folder, replacing its files")
     refuse_retired_flags(argv)
     a = p.parse_intermixed_args(argv)
-    if bad := [n for n in a.programs if n not in PROGRAMS]:
-        raise ConfigError(f"--programs: unknown {bad[0]!r}; choose from {list(PROGRAMS)}")
-    if "decode" in a.programs and "prefill" not in a.programs:
-        raise ConfigError("--programs decode: the decode loop compiles on the prefill's cache; name prefill too")
     if a.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, got {a.nodes}")
     if a.save is not None:
@@ -84,7 +74,7 @@ def _main(argv: list[str]) -> None:
     from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
 
     prepare_jax(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, compile_cache=False)), reuse_memory=False)
-    result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus, a.programs)
+    result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus, tuple(filter(None, a.only.split(","))))
     compiled = result.pop("_compiled")
     if a.json:
         print(json.dumps(result, indent=1))
@@ -99,7 +89,7 @@ def _main(argv: list[str]) -> None:
 
 
 def compile_run(cfg, hw, nodes: int, cache: str = "auto", gpus: int = 0, only: tuple[str, ...] = ()) -> dict:
-    """Every program of `cfg`'s run compiled for `nodes` nodes of `hw`, or `gpus` GPUs of one (JAX on the
+    """Every program of `cfg`'s run (or those named in `only`) compiled for `nodes` nodes of `hw`, or `gpus` GPUs of one (JAX on the
     CPU, the CUDA plugin installed): one report each (analysis/compiled.py), the memory model's figure beside the train
     step's, and the executables themselves under "_compiled" (for --save); `only`: those programs alone."""
     from boost_jax.analysis.compiled import compile_all  # lazy: keeps --help free of JAX

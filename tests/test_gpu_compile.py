@@ -124,7 +124,7 @@ def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_execu
 
 @pytest.mark.slow  # two XLA:GPU compiles of the decoding programs
 def test_a_decode_steps_work_reads_every_cached_token_and_the_absorbed_cache_moves_less():
-    """`compile --programs prefill,decode`: the decode program's step (analysis/work.step_work) reads at
+    """`compile --only prefill,decode`: the decode program's step (analysis/work.step_work) reads at
     least the cache a device keeps, and the absorbed latent cache's step moves fewer bytes than the full
     cache's on the same model (decoupled RoPE, latent heads split over tp=2)."""
     from boost_jax.analysis.compiled import compile_all
@@ -145,12 +145,36 @@ def test_a_decode_steps_work_reads_every_cached_token_and_the_absorbed_cache_mov
     assert moved["latent"] < moved["full"]
 
 
+@pytest.mark.slow  # XLA:GPU's serve_decode of llama-tiny on 2 GPUs, after the two programs serve.cache_gib=0 reads
+def test_the_servers_paged_decode_compiles_for_gpus_its_pool_split_over_tp_and_filling_the_hbm(capsys):
+    """`--only serve_decode` (issue 73): the engine's paged decode compiled for 2 H100s at tp=2 with 2
+    latent heads, the decode loop on the device. Its donated pool holds pages of the bytes the server
+    sizes them by (serve/programs.py pool_size), half a page with one latent; with serve.cache_gib=0 on
+    a GPU the pool takes what the H100's HBM less 10% leaves, so the program's peak is within it and near it."""
+    from boost_jax.compile import main
+    from boost_jax.parallel import make_plan
+    from boost_jax.serve.programs import pool_size
+
+    layout = [*TINY, "parallel.tp=2", "parallel.dp=1"]
+    main([*layout, "model.attn_latent_heads=2", "--gpus", "2", "--cache", "latent", "--only", "serve_decode",
+          "--hardware", H100, "--json"])
+    (program,) = json.loads(capsys.readouterr().out)["programs"]
+    assert program["name"] == "serve_decode" and program["while_loops"] >= 1
+    page = {}
+    for g in (1, 2):
+        cfg = load_config(None, [*layout, f"model.attn_latent_heads={g}"])
+        page[g] = pool_size(cfg.serve, "latent", cfg.model, make_plan(cfg, jax.devices()[:2]), 128).page_bytes
+    hbm = load_hardware()[H100].hbm_bytes
+    assert page[2] == page[1] // 2 > 0 and program["memory"]["alias"] % page[2] == 0
+    assert 0.85 * hbm < program["memory"]["peak"] <= 0.9 * hbm
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--hardware", "b200"], "unknown machine"),
     (["--hardware", H100, "--nodes", "0"], "--nodes must be at least 1"),
     (["--hardware", H100, "parallel.tp=16"], "does not divide the 8 devices"),
-    (["--hardware", H100, "--programs", "prefill,decoder"], "--programs: unknown 'decoder'"),
-    (["--hardware", H100, "--programs", "decode"], "--programs decode: the decode loop compiles on the prefill's cache"),
+    (["--hardware", H100, "--only", "prefill,decoder"], "decoder: not a program of this run"),
+    (["--hardware", H100, "parallel.tp=2", "parallel.dp=4", "--only", "serve_decode"], "serve_decode: not a program of this run"),
 ])
 def test_bad_input_is_one_message_and_writes_nothing(argv, message, tmp_path, capsys):
     from boost_jax.compile import main

@@ -60,7 +60,8 @@ def test_memory_model_within_tolerance(case):
 def test_bench_memory_inference_compiles_generation_beside_its_weights_and_cache(capsys):
     """`bench memory --inference`: the decode program holds the weights and the cache (updated in
     place: the cache is its donated, aliased argument), each counted per device as the layout splits
-    it; the prefill holds at least the weights and the cache it fills."""
+    it; the prefill holds at least the weights and the cache it fills; the server's pool of that cache
+    is laid out as the contiguous one."""
     from boost_jax.analysis.memory_model import param_elems
     from boost_jax.parallel import abstract_plan
 
@@ -78,6 +79,11 @@ def test_bench_memory_inference_compiles_generation_beside_its_weights_and_cache
     state = decode["argument_bytes"] - r["weights_bytes"] - r["cache_bytes"]
     assert 0 < state <= 4 * (4 * 4 + 16 * 4) + 16  # the rows' counters, their output slots, the key
     assert prefill["peak_bytes"] >= r["weights_bytes"] + r["cache_bytes"]
+    # The server's pool of the same cache: 8 slots x 4 pages of 16 positions + the null page, a page
+    # per device 16 positions of the contiguous cache's
+    page = r["cache_bytes"] // (4 * 64) * 16
+    assert r["serve_pool"] == {"slots": 8, "page_tokens": 16, "cache_gib": 0.0, "pages": 33, "page_bytes": page,
+                               "bytes": 33 * page}
 
 
 def test_the_memory_model_lays_the_step_out_as_the_named_compiler():

@@ -31,7 +31,7 @@ DECODE = [{"device": "cpu", "read_bandwidth_bytes_per_s": 3e10 * tp, "runs": [de
 
 
 def gpu(cache: str, batch: int, step_mib: float) -> dict:
-    """A `compile --programs prefill,decode --json` whose decode step moves `step_mib` MiB: a quarter through GEMMs."""
+    """A `compile --only prefill,decode --json` whose decode step moves `step_mib` MiB: a quarter through GEMMs."""
     work = {"flops": 2e9 * batch, "gemm_read_bytes": step_mib * MIB / 4, "memory_bound_bytes": step_mib * MIB * 3 / 4}
     return {"hardware": "h100-80gb", "devices": 8, "mesh": {"tp": 8}, "model": "llama-7b", "n_layers": 4, "arch": "cola",
             "dtype": "bfloat16", "cache": cache, "attn_latent_heads": 8, "attn_rope_dims": 64, "batch": batch, "seq": 4096,

@@ -12,10 +12,12 @@ import pytest
 from flax import nnx
 
 from boost_jax.config import ConfigError, ServeConfig, load_config
+from boost_jax.config.hardware import machine_of
 from boost_jax.model import Model
 from boost_jax.model.decode import Decoder
 from boost_jax.parallel import make_plan
 from boost_jax.serve.engine import Engine, Request
+from boost_jax.serve.programs import pool_size
 
 CONTEXT = 96
 
@@ -117,3 +119,17 @@ def test_a_pool_too_small_for_one_request_at_the_context_is_refused(dense):
     with pytest.raises(ConfigError, match="serve.cache_gib=1e-06 holds .* less than one request at the context"):
         Engine(model, engine.plan, ServeConfig(cache_gib=1e-6, page_tokens=8), cache="full", eos_id=None,
                context=CONTEXT)
+
+
+def test_cache_gib_0_is_what_a_gpu_has_left_and_on_cpu_every_slot_at_the_context(dense):
+    """serve.cache_gib=0: on CPU devices (no HBM figure) every slot at the context; given the bytes a
+    GPU has left (PagedPrograms.memory_left), as many pages as they hold, refused where that is less
+    than one request; a GPU is found in the hardware file by the device_kind it reports."""
+    model, engine = dense
+    serve = ServeConfig(slots=3, page_tokens=8)
+    cpu = pool_size(serve, "full", model.cfg, engine.plan, CONTEXT)
+    assert cpu.pages == 3 * -(-CONTEXT // 8) + 1 and cpu.bytes == cpu.pages * cpu.page_bytes > 0
+    assert pool_size(serve, "full", model.cfg, engine.plan, CONTEXT, 20 * cpu.page_bytes + 5).pages == 20
+    with pytest.raises(ConfigError, match="GiB the device has left .* less than one request at the context"):
+        pool_size(serve, "full", model.cfg, engine.plan, CONTEXT, cpu.page_bytes)
+    assert machine_of("NVIDIA H100 80GB HBM3").name == "h100-80gb" and machine_of("NVIDIA B9") is None

@@ -5,7 +5,8 @@
         report = read(name, compiled, seconds, cfg, plan)   # memory, collectives, custom calls
 
 The programs come from the builders the commands use (training/step.py `build` for the train and
-eval steps; model/decode.py's Decoder for the prefill and the decode loop), fed abstract shapes: a
+eval steps; model/decode.py's Decoder for the prefill and the decode loop; serve/programs.py for the
+server's paged decode), fed abstract shapes: a
 plan on a GPU topology (launch/gpu_target.py) gets them compiled by XLA:GPU without a GPU
 (`python -m boost_jax.compile`); a plan on CPU devices gets the CPU's.
 """
@@ -32,6 +33,8 @@ from boost_jax.launch.gpu_target import no_persistent_cache
 from boost_jax.model.decode import Decoder
 from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import Plan, make_plan
+from boost_jax.runtime.errors import ConfigError
+from boost_jax.serve.programs import PagedPrograms
 from boost_jax.training.step import abstract_batch, build
 
 # Fusions XLA:GPU hands to a library or code generator, by their backend_config "kind" (the rest are
@@ -44,7 +47,8 @@ def run_programs(cfg: Config, plan: Plan, cache: str = "auto") -> dict[str, Call
     """Each program of the run, compiled on demand: the train step (exactly as `train` builds it), the
     eval step where `train.eval_every` runs one, and on a layout that decodes (no pipeline, no cp)
     the prefill of a batch of `train.seq_len`-token prompts and one call of the decode loop on its
-    `cache` KV cache (model/decode.py)."""
+    `cache` KV cache (model/decode.py), and where it is one replica (no dp, no fsdp: as the server
+    runs) the server's paged decode (`serve_decode`)."""
     run = build(cfg, plan)
     batch = abstract_batch(cfg, plan)
     programs = {"train_step": lambda: run.train_step.lower(run.abstract_state, batch).compile()}
@@ -60,9 +64,24 @@ def run_programs(cfg: Config, plan: Plan, cache: str = "auto") -> dict[str, Call
             compiled, decoding["cache"] = decoding["decoder"].compiled_prefill(rows, seq, seq)
             return compiled
 
-        programs["prefill"] = prefill
-        programs["decode"] = lambda: decoding["decoder"].compiled_decode(decoding["cache"], rows)
+        def decode() -> jax.stages.Compiled:
+            if "cache" not in decoding:  # the prefill not compiled (`only`): its cache's layout is
+                prefill()
+            return decoding["decoder"].compiled_decode(decoding["cache"], rows)
+
+        programs["prefill"], programs["decode"] = prefill, decode
+        if plan.size("batch") == 1:
+            programs["serve_decode"] = lambda: serve_decode(cfg, plan, cache)
     return programs
+
+
+def serve_decode(cfg: Config, plan: Plan, cache: str) -> jax.stages.Compiled:
+    """The server's paged decode program at its widest shape (`serve.slots` rows over a table of the
+    context's pages, `serve.decode_steps` steps), its pool and page tables as inputs, the pool sized
+    by `serve.*` as the server sizes it (serve/programs.py)."""
+    graphdef, abstract = abstract_model(cfg)
+    programs = PagedPrograms(Decoder(nnx.merge(graphdef, abstract), plan, cache=cache), cfg.serve, cfg.train.seq_len)
+    return programs.compiled_decode(cfg.serve.slots, programs.max_pages)
 
 
 def compile_all(cfg: Config, devices: list[jax.Device], cache: str = "auto",
@@ -74,8 +93,12 @@ def compile_all(cfg: Config, devices: list[jax.Device], cache: str = "auto",
     plan = make_plan(cfg, devices)
     sized = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **dict(plan.mesh.shape)))
     reports, compiled = [], {}
+    programs = run_programs(sized, plan, cache)
+    if missing := [name for name in only if name not in programs]:
+        raise ConfigError(f"{', '.join(missing)}: not a program of this run, which has {', '.join(programs)} "
+                          "(prefill and decode need no pipeline and no cp; serve_decode also parallel.dp=1 parallel.fsdp=1)")
     with no_persistent_cache():
-        for name, compile_ in run_programs(sized, plan, cache).items():  # in order: decode needs the prefill's cache
+        for name, compile_ in programs.items():  # in order: decode needs the prefill's cache
             if only and name not in only:
                 continue
             compiled[name], seconds = compile_timed(compile_)

@@ -21,7 +21,7 @@ INPUTS = (
                "saved `bench decode ... --vary model.attn_rope_dims=0,D --json`, one per tp (or one varying "
                "parallel.tp too), for section 10"),
     SavedInput("--absorbed-gpu-json", "gpu", ("hardware", "cache", "n_layers", "attn_rope_dims", "programs"), True,
-               "saved `python -m boost_jax.compile ... --programs prefill,decode --json`, one per cache and batch, "
+               "saved `python -m boost_jax.compile ... --only prefill,decode --json`, one per cache and batch, "
                "for section 10"),
     SavedInput("--absorbed-quality-json", "quality", ("rope_dims", "command"), False,
                "a saved `bench quality --vary model.attn_rope_dims=... --json` for section 10"),
@@ -37,7 +37,7 @@ def check_gpu(compiles: list[dict], paths: list[str]) -> None:
                               f"{paths[0]}'s {', '.join(f'{k}={compiles[0][k]}' for k in diff)}: one setting per page")
         if not any("step_work" in p for p in c["programs"]):
             raise ConfigError(f"--absorbed-gpu-json {path}: no decode program's step_work (compile with "
-                              "--programs prefill,decode)")
+                              "--only prefill,decode)")
 
 
 # ----------------------------------------------------------------------------- (a) decoding
@@ -127,7 +127,7 @@ def gpu_command(c: dict) -> str:
     return (f"python -m boost_jax.compile model.preset={c['model']} model.n_layers={c['n_layers']} model.arch={c['arch']} "
             f"model.attn_latent_heads={c['attn_latent_heads']} model.attn_rope_dims={c['attn_rope_dims']} "
             f"parallel.tp={c['mesh'].get('tp', 1)} model.dtype={c['dtype']} train.batch_size=B train.seq_len={c['seq']} "
-            f"--hardware {c['hardware']} --programs prefill,decode --cache CACHE --json")
+            f"--hardware {c['hardware']} --only prefill,decode --cache CACHE --json")
 
 
 def _step(c: dict) -> dict:

@@ -20,7 +20,9 @@ steps here, and those over it are not started.
 under the config's layout: the prefill of `train.batch_size` prompts of `train.seq_len` tokens into
 a cache of as many positions, and a call of the decode loop against that cache. Per device it prints
 the weights (at the compute dtype, as served) and the cache, beside each program's compiled memory
-analysis (arguments, outputs, temporaries, peak): what serving a model of that size needs.
+analysis (arguments, outputs, temporaries, peak): what serving a model of that size needs; and the
+server's paged pool of that cache kind (`serve.*` of the config, `train.seq_len` positions per
+request), sized by the function the server sizes it with (serve/programs.py pool_size).
 
 `--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
 each compile; it exits with status 1 if any is off by `TOLERANCE` or more. `--validate --gpu-compile NAME`
@@ -51,6 +53,7 @@ from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.units import GIB, MIB
+from boost_jax.serve.programs import pool_size
 from boost_jax.training.optimizers import make_optimizer
 from boost_jax.training.step import accumulated_grad
 
@@ -295,8 +298,12 @@ def inference(cfg: Config, cache: str) -> dict:
         programs[name] = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
                           "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
                           "peak_bytes": peak_bytes(out[name])}
+    s = cfg.serve
+    pool = pool_size(s, decoder.cache_name, cfg.model, decoder.plan, t.seq_len)
     return {**describe(cfg), "cache": cache, "weights_bytes": per_device(decoder.params),
-            "cache_bytes": per_device(out["cache"]), "programs": programs}
+            "cache_bytes": per_device(out["cache"]), "programs": programs,
+            "serve_pool": {"slots": s.slots, "page_tokens": s.page_tokens, "cache_gib": s.cache_gib, "pages": pool.pages,
+                           "page_bytes": pool.page_bytes, "bytes": pool.bytes}}
 
 
 def print_inference(r: dict, cfg: Config) -> None:
@@ -307,6 +314,10 @@ def print_inference(r: dict, cfg: Config) -> None:
     for name, p in r["programs"].items():
         print(f"{name:8s} {p['argument_bytes'] / MIB:14.1f} {p['output_bytes'] / MIB:12.1f} {p['temp_bytes'] / MIB:9.1f} "
               f"{p['peak_bytes'] / MIB:9.1f}")
+    s = r["serve_pool"]
+    print(f"serving pool (serve.slots={s['slots']} serve.page_tokens={s['page_tokens']} serve.cache_gib={s['cache_gib']:g}): "
+          f"{s['pages']} pages (the null page included) x {s['page_bytes'] / MIB:.3f} MiB per page per device = "
+          f"{s['bytes'] / MIB:.1f} MiB per device")
 
 
 def main(argv: list[str]) -> None:

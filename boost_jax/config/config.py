@@ -371,7 +371,7 @@ class ServeConfig:
 
     slots: int = 8  # sequences decoded together, each step (the decode program's batch)
     page_tokens: int = 16  # positions per cache page
-    cache_gib: float = 0.0  # the page pool's GiB per device; 0 = enough for every slot at the full context
+    cache_gib: float = 0.0  # the page pool's GiB per device; 0 = a GPU's memory left, on CPU every slot at the context
     prefill_chunk: int = 64  # prompt tokens per prefill call, interleaved with decode steps
     prefill_rows: int = 4  # prompts whose chunks one prefill call takes together
     decode_steps: int = 8  # decode steps per program call while no request joins (tokens stream this many at a time)

@@ -125,6 +125,13 @@ def one_machine(path: str | Path | None, name: str) -> Hardware:
     return next(iter(machines.values()))
 
 
+def machine_of(device_kind: str, path: str | Path = HARDWARE_FILE) -> Hardware | None:
+    """The machine of a hardware file whose GPU reports `device_kind` (jax.Device.device_kind, its
+    `compile_target.device_kind`), or None where none does."""
+    return next((hw for hw in load_hardware(path).values()
+                 if hw.compile_target and hw.compile_target.device_kind == device_kind), None)
+
+
 _RING_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
                 "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n,
                 "collective-permute": lambda n: 1.0}

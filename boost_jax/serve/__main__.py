@@ -59,10 +59,11 @@ def _main(argv: list[str]) -> None:
         raise PackageError(f"not installed: {', '.join(missing)}, for the server: pip install 'boost_jax[serve]'")
     import uvicorn  # optional: the serve extra
 
-    from boost_jax.model.decode import cache_bytes_per_token, choose_cache  # lazy: keeps --help free of JAX
+    from boost_jax.model.decode import choose_cache  # lazy: keeps --help free of JAX
     from boost_jax.model.run_dir import open_run  # lazy: keeps --help free of JAX
     from boost_jax.serve.api import Server, create_app  # lazy: keeps --help free of JAX
-    from boost_jax.serve.engine import Engine, pool_pages  # lazy: keeps --help free of JAX
+    from boost_jax.serve.engine import Engine  # lazy: keeps --help free of JAX
+    from boost_jax.serve.programs import pool_size  # lazy: keeps --help free of JAX
 
     run = open_run(a.run_dir, a.config, decoding=True, prepare=True, reuse_memory=False)
     cfg, context = run.cfg, run.cfg.train.seq_len
@@ -70,7 +71,7 @@ def _main(argv: list[str]) -> None:
         raise ConfigError(f"{a.run_dir} has no tokenizer.json (a run writes it after its first step)")
     chat = chat_template(run)
     kind = choose_cache(cfg.model, run.plan).kind if a.cache == AUTO_CACHE else a.cache
-    pool_pages(cfg.serve, cache_bytes_per_token(kind, cfg.model, run.plan) * cfg.serve.page_tokens, context)
+    pool_size(cfg.serve, kind, cfg.model, run.plan, context)  # a pool too small is refused before the port
     sock = bind(a.host, a.port)  # before the slow restore: a port in use is said at once
     model, step = run.model(a.step)
     engine = Engine(model, run.plan, cfg.serve, cache=kind, eos_id=run.eos, context=context)

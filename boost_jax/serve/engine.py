@@ -20,8 +20,8 @@ the device (one while a prompt is prefilling; while requests wait, no more than 
 by its length), then stores back the positions written. Every shape is compiled at `warm_up`, and
 both programs take every per-request choice as an array (positions, page tables, counts,
 temperature, top_p, seed), so `compilations` does not move while serving. Both run the model's own
-cached decoding (Model.decode through the Decoder's laid-out parameters) over a view of each row's
-pages (layers/paged_cache.py), so a greedy completion is the token sequence `Decoder.generate`
+cached decoding (Model.decode through the Decoder's laid-out parameters; serve/programs.py) over a
+view of each row's pages (layers/paged_cache.py), so a greedy completion is the token sequence `Decoder.generate`
 gives. Token i of a sampled request is drawn with fold_in(key(seed), i): a seed repeats a
 completion whatever the other slots hold.
 """
@@ -36,21 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from boost_jax.config import ServeConfig
-from boost_jax.layers import paged_cache
-from boost_jax.layers.kv_cache import Cache
 from boost_jax.model import Model
-from boost_jax.model.decode import COMPILER_OPTIONS, Decoder, cache_bytes_per_token
+from boost_jax.model.decode import Decoder
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
 from boost_jax.serve.pages import Pages
-
-TOP_LOGPROBS = 5  # the most likely tokens each step reports (OpenAI's completions allow up to 5)
-GIB = 1 << 30
+from boost_jax.serve.programs import PagedPrograms
 
 
 @dataclass(eq=False)
@@ -86,28 +80,6 @@ class Step:
     top_logprobs: np.ndarray
 
 
-def sample_rows(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, seed: jax.Array,
-                index: jax.Array) -> jax.Array:
-    """Token ids [B] from logits [B, V], each row its own way: greedy where temperature [B] is 0 (the
-    argmax, as decode.sample), else drawn from the temperature-scaled distribution cut to its smallest
-    set of top_p [B] probability, with fold_in(key(seed[B]), index[B]). A step where every row is
-    greedy runs the argmax alone (a `cond`: the sort over the vocabulary costs more than the model's
-    step on a small one)."""
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def drawn():
-        scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
-        descending = -jnp.sort(-scaled, axis=-1)
-        probs = jax.nn.softmax(descending, axis=-1)
-        kept = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p[:, None], axis=-1)  # the first token always
-        lowest = jnp.take_along_axis(descending, kept[:, None] - 1, axis=-1)  # the least likely kept
-        keys = jax.vmap(lambda s, i: jax.random.fold_in(jax.random.key(s), i))(seed, index)
-        token = jax.vmap(jax.random.categorical)(keys, jnp.where(scaled >= lowest, scaled, -jnp.inf))
-        return jnp.where(temperature > 0, token.astype(jnp.int32), greedy)
-
-    return jax.lax.cond(jnp.any(temperature > 0), drawn, lambda: greedy)
-
-
 def shapes(top: int, n: int) -> tuple[int, ...]:
     """The `n` sizes top, top/2, top/4, ... (rounded up, at least 1, no repeats), ascending: the rows or
     pages programs are compiled for."""
@@ -117,18 +89,6 @@ def shapes(top: int, n: int) -> tuple[int, ...]:
 def fit(sizes: tuple[int, ...], n: int) -> int:
     """The smallest of `sizes` (ascending) holding n."""
     return next(s for s in sizes if s >= n)
-
-
-def pool_pages(serve: ServeConfig, page_bytes: int, context: int) -> int:
-    """Pages in the pool (the null page included): `serve.cache_gib` per device, or every slot at the
-    full context; refused when that holds less than one request at the context."""
-    per_seq = -(-context // serve.page_tokens)
-    n = int(serve.cache_gib * GIB // page_bytes) if serve.cache_gib else serve.slots * per_seq + 1
-    if n - 1 < per_seq:
-        raise ConfigError(f"serve.cache_gib={serve.cache_gib} holds {max(n - 1, 0)} pages of {serve.page_tokens} "
-                          f"tokens ({page_bytes:,} bytes each per device): less than one request at the context "
-                          f"({context} positions, {per_seq} pages); raise serve.cache_gib (0 = every slot at the context)")
-    return n
 
 
 class Engine:
@@ -141,23 +101,16 @@ class Engine:
                               "here: pass parallel.dp=1 parallel.fsdp=1 (and parallel.tp=N for more devices)")
         self.decoder = Decoder(model, plan, cache=cache, eos_id=eos_id)
         self.plan, self.serve, self.eos_id, self.context = plan, serve, eos_id, context
-        self.kind = self.decoder.cache_name
-        self.page_bytes = cache_bytes_per_token(self.kind, model.cfg, plan) * serve.page_tokens
-        self.max_pages = -(-context // serve.page_tokens)
-        self.pages = Pages(pool_pages(serve, self.page_bytes, context), serve.page_tokens, self.max_pages)
+        self.paged = PagedPrograms(self.decoder, serve, context)
+        self.kind, self.page_bytes, self.max_pages = self.paged.kind, self.paged.size.page_bytes, self.paged.max_pages
+        self.pages = Pages(self.paged.size.pages, serve.page_tokens, self.max_pages)
         # The shapes compiled at warm-up: a decode step runs the fewest rows and table pages that hold
         # its live rows (a step of 3 short rows reads 3 rows of few pages, not every slot's context);
         # a prefill call takes up to prefill_rows prompts' chunks, over the whole table.
         self.decode_rows = shapes(serve.slots, serve.buckets)
         self.decode_pages = shapes(self.max_pages, serve.buckets)
         self.prefill_rows = shapes(min(serve.prefill_rows, serve.slots), serve.buckets)
-        self._replicated = NamedSharding(plan.mesh, PartitionSpec())
-        make_pool = jax.jit(lambda: paged_cache.constrain_pool(
-            paged_cache.empty_pool(self.kind, model.cfg, self.pages.n_pages, serve.page_tokens), plan.constrain))
-        self.pool = make_pool()
-        options = COMPILER_OPTIONS.get(plan.mesh.devices.flat[0].platform, {})
-        self._prefill_program = jax.jit(self._prefill_fn, donate_argnums=(1,), compiler_options=options)
-        self._decode_program = jax.jit(self._decode_fn, donate_argnums=(1,), compiler_options=options)
+        self.pool = self.paged.empty_pool()
         self.slots: list[Request | None] = [None] * serve.slots
         self.waiting: deque[Request] = deque()
         self._lock = threading.Condition()
@@ -167,61 +120,7 @@ class Engine:
         self.cancelled = 0  # requests dropped before their end (a client gone, a stop string)
         self.busy_s = 0.0  # seconds spent in program calls
 
-    # ------------------------------------------------------------------ the program
-
-    def _pick(self, logits, temperature, top_p, seed, index, scored) -> tuple[jax.Array, ...]:
-        """Each row's next token from its logits [B, V], its logprob, the top TOP_LOGPROBS tokens and
-        theirs: computed where some row is `scored` [B] (asks for logprobs), else zeros (a `cond`: the
-        top-k over the vocabulary is a tenth of a small model's step)."""
-        token = sample_rows(logits, temperature, top_p, seed, index)
-
-        def scores():
-            logprobs = jax.nn.log_softmax(logits, axis=-1)
-            top_logprobs, top_ids = jax.lax.top_k(logprobs, TOP_LOGPROBS)
-            return jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0], top_ids.astype(jnp.int32), top_logprobs
-
-        none = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(scores))
-        return token, *jax.lax.cond(jnp.any(scored), scores, none)
-
-    def _view(self, pool, tables) -> Cache:
-        return tuple(c.constrain(self.plan.constrain) for c in paged_cache.view(pool, tables))
-
-    def _store(self, pool, rows, tables, positions, valid):
-        return paged_cache.constrain_pool(paged_cache.store(pool, rows, tables, positions, valid), self.plan.constrain)
-
-    def _prefill_fn(self, params, pool, tables, tokens, positions, valid, logits_at, temperature, top_p, seed, index,
-                    scored):
-        """Rows' prompt chunks [B, S] at positions [B, S] (`valid` [B, S]: a real token) through the model
-        over their pages (tables [B, P]) -> (the pool with their keys and values, each row's next token
-        at logits_at [B] and its logprobs as `_pick`'s, each [B, 1, ...])."""
-        rows = self._view(pool, tables)
-        logits, rows = self.decoder._decode(params, tokens, rows, positions, logits_at)  # noqa: SLF001 (the Decoder's model call)
-        out = self._pick(logits, temperature, top_p, seed, index, scored)
-        return self._store(pool, rows, tables, positions, valid), tuple(x[:, None] for x in out)
-
-    def _decode_fn(self, params, pool, tables, last, start, count, temperature, top_p, seed, index, scored):
-        """count [B] (<= serve.decode_steps) tokens for each row, fed back one at a time: row b's last
-        token last [B] at position start [B] first. The rows' pages (tables [B, P]) are gathered once,
-        decoded over in place for max(count) steps, and only the positions each row wrote for its
-        count stored back: the gather costs once per call, not per token -> (the pool, each row's tokens
-        and their logprobs as `_pick`'s, each [B, decode_steps, ...], the first count[b] of row b real)."""
-        b, n = last.shape[0], self.serve.decode_steps
-        out = jax.eval_shape(self._pick, jnp.zeros((b, self.decoder.cfg.vocab_size), jnp.float32),
-                             temperature, top_p, seed, index, scored)
-        out = tuple(jnp.zeros((b, n, *x.shape[1:]), x.dtype) for x in out)
-
-        def step(carry):
-            i, rows, last, out = carry
-            logits, rows = self.decoder._decode(params, last[:, None], rows, (start + i)[:, None],  # noqa: SLF001
-                                                jnp.zeros_like(last))
-            new = self._pick(logits, temperature, top_p, seed, index + i, scored)
-            return i + 1, rows, new[0], tuple(o.at[:, i].set(x) for o, x in zip(out, new))
-
-        init = (0, self._view(pool, tables), last, out)
-        _, rows, _, out = jax.lax.while_loop(lambda c: c[0] < jnp.max(count), step, init)
-        positions = start[:, None] + jnp.arange(n)[None]
-        valid = jnp.arange(n)[None] < count[:, None]
-        return self._store(pool, rows, tables, positions, valid), out
+    # ------------------------------------------------------------------ the programs
 
     def _call(self, program, rows: list[Request | None], width: int, *arrays: np.ndarray) -> Step:
         """`program` on `arrays` for `rows` (None: an idle row) over the first `width` pages of their tables."""
@@ -229,7 +128,7 @@ class Engine:
         sampling = [(r.temperature, r.top_p, r.seed, len(r.tokens), r.logprobs) if r else (0.0, 1.0, 0, 0, False)
                     for r in rows]
         sampling = (np.array(c, d) for c, d in zip(zip(*sampling), (np.float32, np.float32, np.uint32, np.int32, bool)))
-        put = lambda x: jax.device_put(x, self._replicated)
+        put = lambda x: jax.device_put(x, self.paged.replicated)
         t0 = time.perf_counter()
         self.pool, out = program(self.decoder.params, self.pool, *map(put, (tables, *arrays, *sampling)))
         out = Step(*jax.device_get(out))
@@ -239,7 +138,7 @@ class Engine:
     @property
     def compilations(self) -> int:
         """Programs compiled so far (every prefill and decode shape of the one forward)."""
-        return sum(p._cache_size() for p in (self._prefill_program, self._decode_program))  # noqa: SLF001 (jax.jit's count)
+        return sum(p._cache_size() for p in (self.paged.prefill, self.paged.decode))  # noqa: SLF001 (jax.jit's count)
 
     @property
     def programs(self) -> int:
@@ -335,7 +234,7 @@ class Engine:
                 tokens[i, :n[i]] = r.prompt[r.prefilled:r.prefilled + n[i]]
         positions = start[:, None] + np.arange(chunk, dtype=np.int32)[None]
         valid = np.arange(chunk)[None] < n[:, None]
-        return self._call(self._prefill_program, rows, self.max_pages, tokens, positions, valid, np.maximum(n - 1, 0))
+        return self._call(self.paged.prefill, rows, self.max_pages, tokens, positions, valid, np.maximum(n - 1, 0))
 
     def _prefill(self, rows: list[Request]) -> None:
         for r in rows:
@@ -352,7 +251,7 @@ class Engine:
         last = np.array([r.tokens[-1] if r else 0 for r in rows], np.int32)
         start = np.array([len(r.prompt) + len(r.tokens) - 1 if r else 0 for r in rows], np.int32)
         count = np.array([min(steps, r.max_tokens - len(r.tokens)) if r else 0 for r in rows], np.int32)
-        return self._call(self._decode_program, rows, width, last, start, count)
+        return self._call(self.paged.decode, rows, width, last, start, count)
 
     def _decode_step(self, decoding: list[Request], steps: int) -> None:
         """Up to `steps` tokens for each decoding request, in the fewest rows and pages that hold them
