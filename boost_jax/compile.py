@@ -34,6 +34,8 @@ from boost_jax.runtime.errors import ConfigError
 from boost_jax.runtime.paths import check_out_dir
 from boost_jax.runtime.units import GIB, MIB
 
+PROGRAMS = ("train_step", "eval_step", "prefill", "decode", "serve_decode")  # analysis/compiled.py's run_programs
+
 
 def main(argv: list[str] | None = None) -> None:
     run_main(_main, argv)
@@ -48,12 +50,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache", default=AUTO_CACHE, choices=[AUTO_CACHE, *CACHE_KINDS],
                    help="the KV cache of the decoding programs (auto: as generate, the fastest modelled step)")
     p.add_argument("--only", default="", metavar="PROGRAM,...",
-                   help="compile only these of the run's programs (train_step, eval_step, prefill, decode, serve_decode)")
+                   help=f"compile only these of the run's programs ({', '.join(PROGRAMS)})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save", type=Path, default=None, help="write the serialised executables here (an empty folder)")
     p.add_argument("--force", action="store_true", help="--save into a non-empty folder, replacing its files")
     refuse_retired_flags(argv)
     a = p.parse_intermixed_args(argv)
+    a.only = tuple(n for n in a.only.split(",") if n)
+    if bad := [n for n in a.only if n not in PROGRAMS]:
+        raise ConfigError(f"--only: unknown program {bad[0]!r}; choose from {', '.join(PROGRAMS)}")
     if a.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1, got {a.nodes}")
     if a.save is not None:
@@ -74,7 +79,7 @@ def _main(argv: list[str]) -> None:
     from boost_jax.launch.prepare import prepare_jax  # lazy: keeps --help free of JAX
 
     prepare_jax(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, compile_cache=False)), reuse_memory=False)
-    result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus, tuple(filter(None, a.only.split(","))))
+    result = compile_run(cfg, hw, a.nodes, a.cache, a.gpus, a.only)
     compiled = result.pop("_compiled")
     if a.json:
         print(json.dumps(result, indent=1))

@@ -130,6 +130,7 @@ def test_cache_gib_0_is_what_a_gpu_has_left_and_on_cpu_every_slot_at_the_context
     cpu = pool_size(serve, "full", model.cfg, engine.plan, CONTEXT)
     assert cpu.pages == 3 * -(-CONTEXT // 8) + 1 and cpu.bytes == cpu.pages * cpu.page_bytes > 0
     assert pool_size(serve, "full", model.cfg, engine.plan, CONTEXT, 20 * cpu.page_bytes + 5).pages == 20
+    assert pool_size(serve, "full", model.cfg, engine.plan, CONTEXT, 10**6 * cpu.page_bytes).pages == cpu.pages  # at most every slot
     with pytest.raises(ConfigError, match="GiB the device has left .* less than one request at the context"):
         pool_size(serve, "full", model.cfg, engine.plan, CONTEXT, cpu.page_bytes)
     assert machine_of("NVIDIA H100 80GB HBM3").name == "h100-80gb" and machine_of("NVIDIA B9") is None

@@ -75,8 +75,8 @@ def pool_size(serve: ServeConfig, kind: str, cfg, plan: Plan, context: int, left
     """The pool of a cache `kind` for model `cfg` under `plan`: pages of `serve.page_tokens` positions
     laid out as the plan splits the kind (model/decode.py cache_bytes_per_token), `serve.cache_gib` of
     them per device; with cache_gib 0, `left_bytes` of them (a GPU's memory left, PagedPrograms) or,
-    where that is None (CPU devices), every slot at the full context. Refused when that holds less
-    than one request at the context."""
+    where that is None (CPU devices), every slot at the full context; never more than that (no
+    sequence could own the rest). Refused when that holds less than one request at the context."""
     page_bytes = cache_bytes_per_token(kind, cfg, plan) * serve.page_tokens
     per_seq = -(-context // serve.page_tokens)
     if serve.cache_gib:
@@ -85,6 +85,7 @@ def pool_size(serve: ServeConfig, kind: str, cfg, plan: Plan, context: int, left
         n, source = max(left_bytes, 0) // page_bytes, f"the {left_bytes / GIB:.2f} GiB the device has left (serve.cache_gib=0)"
     else:
         n, source = serve.slots * per_seq + 1, "every slot at the context"
+    n = min(n, serve.slots * per_seq + 1)  # more pages than every slot at the context are never owned
     if n - 1 < per_seq:
         raise ConfigError(f"{source} holds {max(n - 1, 0)} pages of {serve.page_tokens} tokens ({page_bytes:,} bytes "
                           f"each per device): less than one request at the context ({context} positions, {per_seq} "
