@@ -2,7 +2,7 @@
 
 Here sit the commands (`python -m boost_jax`, __main__.py, lists them): train.py, eval.py,
 generate.py, lm_eval.py, export.py, convert.py, plan.py, compile.py, study.py, and data/, bench/ and serve/
-(the OpenAI-compatible server); and api.py, the
+(the OpenAI-compatible server, whose library, shared with `bench serve`, is serving/); and api.py, the
 Python API. The library is in rooms, lowest floor first (docs/design.md section 8): runtime/
 (errors, exit, paths, cache; no JAX) and ops/ (the attention op, math on arrays), config/ (the
 config and its tables; no JAX) beside configs/ (base.yaml, hardware.yaml), launch/ (the pre-JAX

@@ -149,12 +149,12 @@ def test_a_decode_steps_work_reads_every_cached_token_and_the_absorbed_cache_mov
 def test_the_servers_paged_decode_compiles_for_gpus_its_pool_split_over_tp_and_filling_the_hbm(capsys):
     """`--only serve_decode` (issue 73): the engine's paged decode compiled for 2 H100s at tp=2 with 2
     latent heads, the decode loop on the device. Its donated pool holds pages of the bytes the server
-    sizes them by (serve/programs.py pool_size), half a page with one latent; with serve.cache_gib=0 on
+    sizes them by (serving/programs.py pool_size), half a page with one latent; with serve.cache_gib=0 on
     a GPU the pool may take what the H100's HBM less 10% leaves, and takes every slot at the context
     (all that requests can own), so the program's peak is within it."""
     from boost_jax.compile import main
     from boost_jax.parallel import make_plan
-    from boost_jax.serve.programs import pool_size
+    from boost_jax.serving.programs import pool_size
 
     layout = [*TINY, "parallel.tp=2", "parallel.dp=1"]
     main([*layout, "model.attn_latent_heads=2", "--gpus", "2", "--cache", "latent", "--only", "serve_decode",

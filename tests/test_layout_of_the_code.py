@@ -26,7 +26,7 @@ FLOORS = [
      "training.log", "training.local_tier", "training.recovery"},
     {"analysis", "training.run_dir", "training.checkpointing", "training.preemption", "training.meeting",
      "training.meter", "training.guard", "training.profiler", "training.metrics", "training.run", "training.evaluate", "training.importer", "api",
-     "train", "export", "generate", "eval", "lm_eval", "serve"},
+     "train", "export", "generate", "eval", "lm_eval", "serving", "serve"},
     {"planner", "plan", "convert", "compile", "comparison", "study"},
     {"bench", "__main__"},
 ]
@@ -40,7 +40,7 @@ FOLDER_FLOORS = [
     {"layers"},
     {"model"},
     {"training"},
-    {"analysis", "serve"},
+    {"analysis", "serving", "serve"},
     {"planner", "comparison"},
     {"bench"},
 ]

@@ -1,4 +1,4 @@
-"""The server's routes (serve/api.py) in-process, through the real `openai` client and httpx over an
+"""The server's routes (serving/api.py) in-process, through the real `openai` client and httpx over an
 ASGI transport: completions equal api.generate token for token (streamed or whole); the fields a
 client sends are honoured or refused one at a time in OpenAI's error shape; /metrics reads in
 Prometheus' format and its compilation count does not move while serving."""
@@ -14,8 +14,8 @@ from boost_jax import api, configs
 from boost_jax.config import ServeConfig
 from boost_jax.model.decode import Decoder
 from boost_jax.model.run_dir import open_run
-from boost_jax.serve.api import Server, create_app
-from boost_jax.serve.engine import Engine
+from boost_jax.serving.api import Server, create_app
+from boost_jax.serving.engine import Engine
 
 MODEL = "tiny"
 CHATML = Path(configs.__file__).parent / "chatml.jinja"

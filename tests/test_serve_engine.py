@@ -1,4 +1,4 @@
-"""The serving engine (serve/engine.py): every greedy completion of 32 mixed-length requests served at
+"""The serving engine (serving/engine.py): every greedy completion of 32 mixed-length requests served at
 once through decode slots and a paged cache equals Decoder.generate's (what `python -m
 boost_jax.generate` and api.generate run), token for token, for each cache kind, on one device and
 under tp; nothing compiles after warm-up; a seed repeats a sample; a cancelled request frees its slot
@@ -16,8 +16,8 @@ from boost_jax.config.hardware import machine_of
 from boost_jax.model import Model
 from boost_jax.model.decode import Decoder
 from boost_jax.parallel import make_plan
-from boost_jax.serve.engine import Engine, Request
-from boost_jax.serve.programs import pool_size
+from boost_jax.serving.engine import Engine, Request
+from boost_jax.serving.programs import pool_size
 
 CONTEXT = 96
 

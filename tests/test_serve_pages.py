@@ -1,4 +1,4 @@
-"""The paged cache's allocator and data path (serve/pages.py, layers/paged_cache.py): thousands of random
+"""The paged cache's allocator and data path (serving/pages.py, layers/paged_cache.py): thousands of random
 admit / grow / finish / cancel events leak no page and give none to two sequences, and a sequence reads
 back only what it wrote itself, whatever its pages held before (freed pages are masked, not zeroed)."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from boost_jax.layers import paged_cache
 from boost_jax.layers.kv_cache import KVCache, LatentCache
-from boost_jax.serve.pages import NULL_PAGE, Pages
+from boost_jax.serving.pages import NULL_PAGE, Pages
 
 
 def check_invariants(pages: Pages, lengths: dict) -> None:

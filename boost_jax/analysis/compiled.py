@@ -5,7 +5,7 @@
         report = read(name, compiled, seconds, cfg, plan)   # memory, collectives, custom calls
 
 The programs come from the builders the commands use (training/step.py `build` for the train and
-eval steps; model/decode.py's Decoder for the prefill and the decode loop; serve/programs.py for the
+eval steps; model/decode.py's Decoder for the prefill and the decode loop; serving/programs.py for the
 server's paged decode), fed abstract shapes: a
 plan on a GPU topology (launch/gpu_target.py) gets them compiled by XLA:GPU without a GPU
 (`python -m boost_jax.compile`); a plan on CPU devices gets the CPU's.
@@ -34,7 +34,7 @@ from boost_jax.model.decode import Decoder
 from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import Plan, make_plan
 from boost_jax.runtime.errors import ConfigError
-from boost_jax.serve.programs import PagedPrograms
+from boost_jax.serving.programs import PagedPrograms
 from boost_jax.training.step import abstract_batch, build
 
 # Fusions XLA:GPU hands to a library or code generator, by their backend_config "kind" (the rest are
@@ -78,7 +78,7 @@ def run_programs(cfg: Config, plan: Plan, cache: str = "auto") -> dict[str, Call
 def serve_decode(cfg: Config, plan: Plan, cache: str) -> jax.stages.Compiled:
     """The server's paged decode program at its widest shape (`serve.slots` rows over a table of the
     context's pages, `serve.decode_steps` steps), its pool and page tables as inputs, the pool sized
-    by `serve.*` as the server sizes it (serve/programs.py)."""
+    by `serve.*` as the server sizes it (serving/programs.py)."""
     graphdef, abstract = abstract_model(cfg)
     programs = PagedPrograms(Decoder(nnx.merge(graphdef, abstract), plan, cache=cache), cfg.serve, cfg.train.seq_len)
     return programs.compiled_decode(cfg.serve.slots, programs.max_pages)

@@ -22,7 +22,7 @@ a cache of as many positions, and a call of the decode loop against that cache. 
 the weights (at the compute dtype, as served) and the cache, beside each program's compiled memory
 analysis (arguments, outputs, temporaries, peak): what serving a model of that size needs; and the
 server's paged pool of that cache kind (`serve.*` of the config, `train.seq_len` positions per
-request), sized by the function the server sizes it with (serve/programs.py pool_size).
+request), sized by the function the server sizes it with (serving/programs.py pool_size).
 
 `--validate` compiles the memory model's validation grid (`VALIDATION`) and prints the model beside
 each compile; it exits with status 1 if any is off by `TOLERANCE` or more. `--validate --gpu-compile NAME`
@@ -53,7 +53,7 @@ from boost_jax.model.weights import abstract_model
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.units import GIB, MIB
-from boost_jax.serve.programs import pool_size
+from boost_jax.serving.programs import pool_size
 from boost_jax.training.optimizers import make_optimizer
 from boost_jax.training.step import accumulated_grad
 
@@ -164,7 +164,7 @@ GPU_VALIDATION = (
 def validate_gpu(case: GpuCase, hw) -> dict:
     """The memory model for XLA:GPU beside the peak of the train step XLA:GPU compiles for `hw`."""
     from boost_jax.analysis.compiled import compile_all  # lazy: the GPU compiler's modules
-    from boost_jax.launch.gpu_target import gpu_devices
+    from boost_jax.launch.gpu_target import gpu_devices  # lazy: the GPU compiler's modules
 
     cfg = from_args([*GPU_BASE, *case.overrides])  # the devices are the GPU topology's, not simulated CPUs
     _, (step,), _ = compile_all(cfg, gpu_devices(hw, 1, GPU_DEVICES), only=("train_step",))

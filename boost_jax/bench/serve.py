@@ -3,7 +3,7 @@ the server's speed under many clients, beside the same requests one at a time an
 (with --soak-s: its memory and pages over a soak of S seconds instead, bench/serve_soak.py).
 
 For the config's model (random weights of its shape; default llama-mini cola, one device, context
-train.seq_len=256, serve.slots=32) it starts `python -m boost_jax.serve`'s app (serve/api.py over an
+train.seq_len=256, serve.slots=32) it starts `python -m boost_jax.serve`'s app (serving/api.py over an
 Engine, every program compiled first) on a loopback port, with a tokenizer of one word per token id
 (random weights have no text), and sends --requests greedy completions of mixed lengths (prompts of
 8 to 3/8 of the context, 8 to 1/4 of it new tokens, a seeded draw) as token-id prompts through the
@@ -30,6 +30,7 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from boost_jax import api
 from boost_jax.bench import serve_soak
@@ -39,6 +40,8 @@ from boost_jax.model import Model
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
 from boost_jax.runtime.cli import at_least, positive
+from boost_jax.serving.engine import Engine
+from boost_jax.serving.listen import bind
 
 DEFAULTS = ["model.preset=llama-mini", "model.arch=cola", "parallel.dp=1", "train.seq_len=256", "serve.slots=32"]
 MODEL_NAME = "bench"
@@ -55,8 +58,6 @@ def mixed_requests(n: int, vocab: int, context: int, seed: int = 0) -> list[tupl
 
 def word_tokenizer(vocab: int):
     """A tokenizer of one word per id ("t0" .. "t{vocab-1}", joined by spaces): text for random weights."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins the words with spaces
@@ -69,8 +70,7 @@ class LoopbackServer:
     def __init__(self, server):
         import uvicorn  # optional: the serve extra
 
-        from boost_jax.serve.__main__ import bind
-        from boost_jax.serve.api import create_app
+        from boost_jax.serving.api import create_app  # optional: fastapi, the serve extra
 
         self.server, self.sock = server, bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
@@ -121,8 +121,6 @@ def served(results: list[dict], seconds: float) -> dict:
 
 def start_engine(cfg: Config, cache: str):
     """The config's model (random weights), its plan, and an Engine of it with every program compiled."""
-    from boost_jax.serve.engine import Engine
-
     model = Model(cfg.model, rngs=nnx.Rngs(cfg.train.seed))
     plan = make_plan(cfg, mesh_devices(cfg.parallel))
     engine = Engine(model, plan, cfg.serve, cache=cache, eos_id=None, context=cfg.train.seq_len)
@@ -131,7 +129,7 @@ def start_engine(cfg: Config, cache: str):
 
 
 def loopback(cfg: Config, engine) -> LoopbackServer:
-    from boost_jax.serve.api import Server
+    from boost_jax.serving.api import Server  # optional: fastapi, the serve extra
 
     return LoopbackServer(Server(engine, word_tokenizer(cfg.model.vocab_size), model_name=MODEL_NAME, serve=cfg.serve))
 

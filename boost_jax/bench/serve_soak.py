@@ -50,8 +50,8 @@ async def _sampler(engine, until: float, samples: list) -> None:
 
 
 async def _soak(url: str, model: str, engine, requests: list, seconds: float, samples: list, counts: dict) -> None:
-    import httpx
-    import openai
+    import httpx  # optional: the serve extra's client
+    import openai  # optional: the serve extra's client
 
     clients = 2 * engine.serve.slots
     until = time.perf_counter() + seconds

@@ -1,7 +1,7 @@
 """The paged cache: every layer's cache of a kind (kv_cache.cache_type: full, latent_v, latent, absorbed where RoPE is decoupled) kept as
 a pool of pages, each a kv_cache row of `page_tokens` slots, [N, H_kv, page_tokens, d_h] or
 [N, page_tokens, r]: the kind's own dataclass with pages where it has rows. A sequence's page table
-(int32 [P], serve/pages.py) lists its pages in order, position j in page table[j // page_tokens]
+(int32 [P], serving/pages.py) lists its pages in order, position j in page table[j // page_tokens]
 at slot j % page_tokens.
 
 A forward over the pool (`view` then `store`) gathers each row's pages into the contiguous cache

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import signal
-import socket
 import sys
 from pathlib import Path
 
 from boost_jax.config.archs import AUTO_CACHE, CACHE_KINDS
 from boost_jax.runtime.cli import run_dir_args, run_dir_parser, run_main
 from boost_jax.runtime.errors import ConfigError, PackageError
+from boost_jax.serving.listen import bind
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,18 +41,6 @@ def parse(argv: list[str]):
     return a
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, or one message: a port in use (or an address not this machine's)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror} (another server on it? pass --port)") from None
-    sock.listen(128)
-    return sock
-
-
 def _main(argv: list[str]) -> None:
     a = parse(argv)
     if missing := [p for p in ("fastapi", "uvicorn") if importlib.util.find_spec(p) is None]:
@@ -61,9 +49,9 @@ def _main(argv: list[str]) -> None:
 
     from boost_jax.model.decode import choose_cache  # lazy: keeps --help free of JAX
     from boost_jax.model.run_dir import open_run  # lazy: keeps --help free of JAX
-    from boost_jax.serve.api import Server, create_app  # lazy: keeps --help free of JAX
-    from boost_jax.serve.engine import Engine  # lazy: keeps --help free of JAX
-    from boost_jax.serve.programs import pool_size  # lazy: keeps --help free of JAX
+    from boost_jax.serving.api import Server, create_app  # lazy: keeps --help free of JAX
+    from boost_jax.serving.engine import Engine  # lazy: keeps --help free of JAX
+    from boost_jax.serving.programs import pool_size  # lazy: keeps --help free of JAX
 
     run = open_run(a.run_dir, a.config, decoding=True, prepare=True, reuse_memory=False)
     cfg, context = run.cfg, run.cfg.train.seq_len

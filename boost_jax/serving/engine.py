@@ -6,7 +6,7 @@
     while engine.step(): ...                           # or engine.start(): a thread steps it
 
 `slots` sequences decode together. A request waits in a queue until a slot is free and the page
-pool can promise it every page it may need (serve/pages.py); its prompt is then prefilled
+pool can promise it every page it may need (serving/pages.py); its prompt is then prefilled
 `prefill_chunk` tokens per step, the chunks of up to `prefill_rows` prompts in one call, between two
 decode steps, so a long prompt never stalls the slots already decoding. After its last chunk (which
 samples its first token) it joins the decode step that follows, and at its end (its <eos>,
@@ -20,7 +20,7 @@ the device (one while a prompt is prefilling; while requests wait, no more than 
 by its length), then stores back the positions written. Every shape is compiled at `warm_up`, and
 both programs take every per-request choice as an array (positions, page tables, counts,
 temperature, top_p, seed), so `compilations` does not move while serving. Both run the model's own
-cached decoding (Model.decode through the Decoder's laid-out parameters; serve/programs.py) over a
+cached decoding (Model.decode through the Decoder's laid-out parameters; serving/programs.py) over a
 view of each row's pages (layers/paged_cache.py), so a greedy completion is the token sequence `Decoder.generate`
 gives. Token i of a sampled request is drawn with fold_in(key(seed), i): a seed repeats a
 completion whatever the other slots hold.
@@ -43,8 +43,8 @@ from boost_jax.model import Model
 from boost_jax.model.decode import Decoder
 from boost_jax.parallel.plan import Plan
 from boost_jax.runtime.errors import ConfigError
-from boost_jax.serve.pages import Pages
-from boost_jax.serve.programs import PagedPrograms
+from boost_jax.serving.pages import Pages
+from boost_jax.serving.programs import PagedPrograms
 
 
 @dataclass(eq=False)

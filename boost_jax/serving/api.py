@@ -28,8 +28,8 @@ from tokenizers import Tokenizer
 from boost_jax.config import ServeConfig
 from boost_jax.data.chat import ChatTokens, check_turns
 from boost_jax.runtime.errors import BoostJaxError
-from boost_jax.serve.engine import Engine, Request as Completion
-from boost_jax.serve.programs import TOP_LOGPROBS
+from boost_jax.serving.engine import Engine, Request as Completion
+from boost_jax.serving.programs import TOP_LOGPROBS
 
 RETRY_AFTER_S = 1
 MAX_STOPS = 4  # OpenAI's limit on `stop` strings

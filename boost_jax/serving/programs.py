@@ -1,4 +1,4 @@
-"""The serving engine's two programs over a paged pool, and the pool's size: what serve/engine.py
+"""The serving engine's two programs over a paged pool, and the pool's size: what serving/engine.py
 calls, and what `python -m boost_jax.compile` compiles for a GPU as `serve_decode` (nothing here
 allocates but `empty_pool`, so a GPU topology's devices compile them without a GPU).
 
