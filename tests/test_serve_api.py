@@ -185,3 +185,28 @@ def test_chat_completions_render_the_template_and_stop_at_the_end_of_turn_as_gen
     assert whole.choices[0].message.content == streamed == reply
     assert whole.usage.prompt_tokens == len(ids) and len(whole.choices[0].logprobs.content) == len(want.tokens[0])
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages" and "robot" in bad.text
+
+
+def test_a_request_whose_event_loop_closed_is_dropped_and_the_engine_serves_on(served):
+    """Clients whose event loop closes while their streams still decode (each asyncio.run here) leave the
+    engine serving: a later request completes and the engine thread is alive (an event for a closed loop
+    cancels its request, serving/api.py, rather than raising in the engine thread)."""
+    server, _, _ = served
+
+    async def first_token_then_leave():
+        async with client(server) as http:
+            async with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "def main(",
+                                                                    "max_tokens": 60, "stream": True}) as r:
+                async for _ in r.aiter_lines():
+                    return  # the loop closes with the request still decoding
+
+    async def whole():
+        async with client(server) as http:
+            r = await asyncio.wait_for(http.post("/v1/completions", json={"model": MODEL, "prompt": "import os",
+                                                                          "max_tokens": 4}), timeout=120)
+            return r.status_code, r.json()["usage"]["completion_tokens"]
+
+    for _ in range(3):
+        run_async(first_token_then_leave())
+    assert run_async(whole()) == (200, 4)
+    assert server.engine._thread.is_alive()

@@ -182,8 +182,11 @@ class Server:
                            kind="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
-        def on_event(_, tokens, logprobs, finish):
-            loop.call_soon_threadsafe(events.put_nowait, (tokens, logprobs, finish))
+        def on_event(r, tokens, logprobs, finish):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (tokens, logprobs, finish))
+            except RuntimeError:  # the caller's event loop has closed: no one reads r; the engine thread lives on
+                r.cancelled = True
 
         request = self.engine.submit(Completion(ids, sampling.max_tokens, on_event, sampling.temperature,
                                                 sampling.top_p, sampling.seed, stop_ids,
