@@ -38,8 +38,9 @@ def client(server):
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(server)), base_url="http://serve")
 
 
-def run_async(coro):
-    return asyncio.run(coro)
+def run_async(coro, timeout_s: float = 300):
+    """`coro` run to its end, or a failure after `timeout_s` (a stuck request fails its test, not the run)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 def test_completions_equal_generate_streamed_or_whole_and_compile_nothing(served):
