@@ -260,6 +260,16 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+async def _read(server: Server, request: Request, *, chat: bool) -> tuple[Sampling, list[int]]:
+    """A completion request's sampling and prompt ids (chat: its messages rendered), each field checked."""
+    body = await _body(request)
+    server.check_model(body)
+    sampling = Sampling.read(body, server.serve, chat=chat)
+    ids = server.chat_ids(body) if chat else server.prompt_ids(body)
+    server.check_length(ids, sampling)
+    return sampling, ids
+
+
 async def _body(request: Request) -> dict:
     raw = await request.body()
     try:
@@ -296,11 +306,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _body(request)
-        server.check_model(body)
-        sampling = Sampling.read(body, server.serve, chat=False)
-        ids = server.prompt_ids(body)
-        server.check_length(ids, sampling)
+        sampling, ids = await _read(server, request, chat=False)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": server.model_name}
 
@@ -312,11 +318,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _body(request)
-        server.check_model(body)
-        sampling = Sampling.read(body, server.serve, chat=True)
-        ids = server.chat_ids(body)
-        server.check_length(ids, sampling)
+        sampling, ids = await _read(server, request, chat=True)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def choice(text, out, entries, offset, finish):
