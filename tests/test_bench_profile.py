@@ -26,6 +26,7 @@ from boost_jax.bench.profile import ROOFLINE_ROWS, gemm_work, profile, roofline
 from boost_jax.runtime.errors import ConfigError
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_profile_puts_a_tiny_steps_time_in_categories(tmp_path):
     # 128 tokens a device: no llama-tiny weight dim (gemm_layout)
     cfg = config_for("llama-tiny", "cola", tp=2, batch_size=4, seq=32, dtype="float32",

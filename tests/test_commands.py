@@ -20,6 +20,7 @@ from boost_jax.plan import parse as parse_plan
 TINY = ["model.preset=llama-tiny", "model.arch=cola", "train.seq_len=32"]
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_comm_reads_the_train_config(capsys):
     comm.main([*TINY, "parallel.tp=2", "parallel.dp=2", "train.batch_size=8", "model.dtype=bfloat16", "--json"])
     r = json.loads(capsys.readouterr().out)
@@ -28,6 +29,7 @@ def test_bench_comm_reads_the_train_config(capsys):
     assert r["analytic_layer_forward_bytes"] == 4 * 32 * 7 * 16 * 2
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_step_runs_a_recipe_as_is(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"model": {"preset": "llama-tiny", "arch": "cola"},
@@ -110,6 +112,7 @@ def test_bench_hf_without_torch_names_the_packages_before_any_work(monkeypatch):
             command.main(dense)
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_step_hf_trains_the_same_model_on_the_same_batch(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -47,10 +47,10 @@ def assert_equal_to_one_device(arch: str, *overrides: str):
         assert np.abs(g - r).max() <= 1e-5 * np.abs(r).max(), (np.abs(g - r).max(), np.abs(r).max())
 
 
-VARIANTS = ("gather", "ring", "latent")
+VARIANTS = ("gather", "ring", "latent")  # the inner tier: gather with tp; ring and latent in the slow tier
 
 
-@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("attention", [a if a == "gather" else pytest.param(a, marks=pytest.mark.slow) for a in VARIANTS])
 def test_each_attention_variant_with_tp_equals_one_device(attention):
     assert_equal_to_one_device("cola", "parallel.cp=2", "parallel.tp=2", f"parallel.cp_attention={attention}")
 
@@ -129,7 +129,7 @@ def context_of(attention: str) -> dict:
     # the other device's block of k and v; backward, k and v again, then dk and dv out and home
     ("ring", "collective-permute", "[4, 32, 1, 8]", ["collective-permute bf16[4, 32, 1, 8]"] * 6),
     # the rank-16 latents of k and v (replicated over tp); backward, their gradients reduce-scattered
-    ("latent", "all-gather", "[4, 64, 16]", ["reduce-scatter bf16[4, 32, 16]"] * 2),
+    pytest.param("latent", "all-gather", "[4, 64, 16]", ["reduce-scatter bf16[4, 32, 16]"] * 2, marks=pytest.mark.slow),
 ])
 def test_cp_collectives_on_the_hlo_are_the_analytic_ones(attention, kind, shape, backward):
     """Per layer: two collectives along cp forward (k and v, or their latents) whose bytes are the
@@ -187,6 +187,7 @@ def test_bad_layouts_are_refused_before_any_work(overrides, message):
 
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_the_planner_splits_a_sequence_only_where_the_batch_cannot_be(tmp_path):
     """One row on two GPUs: only cp = 2 uses both, and it is priced with its memory and time. Two
     rows: data parallelism does the same work without attention's collectives, and cp = 2 is not

@@ -119,6 +119,7 @@ def test_a_dense_model_at_full_rank_is_its_svd_model():
     np.testing.assert_allclose(logits(svd), logits(model), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_compression_reports_and_the_run_trains_on(dense_run, tmp_path, tiny_overrides, capsys):
     from boost_jax.data.build import build_data
 

@@ -302,6 +302,7 @@ def test_runs_without_the_optional_packages_import_and_a_run_names_them(tmp_path
     assert not any(tmp_path.iterdir())  # named before any work
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
     """tensorboardX imports PyTorch whenever it is installed; a run's log keeps it out (seconds of every
     start), and torch imports as usual afterwards."""

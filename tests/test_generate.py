@@ -71,7 +71,7 @@ def test_greedy_decoding_equals_repeated_full_forwards(arch, kw):
 
 
 # cola's: tests/test_open_models_parallel.py (with biases, against the full forward).
-@pytest.mark.parametrize("arch", ["lax", pytest.param("svd", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) for a in ("lax", "svd")])  # the inner tier: cola's
 def test_the_latent_caches_compute_what_the_full_one_does(arch):
     """Prefill and three steps through each cache kind: the same logits (fp32, 1e-5), the same tokens."""
     model = model_of(arch)
@@ -93,13 +93,13 @@ def test_the_latent_caches_compute_what_the_full_one_does(arch):
 
 
 # Latent heads (model.attn_latent_heads=g), and decoupled RoPE on top (model.attn_rope_dims): the latent
-# caches split over tp by latent heads. (arch, g, tp, kv_heads, rope_dims); the inner tier: each cache
-# layout once (the latent cache split by latent heads; the absorbed cache split by them). The slow tier
-# adds the absorbed cache without latent heads on one device (svd; LaX's latent caches on one device:
+# caches split over tp by latent heads. (arch, g, tp, kv_heads, rope_dims); the inner tier: the absorbed
+# cache split by latent heads. The slow tier: the latent cache split by them, the absorbed cache without
+# latent heads on one device (svd; LaX's latent caches on one device:
 # test_the_latent_caches_compute_what_the_full_one_does[lax]) and under tp, and LaX at tp = 4 with 2 kv
 # heads per latent head.
 LATENT_HEADS = [
-    pytest.param("cola", 2, 2, 2, 0, id="cola-2-2-2"),
+    pytest.param("cola", 2, 2, 2, 0, id="cola-2-2-2", marks=pytest.mark.slow),
     pytest.param("cola", 2, 2, 2, 4, id="cola-2-2-2-absorbed"),
     pytest.param("svd", 1, 1, 2, 4, id="svd-1-1-2-absorbed", marks=pytest.mark.slow),
     pytest.param("cola", 1, 2, 2, 4, id="cola-1-2-2-absorbed", marks=pytest.mark.slow),
@@ -427,6 +427,7 @@ def test_cli_errors_are_one_message(run_dir, tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "not a text file" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_decode_reports_speed_beside_the_floor(capsys):
     from boost_jax.bench import decode
 
@@ -457,6 +458,7 @@ def test_bench_decode_varies_the_layout_side_by_side_with_each_devices_cache(cap
                for run in r["runs"] for x in run["rows"])
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_decode_times_xla_defaults_side_by_side(capsys):
     from boost_jax.bench import decode
 

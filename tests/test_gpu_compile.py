@@ -71,6 +71,7 @@ def eval_step_only(monkeypatch):
     monkeypatch.setattr(compiled, "run_programs", lambda *a: {"eval_step": every(*a)["eval_step"]})
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_the_command_compiles_the_eval_step_on_the_gpu_paths_and_saves_it(tmp_path, capsys, eval_step_only):
     """The command of the test below in the inner tier, on the run's cheapest program to compile (the
     eval step): cuDNN's flash attention and the kernels as Triton calls, the layers' forward bytes as

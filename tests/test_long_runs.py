@@ -114,6 +114,7 @@ def prepared_pair(tmp_path_factory) -> tuple[Path, Path]:
     return root / "asyncio", root / "email"
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_mixture_run_evaluates_each_dataset_and_logs_health(prepared_pair, tiny_overrides, tmp_path):
     """One short run with the mixture, the z-loss, spike skipping and health norms on together."""
     asyncio_dir, email_dir = prepared_pair

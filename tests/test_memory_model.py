@@ -33,6 +33,7 @@ def test_bench_memory_prints_the_model_beside_the_compile(capsys):
         assert abs(r["memory_model_bytes"] / r["fwd_bwd_peak_bytes"] - 1) < memory.TOLERANCE, r
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_memory_validates_the_model_against_the_compile(monkeypatch, capsys):
     """`bench memory --validate` on its first case (the layer scan); a case off by the tolerance
     fails the command."""

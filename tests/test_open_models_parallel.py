@@ -1,7 +1,7 @@
 """The open models' switches (Llama 3's RoPE scaling, Qwen2's q/k/v bias; docs/design/hf-models.md)
 under every kind of parallelism: BTP, FSDP, the pipeline and context parallelism each equal one
-device (fp32, 1e-5 of each tensor's scale), two kinds at a time in the inner tier and one case each
-in the slow tier; over the latent caches a model with a bias decodes what the full cache does."""
+device (fp32, 1e-5 of each tensor's scale), btp with cp in the inner tier, fsdp with the pipeline and one
+case each in the slow tier; over the latent caches a model with a bias decodes what the full cache does."""
 
 import functools
 
@@ -49,12 +49,12 @@ def one_device(arch: str, *model: str):
     return loss_and_grads(arch, *model)
 
 
-# The inner tier: the four kinds two at a time (btp with cp; fsdp with the pipeline), one program each;
-# the slow tier: each kind alone.
+# The inner tier: btp with cp, one program; the slow tier: fsdp with the pipeline, and each kind alone.
 @pytest.mark.parametrize("arch, overrides", [
     pytest.param("cola", ["parallel.tp=2", "parallel.scheme=btp", "parallel.cp=2", "parallel.cp_attention=ring"],
                  id="btp-cp"),
-    pytest.param("dense", ["parallel.fsdp=2", "parallel.pp=2", "train.microbatches=2"], id="fsdp-pipeline"),
+    pytest.param("dense", ["parallel.fsdp=2", "parallel.pp=2", "train.microbatches=2"], id="fsdp-pipeline",
+                 marks=pytest.mark.slow),
     pytest.param("cola", ["parallel.tp=2", "parallel.scheme=btp"], id="btp", marks=pytest.mark.slow),
     pytest.param("dense", ["parallel.fsdp=2", "parallel.tp=2"], id="fsdp", marks=pytest.mark.slow),
     pytest.param("dense", ["parallel.pp=2", "train.microbatches=2"], id="pipeline", marks=pytest.mark.slow),

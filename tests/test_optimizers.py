@@ -47,7 +47,7 @@ def test_adamw_is_bitwise_the_previous_optimizer():
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)))
 
 
-@pytest.mark.parametrize("arch", ["cola", "dense"])
+@pytest.mark.parametrize("arch", ["cola", pytest.param("dense", marks=pytest.mark.slow)])
 def test_muon_on_stacked_layers_equals_muon_on_each_layer_alone(arch):
     """Every decoder matrix (each factor of each layer) is orthogonalised alone: the update equals optax's
     Muon run on that layer's 2-D matrices; embedding, head and norms take the plain AdamW update."""
@@ -326,6 +326,7 @@ def test_health_reports_the_factor_spectra_and_the_products_stable_rank():
     assert not any(k.startswith("spectral_a/") for k in health_norms(*[init_params(tiny("model.arch=dense"))] * 3, [0, 1]))
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_health_takes_a_latent_heads_b_as_its_block_diagonal_matrix():
     """k's and v's B with latent heads: the spectra and the stable rank are those of the dense
     block-diagonal B the stacked blocks stand for (the stacked matrix's sigma only bounds its largest

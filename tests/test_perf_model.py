@@ -174,6 +174,7 @@ def test_grouped_query_attention_is_priced_as_its_heads(layout, twice):
     assert gqa[1] == pytest.approx(twice * mha[1], rel=1e-12)
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_btp_moves_less_and_sends_a_residual_shard(measured):
     btp, vanilla = measured("cola/btp")[0], measured("cola/vanilla")[0]
     assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3
@@ -429,6 +430,7 @@ def test_report_times_and_profiles_a_section(tmp_path, monkeypatch):
     assert all(p["categories"]["gemm"] > 0 for p in profiles.values())
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_the_shipped_page_is_rendered_from_the_shipped_measurements(tmp_path):
     """docs/results.md is `bench report --rerender docs/results.json`, byte for byte, with the same plots:
     an edit to the page's code that changes what it says shows here, not on the next full measurement."""
@@ -472,6 +474,7 @@ def test_report_refuses_a_bad_saved_input_before_measuring(tmp_path, monkeypatch
     assert not out.exists()
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_step_reports_its_fraction_of_the_measured_matmul_peak(monkeypatch):
     from boost_jax.analysis.program import config_for
     from boost_jax.bench import step

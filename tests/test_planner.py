@@ -55,7 +55,7 @@ def test_recipe_trains_two_steps(planned, tiny_overrides, tmp_path):
     # the plain layout (~20 s busy) in the slow tier: the two below price the same GEMMs and collectives and more
     pytest.param(Layout("btp", 2, 1, 1, 2, 1, 1, 1, "none"), False, marks=pytest.mark.slow),
     (Layout("btp", 1, 2, 1, 1, 2, 1, 2, "full"), False),  # a pipeline's bubbles and full remat's recompute
-    (Layout("btp", 2, 1, 1, 1, 1, 2, 1, "lowrank"), False),  # context parallelism: tokens split over cp
+    pytest.param(Layout("btp", 2, 1, 1, 1, 1, 2, 1, "lowrank"), False, marks=pytest.mark.slow),  # cp: tokens split
     # --overlap: TP all-reduces behind dW, the dp all-reduce behind the backward
     pytest.param(Layout("vanilla", 2, 1, 1, 2, 1, 1, 1, "none"), True, marks=pytest.mark.slow),
 ])
@@ -174,10 +174,11 @@ def test_sizing_skips_each_layout_a_fitting_one_beats(monkeypatch):
                      (1, 1, "full"), (1, 2, "none"), (1, 2, "lowrank")}
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 @pytest.mark.parametrize("layout", [
     Layout("btp", 1, 1, 1, 1, 1, 1, 1, ""),
-    pytest.param(Layout("btp", 2, 2, 1, 1, 1, 1, 4, ""), marks=pytest.mark.slow),  # a pipeline
-    pytest.param(Layout("vanilla", 2, 1, 1, 1, 1, 1, 1, ""), marks=pytest.mark.slow),
+    Layout("btp", 2, 2, 1, 1, 1, 1, 4, ""),  # a pipeline
+    Layout("vanilla", 2, 1, 1, 1, 1, 1, 1, ""),
 ])
 def test_recomputing_more_is_never_priced_faster(layout):
     """What lets the planner skip full remat where another preset fits (remat.SLOWER_THAN): on the same

@@ -161,6 +161,7 @@ def test_a_damaged_local_step_gives_way_to_the_persistent_tier(local_5, tiny_ove
     assert saved["loss"] == pytest.approx(resumed["losses"][0], rel=1e-6)
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_damaged_newest_local_step_gives_way_to_an_older_local_step(local_3, tiny_overrides, capfd):
     """Local steps 6 and 9 (retention 2), persistent 4 (8 and 10 lost), a half-written step 12 left by
     a kill -9: local step 9 cut short gives way, in one note, to local step 6 (newer than the
@@ -187,6 +188,7 @@ def test_a_damaged_newest_local_step_gives_way_to_an_older_local_step(local_3, t
     assert files_of(tmp) == {"state/_METADATA": b'{"tree_metadata": {'}
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_step_both_tiers_hold_resumes_from_the_persistent_one(local_3, local_5, tiny_overrides, capfd):
     """The loop saves a step to one tier only, so the tie is made by hand: persistent step 6 from a run
     of the same setup beside local step 6 (local step 9 and persistent 8 and 10 gone). The persistent
@@ -352,6 +354,7 @@ def mesh(dp: int) -> dict[str, int]:
     return {"pp": 1, "dp": dp, "fsdp": 1, "cp": 1, "tp": 1}
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_resume_on_fewer_devices_takes_the_fewest_microbatches_that_fit_and_split_the_batch(tiny_overrides):
     """A global batch of 12 rows, 3 a device on 4 devices, 6 on the 2 left. Under what 3 micro-batches
     need there, 1, 2 and 3 do not fit and 4 and 5 do not split the batch into rows for 2 devices: 6.

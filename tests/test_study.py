@@ -72,6 +72,7 @@ def test_fit_recovers_a_known_compute_multiplier():
     assert covered >= 8
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_cells_above_the_law_of_more_compute_are_early_and_cells_on_it_are_not():
     """fit.early on synthetic curves of 6 computes: on the law nothing is early; with the 2 budgets of least
     compute 0.1 above it, exactly those are, and the multiplier is still recovered from the rest."""
@@ -101,6 +102,7 @@ def test_cells_above_the_law_of_more_compute_are_early_and_cells_on_it_are_not()
     assert floor(10.0, 10.0) == {"early": False, "early_reason": None}
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_bench_report_draws_a_saved_study_and_refuses_a_file_that_is_not_one(tmp_path, monkeypatch):
     """The results page's section of a saved `study --json` (synthetic cells, the 2 of least compute early):
     the sizes, the cells with their grids and the multiplier in the table, each curve's means and fitted

@@ -84,6 +84,7 @@ def test_resume_refuses_a_different_model(tmp_path, tiny_overrides, run_dir):
     assert sorted(p.name for p in run_dir.rglob("*")) == before and (run_dir / "config.yaml").read_text() == config
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_resume_may_move_the_compile_cache_and_times_its_first_step(tmp_path, tiny_overrides, capsys, run_dir):
     cfg = load_config(None, [*tiny_overrides, f"run_dir={run_dir}", "train.steps=3", "checkpoint.every=2",
                              "train.eval_every=0", "data.compile_cache=false", f"data.compile_cache_dir={tmp_path}"])

@@ -5,6 +5,7 @@ bitwise, because its checkpoint layout is that dict."""
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from boost_jax.config import load_config
 from boost_jax.model.checkpoint import CheckpointStore, identity
@@ -15,6 +16,7 @@ from boost_jax.training.loss import device_batch
 from boost_jax.training.step import setup
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_checkpoint_of_the_dict_layout_restores_bitwise(tmp_path, tiny_overrides):
     cfg = load_config(None, [*tiny_overrides, f"run_dir={tmp_path / 'run'}", "train.steps=4", "checkpoint.every=1",
                              "train.eval_every=0", "train.spike_skip=3", "train.spike_window=4", "parallel.dp=2"])
