@@ -148,15 +148,20 @@ def test_malformed_json_and_a_full_queue(served):
             malformed = await http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
             listed = await http.post("/v1/completions", json=["a"])
             queue, server.serve = server.serve, ServeConfig(queue=1)
-            server.engine.waiting.append(None)  # one waiting: the queue of one is full
-            try:
-                full = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
-            finally:
-                server.engine.waiting.remove(None)
-                server.serve = queue
+            # One waiting: the queue of one is full. Under the engine's lock, so that its thread does not
+            # step meanwhile and meet the placeholder (it did, once in a while: the thread died on it and
+            # every later test's request waited for it)
+            with server.engine._lock:
+                server.engine.waiting.append(None)
+                try:
+                    full = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+                finally:
+                    server.engine.waiting.remove(None)
+                    server.serve = queue
             return malformed, listed, full
 
     malformed, listed, full = run_async(go())
+    assert server.engine._thread.is_alive()
     assert malformed.status_code == 400 and "not valid JSON" in malformed.json()["error"]["message"]
     assert listed.status_code == 400 and "JSON object" in listed.json()["error"]["message"]
     assert full.status_code == 503 and full.headers["retry-after"] == "1" and full.json()["error"]["code"] == "queue_full"
