@@ -58,6 +58,7 @@ def test_indivisible_micro_batches_fail_early(overrides, needle):
         make_plan(load_config(None, ["model.preset=llama-tiny", "train.batch_size=8", *overrides]))
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_accumulation_keeps_one_micro_batch_of_activations():
     """Compiled peak (memory_analysis) of the gradient: 4x the batch as 4 micro-batches costs about
     what one micro-batch does, not 4x its activations."""

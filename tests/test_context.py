@@ -55,6 +55,7 @@ def test_each_attention_variant_with_tp_equals_one_device(attention):
     assert_equal_to_one_device("cola", "parallel.cp=2", "parallel.tp=2", f"parallel.cp_attention={attention}")
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 @pytest.mark.parametrize("attention", [pytest.param("gather", marks=pytest.mark.slow), "latent",
                                        pytest.param("ring", marks=pytest.mark.slow)])
 def test_latent_heads_with_cp_and_tp_equal_one_device(attention):
@@ -93,6 +94,7 @@ def test_grid_equals_one_device(case):
     assert_equal_to_one_device(*case)
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 @pytest.mark.parametrize("attention", [pytest.param("gather", marks=pytest.mark.slow), "latent",
                                        pytest.param("ring", marks=pytest.mark.slow)])
 def test_decoupled_rope_with_cp_and_tp_equals_one_device(attention):

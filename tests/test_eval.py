@@ -38,6 +38,7 @@ def test_eval_is_the_training_loops_eval_at_that_step(run_dir):
     assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_generate_until_batches_requests_asking_alike_with_each_answer_its_own(run_dir, monkeypatch):
     """Requests of two kinds (stop strings, max_gen_toks), interleaved, with prompts of different lengths,
     one so long that its continuation is cut to the model's context: decoded in batches of `rows` per
@@ -176,6 +177,7 @@ def test_generate_until_stops_at_the_first_stop_string(harness):
     assert cut == free[:free.find(stop)]
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 @pytest.mark.parametrize("layout", [
     ["parallel.tp=2", "parallel.dp=1"],
     pytest.param(["parallel.fsdp=2", "parallel.dp=1"], marks=pytest.mark.slow),

@@ -260,6 +260,7 @@ def test_export_checks_the_tokenizer(run_copy, tmp_path):
 # ----------------------------------------------------------------------------- durable metrics
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_metrics_reach_disk_before_each_checkpoint(run_copy, tiny_overrides, monkeypatch):
     class Crash(Exception):
         pass
@@ -362,6 +363,7 @@ def test_an_unknown_section_in_a_runs_config_yaml_is_refused_on_resume(run_copy,
     assert (steps_in(run_copy), metric_steps(run_copy)) == before
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_eval_max_tokens_is_clamped_to_the_split_and_says_so(run_copy, capsys):
     from boost_jax.training.evaluate import evaluate
 

@@ -156,11 +156,13 @@ def cola_decoder():
     return Decoder(model, single_device_plan(model.cfg))
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_row_does_not_depend_on_the_rest_of_its_batch(cola_decoder):
     together = cola_decoder.generate(PROMPTS, 16).tokens
     assert together == [cola_decoder.generate([p], 16).tokens[0] for p in PROMPTS]
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_sampling_is_reproducible_from_the_seed():
     model = model_of("cola")
     decoder = Decoder(model, single_device_plan(model.cfg))
@@ -469,7 +471,7 @@ def test_bench_decode_times_xla_defaults_side_by_side(capsys):
     assert re.search(r"api.generate in a loop, after its first call .*: full b2 [0-9,.]+ tok/s \([0-9.]+x\)", out)
 
 
-@pytest.mark.slow  # torch and transformers beside XLA; the inner tier runs the command above
+@pytest.mark.slow  # torch and transformers beside XLA
 def test_bench_decode_hf_times_a_steps_matmuls_in_both_libraries(capsys):
     """`--hf`: beside Hugging Face's generate, a decode step's matmuls alone, in the step's order, in
     PyTorch and in XLA."""

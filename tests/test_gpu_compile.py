@@ -73,7 +73,7 @@ def eval_step_only(monkeypatch):
 
 @pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_the_command_compiles_the_eval_step_on_the_gpu_paths_and_saves_it(tmp_path, capsys, eval_step_only):
-    """The command of the test below in the inner tier, on the run's cheapest program to compile (the
+    """The command of the test below, on the run's cheapest program to compile (the
     eval step): cuDNN's flash attention and the kernels as Triton calls, the layers' forward bytes as
     the formulas say, its memory, HLO and manifest saved."""
     from boost_jax.compile import main
@@ -93,7 +93,7 @@ def test_the_command_compiles_the_eval_step_on_the_gpu_paths_and_saves_it(tmp_pa
     assert not saved["executable"] and "pickle" in saved["not_serialised"]  # cuDNN's attention cannot be
 
 
-@pytest.mark.slow  # the four programs (~25 s); the inner tier keeps the eval step's (above)
+@pytest.mark.slow  # the four programs (~25 s); the eval step's alone above
 def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_executables(tmp_path, capsys):
     """`python -m boost_jax.compile` at btp tp=2 with the Pallas kernels: the four programs, each with
     its compiled memory and optimised HLO; the train step takes cuDNN's flash attention forward and

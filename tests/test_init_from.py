@@ -67,6 +67,7 @@ def test_init_from_then_one_step_on_tp2_equals_one_device(tmp_path, tiny_overrid
                  params(tmp_path / "tp2"), params(tmp_path / "one"))
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_the_parameters_are_the_sources_and_a_resume_ignores_it(tmp_path, tiny_overrides, source, capsys):
     """At a learning rate of 1e-9 one step moves no parameter by more than ~1e-9: step 1 holds the
     source's step 4. Re-run with more steps, the run resumes its own checkpoint (said in the log)."""

@@ -164,6 +164,7 @@ def test_a_mixture_run_resumes_exactly_and_takes_new_weights_at_a_resume(prepare
 # ----------------------------------------------------------------------------- stability
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_the_z_loss_adds_exactly_its_term_and_eval_leaves_it_out():
     from flax import nnx
 

@@ -11,6 +11,7 @@ from boost_jax.bench import memory
 from boost_jax.config import load_config
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_layer_residuals_split_by_what_they_depend_on():
     """Under full remat a layer keeps its input (the residual stream: [2, 64, 64/tp] fp32) and its
     weights, nothing computed from them; in bf16 without remat it keeps the weights' bf16 casts

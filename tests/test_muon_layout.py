@@ -66,6 +66,7 @@ def test_auto_takes_the_cheapest_way_of_each_matrix():
             assert {w.name for w in chosen.values()} == {"gather"}
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_latent_heads_b_is_priced_per_block():
     """Latent heads' k and v B (block-diagonal, `optimizers.latent_head_blocks`): under gram each device's
     whole blocks are orthogonalised where they lie, so the formula, as the compiled update, has no Gram

@@ -27,9 +27,10 @@ LAYOUTS = {
 }
 # Auto takes gather for every split matrix at llama-tiny's sizes (the three ways are forced one by one
 # below), so a layout adds a mechanism only by how it splits the matrices the update gathers and
-# slices back. The inner loop: one case per scheme, each with two parallel axes and an optimizer of
-# its own (two of them in the slow tier too, for the inner tier's 180 s). The slow tier: one case per further mechanism (the rest of scheme x optimizer x layout adds
-# none: tp=2 is the ways test's layout, cp=2's gradient reduction is megatron-muon-cp2's).
+# slices back. The inner loop: btp with spectron on dp x fsdp (the inner tier's 180 s). The slow tier:
+# vanilla with muon on a pipeline, megatron with muon on cp, and one case per further mechanism (the
+# rest of scheme x optimizer x layout adds none: tp=2 is the ways test's layout, cp=2's gradient
+# reduction is megatron-muon-cp2's).
 INNER_LOOP = [("btp", "spectron", "dp2-fsdp2")]
 SLOW = [
     ("vanilla", "muon", "pp2"),

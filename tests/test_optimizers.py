@@ -195,6 +195,7 @@ def test_per_step_coefficients_are_read_as_triples():
     assert not np.allclose(ns(steps), ns(steps[0]))  # not the first triple twice
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 @pytest.mark.parametrize("optimizer", ["spectron", pytest.param("muon", marks=pytest.mark.slow)])
 def test_the_optimizer_state_resumes_bitwise_and_a_switch_needs_reset_optimizer(tmp_path, tiny_overrides, capsys,
                                                                                 optimizer):

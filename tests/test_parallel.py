@@ -182,6 +182,7 @@ def test_pallas_kernels_match_xla_in_a_btp_model():
 
 
 # Each switch off its default once; (sync, ungrouped) together would add no mechanism of its own.
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 @pytest.mark.parametrize("norm, grouping", [("sync", True), pytest.param("online", False, marks=pytest.mark.slow)])
 def test_norm_and_grouping_switches_keep_the_math(norm, grouping):
     value, logits, grads = loss_logits_grads(

@@ -180,6 +180,7 @@ def test_btp_moves_less_and_sends_a_residual_shard(measured):
     assert btp["layer_forward_bytes"] < vanilla["layer_forward_bytes"] / 3
 
 
+@pytest.mark.slow  # out of the inner tier (its 180 s budget); the full suite runs it
 def test_a_pipeline_is_priced_as_compiled(measured, a100):
     """pp=2, M=2 on the same model: each device runs 2 of the 4 layers in M + S - 1 = 3 iterations of
     half the batch, so 3/4 of the unpipelined GEMM work in loops (bubbles computed like the rest), and

@@ -1,7 +1,8 @@
 """The server's routes (serving/api.py) in-process, through the real `openai` client and httpx over an
 ASGI transport: completions equal api.generate token for token (streamed or whole); the fields a
 client sends are honoured or refused one at a time in OpenAI's error shape; /metrics reads in
-Prometheus' format and its compilation count does not move while serving."""
+Prometheus' format and its compilation count does not move while serving; an engine that fails ends
+every request with a 500 instead of leaving it waiting."""
 
 import asyncio
 from pathlib import Path
@@ -216,3 +217,34 @@ def test_a_request_whose_event_loop_closed_is_dropped_and_the_engine_serves_on(s
         run_async(first_token_then_leave())
     assert run_async(whole()) == (200, 4)
     assert server.engine._thread.is_alive()
+
+
+def test_an_engine_that_fails_ends_every_request_with_a_500_and_health_says_so(served, capsys):
+    """A step that raises (a bug, a device lost) must not leave clients waiting on a dead thread: the
+    request in flight and every later one get a 500 naming the failure, and /health turns 500 for an
+    orchestrator to restart the server. (Its own engine: the module's serves the other tests.)"""
+    _, model, run = served
+    serve = ServeConfig(slots=2, page_tokens=8, prefill_chunk=16)
+    engine = Engine(model, run.plan, serve, cache="full", eos_id=run.eos, context=run.cfg.train.seq_len)
+
+    def broken_step():
+        raise FloatingPointError("the device returned garbage")
+
+    engine.step = broken_step
+    server = Server(engine, run.tokenizer, model_name=MODEL, serve=serve, chat=run.chat)
+
+    async def go():
+        async with client(server) as http:
+            assert (await http.get("/health")).status_code == 200
+            engine.start()  # its first step raises, with the request below waiting or about to
+            first = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4})
+            later = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4})
+            return first, later, await http.get("/health")
+
+    first, later, health = run_async(go(), timeout_s=60)
+    engine.stop()
+    for r in (first, later):
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_failed", r.text
+        assert "FloatingPointError: the device returned garbage" in r.json()["error"]["message"]
+    assert health.status_code == 500 and health.json()["status"] == "failed"
+    assert "FloatingPointError" in capsys.readouterr().err  # the traceback in the server's log

@@ -48,6 +48,11 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+def _engine_failed(failure: str | None) -> ApiError:
+    return ApiError(500, f"the serving engine has stopped: {failure}; the server must be restarted", kind="server_error",
+                    code="engine_failed")
+
+
 def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param)
 
@@ -180,6 +185,8 @@ class Server:
         if len(self.engine.waiting) >= self.serve.queue:
             raise ApiError(503, f"{len(self.engine.waiting)} requests are waiting (serve.queue); retry later",
                            kind="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        if self.engine.failure is not None:
+            raise _engine_failed(self.engine.failure)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def on_event(r, tokens, logprobs, finish):
@@ -195,6 +202,8 @@ class Server:
         try:
             while out.finish is None:
                 tokens, logprobs, finish = await events.get()
+                if finish == "error":
+                    raise _engine_failed(self.engine.failure)
                 out.tokens += tokens
                 out.logprobs += logprobs
                 out.text = self.tok.decode(out.tokens)
@@ -291,6 +300,8 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if server.engine.failure is not None:  # for an orchestrator to restart it
+            return JSONResponse({"status": "failed", "error": server.engine.failure}, status_code=500)
         if server.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok"}

@@ -29,8 +29,10 @@ completion whatever the other slots hold.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +54,7 @@ class Request:
     """One completion: its prompt's token ids, how many new tokens at most, how to sample. The engine
     calls `on_event(request, tokens, logprobs, finish)` from its thread after each call that gave it
     new tokens (tokens and logprobs: the new ones, up to serve.decode_steps; finish: None) and at its
-    end (no tokens; finish: "stop" / "length" / "cancelled")."""
+    end (no tokens; finish: "stop" / "length" / "cancelled", or "error" when the engine failed)."""
 
     prompt: list[int]
     max_tokens: int
@@ -116,6 +118,7 @@ class Engine:
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.failure: str | None = None  # what stopped the engine thread, if an error did
         self.generated = 0  # tokens produced since start-up
         self.cancelled = 0  # requests dropped before their end (a client gone, a stop string)
         self.busy_s = 0.0  # seconds spent in program calls
@@ -160,6 +163,8 @@ class Engine:
         so to its client first: `check`)."""
         self.check(request)
         with self._lock:
+            if self.failure is not None:
+                raise RuntimeError(f"the serving engine has stopped: {self.failure}")
             self.waiting.append(request)
             self._lock.notify()
         return request
@@ -299,11 +304,24 @@ class Engine:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopping:
-            if not self.step():
-                with self._lock:
-                    if not self._stopping and self.idle():
-                        self._lock.wait(0.5)
+        try:
+            while not self._stopping:
+                if not self.step():
+                    with self._lock:
+                        if not self._stopping and self.idle():
+                            self._lock.wait(0.5)
+        except Exception as e:  # a step that raised: every request ends "error" now, none waits for a dead thread
+            traceback.print_exc(file=sys.stderr)
+            self._fail(f"{type(e).__name__}: {e}")
+
+    def _fail(self, failure: str) -> None:
+        with self._lock:
+            self.failure = failure
+            ended = [r for r in (*self.waiting, *self.slots) if r is not None]
+            self.waiting.clear()
+            self.slots = [None] * len(self.slots)
+        for r in ended:
+            r.on_event(r, [], [], "error")
 
     def stop(self) -> None:
         self._stopping = True
