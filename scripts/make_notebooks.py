@@ -104,7 +104,6 @@ FINE_TUNING = [
 
 Start a new run from a trained model's weights, train it on chat rows with the loss on the replies alone, and talk to it: the path of [the Fine-tuning guide](../docs/guides/fine-tuning.md), in Python, on the embedded corpus, offline, in a minute on a CPU. The same config keys as `python -m boost_jax.train`."""),
     new_code_cell("""import json, random
-import jax
 import matplotlib.pyplot as plt
 from boost_jax import api
 from boost_jax.training.run import train
