@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from boost_jax.config import ServeConfig
 from boost_jax.data.chat import ChatTokens, check_turns
 from boost_jax.runtime.errors import BoostJaxError
-from boost_jax.serving.engine import Engine, Request as Completion
+from boost_jax.serving.engine import Engine, EngineFailed, Request as Completion
 from boost_jax.serving.programs import TOP_LOGPROBS
 
 RETRY_AFTER_S = 1
@@ -185,8 +185,6 @@ class Server:
         if len(self.engine.waiting) >= self.serve.queue:
             raise ApiError(503, f"{len(self.engine.waiting)} requests are waiting (serve.queue); retry later",
                            kind="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
-        if self.engine.failure is not None:
-            raise _engine_failed(self.engine.failure)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def on_event(r, tokens, logprobs, finish):
@@ -195,9 +193,12 @@ class Server:
             except RuntimeError:  # the caller's event loop has closed: no one reads r; the engine thread lives on
                 r.cancelled = True
 
-        request = self.engine.submit(Completion(ids, sampling.max_tokens, on_event, sampling.temperature,
-                                                sampling.top_p, sampling.seed, stop_ids,
-                                                logprobs=sampling.logprobs is not None))
+        try:
+            request = self.engine.submit(Completion(ids, sampling.max_tokens, on_event, sampling.temperature,
+                                                    sampling.top_p, sampling.seed, stop_ids,
+                                                    logprobs=sampling.logprobs is not None))
+        except EngineFailed as e:
+            raise _engine_failed(str(e)) from None
         out = Output()
         try:
             while out.finish is None:

@@ -49,6 +49,10 @@ from boost_jax.serving.pages import Pages
 from boost_jax.serving.programs import PagedPrograms
 
 
+class EngineFailed(RuntimeError):
+    """A request submitted after a step of the engine raised: its thread has stopped."""
+
+
 @dataclass(eq=False)
 class Request:
     """One completion: its prompt's token ids, how many new tokens at most, how to sample. The engine
@@ -164,7 +168,7 @@ class Engine:
         self.check(request)
         with self._lock:
             if self.failure is not None:
-                raise RuntimeError(f"the serving engine has stopped: {self.failure}")
+                raise EngineFailed(self.failure)
             self.waiting.append(request)
             self._lock.notify()
         return request
