@@ -39,7 +39,7 @@ from boost_jax.config import Config, ConfigError
 from boost_jax.model import Model
 from boost_jax.parallel import make_plan
 from boost_jax.parallel.mesh import mesh_devices
-from boost_jax.runtime.cli import at_least, positive
+from boost_jax.runtime.cli import a_share, at_least, positive
 from boost_jax.serving.engine import Engine
 from boost_jax.serving.listen import bind
 
@@ -210,8 +210,7 @@ def main(argv: list[str]) -> None:
     a = parse(p, argv)
     at_least(a, requests=1, reps=1, soak_s=0)
     positive(a, "max_s", "rss_bound")
-    if not 0 <= a.soak_warmup < 1:
-        raise ConfigError(f"--soak-warmup must be a share of the soak, 0 <= --soak-warmup < 1, got {a.soak_warmup}")
+    a_share(a, "soak_warmup", "the soak")
     cfg = config_of([*DEFAULTS, *a.config], decoding=True)
     command = " ".join(["python -m boost_jax.bench serve", *argv])
     if a.soak_s:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from boost_jax.bench.common import child_failed, parse, parser
 from boost_jax.config import ConfigError, from_args
-from boost_jax.runtime.cli import at_least, positive
+from boost_jax.runtime.cli import a_share, at_least, positive
 
 DEFAULTS = ["model.preset=llama-tiny", "train.batch_size=8", "train.seq_len=64", "data.max_bytes=300000",
             "parallel.dp=1", "train.eval_batches=2"]
@@ -113,8 +113,7 @@ def main(argv: list[str]) -> None:
     a = parse(p, argv)
     at_least(a, steps=10, eval_every=1, save_every=1)
     positive(a, "every_s", "rss_bound")
-    if not 0 <= a.warmup < 1:
-        raise ConfigError(f"--warmup must be a share of the steps, 0 <= --warmup < 1, got {a.warmup}")
+    a_share(a, "warmup", "the steps")
     if bad := [c for c in a.config if c.split("=")[0] in ("train.steps", "train.eval_every", "checkpoint.every",
                                                          "run_dir", *(f.split("=")[0] for f in FIXED))]:
         raise ConfigError(f"{bad[0]}: bench soak sets it (its flags name what may change)")

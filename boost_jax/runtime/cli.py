@@ -109,6 +109,13 @@ def positive(a: argparse.Namespace, *names: str) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number above 0, got {value}")
 
 
+def a_share(a: argparse.Namespace, name: str, of: str) -> None:
+    """The named flag of `a` a share of `of` (0 <= value < 1; "nan" is none), or one ConfigError naming it."""
+    value, flag = getattr(a, name), f"--{name.replace('_', '-')}"
+    if not 0 <= value < 1:
+        raise ConfigError(f"{flag} must be a share of {of}, 0 <= {flag} < 1, got {value}")
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """An argparse `type`: a comma-separated flag value such as "1,2,4" (empty: ()); argparse names
     the flag when it is not one."""
