@@ -399,6 +399,7 @@ def test_bench_quality_compares_a_model_key_over_seeds(tmp_path, quality_tiny):
 
 
 @pytest.mark.slow  # six tiny training runs and their evals
+@pytest.mark.long  # 40 s; in the default run: bench quality's runs, report and --vary over seeds (around it)
 def test_bench_quality_compares_optimizers_at_their_best_rate_over_two_seeds(tmp_path, quality_tiny):
     """Two rates a grid here (the command asks three: vary_optimizers above), so that each optimizer's best
     is picked from a grid and run again on a second seed in six runs, not eight."""

@@ -94,6 +94,7 @@ def test_the_command_compiles_the_eval_step_on_the_gpu_paths_and_saves_it(tmp_pa
 
 
 @pytest.mark.slow  # the four programs (~25 s); the eval step's alone above
+@pytest.mark.long  # 40 s; in the default run: the eval step's alone (above), every scheme's train step (below)
 def test_the_command_compiles_every_program_on_the_gpu_paths_and_saves_the_executables(tmp_path, capsys):
     """`python -m boost_jax.compile` at btp tp=2 with the Pallas kernels: the four programs, each with
     its compiled memory and optimised HLO; the train step takes cuDNN's flash attention forward and
@@ -317,7 +318,9 @@ def test_a_program_over_the_gpus_memory_is_named_and_exits_1(tmp_path, eval_step
 
 
 @pytest.mark.slow  # XLA:GPU's train step and one decoder layer of llama-60m
-@pytest.mark.parametrize("case", [c for c in memory.GPU_VALIDATION if c.tested], ids=lambda c: c.label)
+@pytest.mark.parametrize("case", [  # the default run: the pipeline's case, its FSDP shards gathered inside the loop
+    pytest.param(c, marks=() if c.label.startswith("pp") else pytest.mark.long) for c in memory.GPU_VALIDATION if c.tested],
+    ids=lambda c: c.label)
 def test_the_memory_model_is_within_10_percent_of_xla_gpus_peak(case, monkeypatch, capsys):
     """`bench memory --validate --gpu-compile a100-80gb` on its grid's FSDP case (XLA:GPU gathers one
     layer's shards inside the scan) and circular pipeline (each iteration keeps its chunk's FSDP

@@ -89,7 +89,9 @@ for _gpu in (g for g in GPUS if g != FULL):
 
 
 @pytest.mark.slow  # 3-25 s of CPU each (every program on every GPU was 6 x ~35 s)
-@pytest.mark.parametrize("gpu, dtype, programs", CASES, ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize("gpu, dtype, programs", [  # the other capability's train step (30 s): -m long
+    pytest.param(*c, marks=pytest.mark.long if c[0] != FULL and "train_step" in c[2] else ()) for c in CASES],
+    ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
 def test_every_program_of_the_defaults_compiles_for_every_gpu(gpu, dtype, programs):
     plan, compiled = compiled_defaults(gpu, dtype, only=programs)
     assert list(compiled) == list(programs)

@@ -111,6 +111,7 @@ def test_a_peer_killed_mid_step_ends_the_survivor_and_the_rerun_resumes(tmp_path
 
 
 @pytest.mark.slow  # two training processes, twice
+@pytest.mark.long  # 50 s; in the default run: a peer killed mid-step, the rerun's resume, a stopped peer
 def test_a_peer_killed_mid_save_leaves_the_committed_checkpoint(tmp_path, tiny_overrides):
     """Process 1 killed in its save of step 8; the rerun then loses a stopped process 0 (the one that
     serves the coordination service: process 1 learns it from the heartbeats alone)."""

@@ -114,6 +114,7 @@ def spectron_losses(tiny_overrides, run_dir, devices, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 30 s; in the default run: spectron at dp2 x fsdp2 equals one device (test_optimizer_layouts.py)
 def test_spectron_on_fsdp2_x_dp2_trains_as_one_device_does(tiny_overrides, tmp_path):
     """The layout that deadlocked in 5 of 6 runs at llama-mini (XLA aborts the process): it ends with one
     device's losses. One run (a deadlock's cause, a collective in a loop, is pinned for every compile
@@ -230,6 +231,7 @@ def test_the_optimizer_state_resumes_bitwise_and_a_switch_needs_reset_optimizer(
 
 
 @pytest.mark.slow  # three training processes
+@pytest.mark.long  # 40 s; in the default run: kill -9 (test_long_runs.py) and spectron's state resumed bitwise (above)
 def test_kill_9_resumes_the_spectron_state_exactly(tiny_overrides, tmp_path):
     """As tests/test_long_runs.py does for AdamW (which also stops a run by SIGTERM): killed mid-run, then
     run to the end; the metrics are the uninterrupted run's, bit for bit."""

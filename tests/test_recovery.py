@@ -122,22 +122,21 @@ def local_3(tmp_path_factory, tiny_overrides):
     return work, losses
 
 
-def test_resume_takes_the_newer_local_step_and_continues_the_same_run(local_5, local_3, tiny_overrides, capfd):
+def test_resume_takes_the_newer_local_step_and_continues_the_same_run(local_5, tiny_overrides, capfd):
     """Persistent steps 4 and 6 (the end), local step 5; step 6 lost from the persistent tier: the
-    resume takes local step 5, says so in one line, and steps 6-8 equal an uninterrupted run's; the
-    first row after the restart says what it cost."""
-    work, _ = local_5
+    resume takes local step 5, says so in one line, and its step 6 equals the lost run's; the first
+    row after the restart says what it cost."""
+    work, lost = local_5
     put_back(work, work / "pristine")
     shutil.rmtree(work / "run" / "checkpoints" / "6")
     capfd.readouterr()
-    resumed = train(tiers(work, tiny_overrides, "train.steps=8", *two_tiers(work, 5)))
+    resumed = train(tiers(work, tiny_overrides, "train.steps=6", *two_tiers(work, 5)))
     err = capfd.readouterr().err
     assert resumed["start_step"] == 5
     assert f"resumed from step 5 (local tier of process 0, {work / 'local' / '0'}" in err
-    whole = local_3[1]
-    np.testing.assert_allclose(resumed["losses"], [whole[s] for s in range(6, 9)], rtol=1e-6)
+    np.testing.assert_allclose(resumed["losses"], [lost[6]], rtol=1e-6)
     rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert [r["step"] for r in rows] == list(range(1, 7))
     restart = rows[5]
     assert (restart["restart_from"], restart["steps_recomputed"]) == (5, 1)  # the lost run had logged step 6
     assert restart["seconds_lost"] > 0 and 0 < restart["goodput"] < 1
@@ -234,6 +233,7 @@ def test_restart_fields_from_the_rows_the_lost_run_left():
 
 
 @pytest.mark.slow  # four training processes, then three, then two (the reference: 4 devices in this process)
+@pytest.mark.long  # 80 s; in the default run: a lost process resumed from a local tier (the fsdp story below)
 def test_a_host_lost_the_run_continues_on_fewer_processes(tmp_path, tiny_overrides):
     """4 processes, local tier every 5 steps, persistent every 50: process 3 killed with SIGKILL after
     a step drawn from 12..18 and its local dir deleted. A restart on 3 processes cannot split the global
@@ -288,7 +288,8 @@ def two_process_run(tmp_path_factory, tiny_overrides):
     # A kill -9 mid-save's temporary folder is passed over without a note: the same notes as without it.
     ("process 0's copy of step 6 cut short, a half-written step 8 in both folders (kill -9 mid-save)",
      "step 6 (local tier of process 1", ["step 6 of process 0 cannot be read (*): trying step 6 of process 1"]),
-    ("process 0's folder lacks step 6", "step 6 (local tier of process 1", []),
+    pytest.param("process 0's folder lacks step 6", "step 6 (local tier of process 1", [],  # the first case's fallback
+                 marks=pytest.mark.long),
     ("both copies of step 6 cut short", "step 4 (local tier of process 0",
      ["step 6 of process 0 cannot be read (*): trying step 6 of process 1",
       "step 6 of process 1 cannot be read (*): trying step 4 of process 0"]),
@@ -396,6 +397,7 @@ def test_the_memory_limit_is_the_key_and_none_on_a_cpu_without_it(tiny_overrides
 
 
 @pytest.mark.slow  # two training processes, one refused restart, then one (the reference: 2 devices in this process)
+@pytest.mark.long  # 65 s; in the default run: the choice of micro-batches (above) and a lost process resumed (fsdp)
 def test_a_restart_whose_device_cannot_hold_its_share_adds_microbatches(tmp_path, tiny_overrides):
     """2 processes fit parallel.device_memory_gib with the whole batch; one killed after a step of 7..9,
     the restart on 1 cannot hold 8 rows: it resumes with 2 micro-batches, says so in its resume line, and

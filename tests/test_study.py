@@ -280,6 +280,7 @@ def test_a_signal_to_a_study_or_to_its_run_counts_for_both():
 
 
 @pytest.mark.slow  # two runs of the micro study
+@pytest.mark.long  # 35 s; in the default run: a study killed mid-run resumes to the same numbers (below)
 def test_a_signal_between_two_runs_stops_the_study_by_name_and_the_rerun_matches(micro, tmp_path, monkeypatch):
     import os
     import signal

@@ -2,8 +2,8 @@
 from an empty compilation cache (cold) and again from the one it filled (warm).
 
 Trains the config (default: the quickstart's, --steps steps), then runs `train` (a new run dir), `eval`
-and `generate` on it, each twice in a fresh process with its own compilation cache folder: first empty,
-then as the first run left it. Each run is timed by its wall clock here and splits its own start
+and `generate` on it (or those of --commands), each twice in a fresh process with its own compilation
+cache folder: first empty, then as the first run left it. Each run is timed by its wall clock here and splits its own start
 (`--timings`: import, data, restore, compile, run; launch/startup.py). --json prints everything;
 `bench report` puts it on the results page.
 """
@@ -23,6 +23,7 @@ from boost_jax.config import ConfigError, from_args
 from boost_jax.launch.startup import PHASES, parse_line
 
 PROMPT, NEW_TOKENS = "def main(", 40  # a generate as docs/guides/inference.md shows it
+COMMANDS = ("train", "eval", "generate")
 
 
 def commands(args: list[str], steps: int, work: Path, trial: str) -> dict[str, list[str]]:
@@ -52,20 +53,21 @@ def timed(argv: list[str], cache: Path, log) -> dict:
     return {"wall_s": wall, "startup_s": split}
 
 
-def measure(args: list[str], steps: int, work: Path, log=print) -> dict:
+def measure(args: list[str], steps: int, work: Path, log=print, names: tuple[str, ...] = COMMANDS) -> dict:
     from_args([*args, f"train.steps={steps}"])  # a bad config fails before any process starts
-    log(f"training the run the others read ({steps} steps)")
-    timed(commands(args, steps, work, "run")["train"], work / "xla-run", log)
+    if set(names) - {"train"}:
+        log(f"training the run the others read ({steps} steps)")
+        timed(commands(args, steps, work, "run")["train"], work / "xla-run", log)
     cold, warm = commands(args, steps, work, "cold"), commands(args, steps, work, "warm")
     rows = []
-    for name in cold:
+    for name in names:
         log(f"{name}: cold, then warm")
         cache = work / f"xla-{name}"
         first, second = timed(cold[name], cache, log), timed(warm[name], cache, log)
         rows.append({"command": name, "cold": first, "warm": second,
                      "warm_over_cold": second["wall_s"] / first["wall_s"]})
     return {"config": args, "steps": steps, "phases": list(PHASES), "rows": rows,
-            "commands": [f"python -m {' '.join(c)}" for c in cold.values()],
+            "commands": [f"python -m {' '.join(cold[n])}" for n in names],
             "command": " ".join(["python -m boost_jax.bench startup", *args, f"--steps {steps}"])}
 
 
@@ -86,7 +88,11 @@ def main(argv: list[str]) -> None:
     p = parser("python -m boost_jax.bench startup", __doc__)
     p.add_argument("--steps", type=int, default=20, help="training steps of the run eval and generate read")
     p.add_argument("--work", type=Path, help="where the runs and caches go (default: a temporary folder)")
+    p.add_argument("--commands", default=",".join(COMMANDS), help=f"which to time, in order (default: {','.join(COMMANDS)})")
     a = parse(p, argv)
+    names = tuple(a.commands.split(","))
+    if unknown := [n for n in names if n not in COMMANDS]:
+        raise ConfigError(f"--commands {a.commands}: unknown command {unknown[0]!r}; choose from {', '.join(COMMANDS)}")
     if a.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {a.steps}")
     if bad := [c for c in a.config if c.split("=")[0] in ("run_dir", "train.steps", "data.compile_cache_dir")]:
@@ -96,7 +102,7 @@ def main(argv: list[str]) -> None:
                           "for a temporary one")
     log = lambda s: print(s, file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        result = measure(a.config, a.steps, a.work or Path(tmp), log)
+        result = measure(a.config, a.steps, a.work or Path(tmp), log, names)
     if a.json:
         print(json.dumps(result, indent=1))
         return
