@@ -70,6 +70,20 @@ def test_section_10_shows_each_saved_outputs_numbers():
     assert "seeds 0, 1 and 2" in page and not re.search(r"\$\w", page)  # every slot filled
 
 
+def test_a_tp_measured_over_other_batches_in_files_of_its_own_fills_its_cells_and_dashes_the_rest():
+    """tp=1 at batches 1 and 32 in one file and at 8 in another; tp=4 at 1 and 32 only: each row from
+    the file that measured it, a dash where a tp has no run, the targets at each tp's largest batch."""
+    eight = {"device": "cpu", "read_bandwidth_bytes_per_s": 2e10, "runs": [
+        {**decode_run(1, dr), "rows": [{**row, "batch": 8, "decode_tokens_per_s": row["decode_tokens_per_s"] + 0.5}
+                                       for row in decode_run(1, dr)["rows"] if row["batch"] == 1]} for dr in (0, 16)]}
+    table = absorbed_section.decode_table(absorbed_section._runs([*DECODE, eight]))  # noqa: SLF001
+    assert [line.split(" | ")[2] for line in table[2:6]] == ["1", "8", "32", "1"]  # every batch, then the next kind
+    assert "| full | 0 | 8 | 4,096 | 101.5 | 2.0 | - | - | - |" in table  # from the second file
+    assert "| full | 0 | 32 | 4,096 | 132.0 | 3.0 | 1,024 | 432.0 | 3.0 |" in table
+    targets = absorbed_section.decode_targets(absorbed_section._runs([*DECODE, eight]))  # noqa: SLF001
+    assert [t.split(":")[0] for t in targets] == ["- tp=1, batch 32", "- tp=4, batch 32"]
+
+
 def test_report_keeps_section_10_in_results_json_and_refuses_a_wrong_file_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "measure_all", lambda *a: pytest.fail("measured despite --rerender"))
     monkeypatch.setattr(report, "plot", lambda result, out: out.mkdir(parents=True) or [])  # the text is what is checked

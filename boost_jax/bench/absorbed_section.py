@@ -62,9 +62,16 @@ def _runs(decs: list[dict]) -> list[dict]:
     return [{**run, "bandwidth": dec["read_bandwidth_bytes_per_s"]} for dec in decs for run in dec["runs"]]
 
 
-def _row(runs: list[dict], tp: int, decoupled: bool, cache: str, batch: int) -> dict:
-    run = next(r for r in runs if r["tp"] == tp and bool(_rope(r)) == decoupled)
-    return next(r for r in run["rows"] if r["cache"] == cache and r["batch"] == batch)
+def _row(runs: list[dict], tp: int, decoupled: bool, cache: str, batch: int) -> dict | None:
+    """The row of (tp, d_r > 0, cache, batch) from the first file that measured it (a file per tp, or
+    several at one tp over other batches: each row's ratios are within its own file's run), or None."""
+    return next((row for r in runs if r["tp"] == tp and bool(_rope(r)) == decoupled
+                 for row in r["rows"] if row["cache"] == cache and row["batch"] == batch), None)
+
+
+def _batches(runs: list[dict], tp: int | None = None) -> list[int]:
+    """The batches measured (at `tp`, or at any), in order."""
+    return sorted({row["batch"] for r in runs if tp in (None, r["tp"]) for row in r["rows"]})
 
 
 def decode_command(dec: dict) -> str:
@@ -93,21 +100,22 @@ def decode_table(runs: list[dict]) -> list[str]:
                                                  for t in tps) + " |"
     lines = [head, "|---|---|---|" + "---|---|---|" * len(tps)]
     for label, cache, decoupled in KINDS:
-        for b in dict.fromkeys(r["batch"] for r in runs[0]["rows"]):
+        for b in _batches(runs):
             cells = [_row(runs, t, decoupled, cache, b) for t in tps]
             lines.append(f"| {label} | {dr if decoupled else 0} | {b} | " + " | ".join(
+                "- | - | -" if r is None else
                 f"{r['cache_bytes_per_token_per_device']:,} | {r['decode_tokens_per_s']:,.1f} | {r['step_over_floor']:.1f}"
                 for r in cells) + " |")
     return lines
 
 
 def decode_targets(runs: list[dict]) -> list[str]:
-    """Per tp, at the largest batch: the absorbed cache's tokens/s over the plain model's full cache's
+    """Per tp, at its largest batch: the absorbed cache's tokens/s over the plain model's full cache's
     (issue 74's targets: >= 1.0x on one device, >= 1.2x at tp=4) and over its own model's full cache, and
     each one's step over its read floor."""
-    b = max(r["batch"] for r in runs[0]["rows"])
     out = []
     for t in sorted({r["tp"] for r in runs}):
+        b = _batches(runs, t)[-1]
         absorbed, full, same, rebuilt = (_row(runs, t, d, c, b) for d, c in ((True, "latent"), (False, "full"),
                                                                            (True, "full"), (False, "latent")))
         speed = lambda r: r["decode_tokens_per_s"] / full["decode_tokens_per_s"]
