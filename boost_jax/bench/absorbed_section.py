@@ -189,7 +189,7 @@ def absorbed_section(ab: dict) -> list[str]:
         lines += render("absorbed_decode", commands=[f"- `{decode_command(d)}`" for d in ab["decode"]],
                         device=ab["decode"][0]["device"], model=first["model"], arch=first["arch"], dtype=first["dtype"],
                         g=first["attn_latent_heads"], prompt_len=first["prompt_len"], new_tokens=first["new_tokens"],
-                        bandwidth=" and ".join(f"{d['read_bandwidth_bytes_per_s'] / 1e9:.1f}" for d in ab["decode"]),
+                        bandwidth=_listed(f"{d['read_bandwidth_bytes_per_s'] / 1e9:.1f}" for d in ab["decode"]),
                         table=decode_table(runs), targets=decode_targets(runs))
     if "gpu" in ab:
         c = ab["gpu"][0]
