@@ -101,6 +101,13 @@ def test_report_keeps_section_10_in_results_json_and_refuses_a_wrong_file_by_nam
     assert "## 10. Decoupled RoPE" in page and "| 1 | latent | 2.0 | 2.0 | 6.0 | 8.0 | 0.80 |" in page
     report.main(["--rerender", str(tmp_path / "page" / "results.json"), "--out", str(tmp_path / "again")])
     assert (tmp_path / "again" / "results.md").read_text() == page
+    # A part given again replaces its commands in the page's list too: the 4-layer compile's leaves with it.
+    (tmp_path / "deep.json").write_text(json.dumps(gpu("full", 1, 10) | {"n_layers": 32}))
+    report.main(["--rerender", str(tmp_path / "page" / "results.json"), "--absorbed-gpu-json", saved("deep"),
+                 "--out", str(tmp_path / "deeper")])
+    compiles = [c for c in json.loads((tmp_path / "deeper" / "results.json").read_text())["commands"]
+                if c.startswith("python -m boost_jax.compile model.preset=llama-7b")]
+    assert [re.search(r"n_layers=(\d+)", c)[1] for c in compiles] == ["32"], compiles
 
     (tmp_path / "other.json").write_text(json.dumps(gpu("latent", 1, 8) | {"attn_rope_dims": 32}))
     (tmp_path / "no_decode.json").write_text(json.dumps(gpu("latent", 1, 8) | {"programs": [{"name": "prefill"}]}))

@@ -294,12 +294,15 @@ def read_saved_sections(a: argparse.Namespace) -> dict[str, dict]:
 
 
 def with_saved_sections(result: dict, parts: dict[str, dict]) -> dict:
-    """`result` with the saved sections' inputs (replacing the parts it held) and their commands in its list."""
+    """`result` with the saved sections' inputs (replacing the parts it held) and their commands in its
+    list: a replaced part's commands leave it."""
     for saved in SAVED_SECTIONS:
         if given := parts.get(saved.key):
             merged = {**result.get(saved.key, {}), **given}
-            commands = [*result["commands"], *(c for c in saved.commands(merged) if c not in result["commands"])]
-            result = {**result, "commands": commands, saved.key: merged}
+            new = saved.commands(merged)
+            old = set(saved.commands(result[saved.key])) - set(new) if saved.key in result else set()
+            kept = [c for c in result["commands"] if c not in old]
+            result = {**result, "commands": [*kept, *(c for c in new if c not in kept)], saved.key: merged}
     return result
 
 
