@@ -214,6 +214,7 @@ def test_bench_startup_times_each_command_cold_then_warm(tmp_path, tiny_override
     (["soak", "--warmup", "nan"], "--warmup must be a share of the steps"),
     (["startup", "--work", "FILE"], "is a file: name a folder"),
     (["startup", "--commands", "train,serve"], "--commands train,serve: unknown command 'serve'; choose from train, eval"),
+    (["startup", "--commands", "eval,eval"], "--commands eval,eval: a command named twice"),
 ])
 def test_bench_soak_and_startup_refuse_bad_flags_before_any_run(tmp_path, argv, needle):
     from importlib import import_module

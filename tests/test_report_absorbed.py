@@ -76,12 +76,12 @@ def test_a_tp_measured_over_other_batches_in_files_of_its_own_fills_its_cells_an
     eight = {"device": "cpu", "read_bandwidth_bytes_per_s": 2e10, "runs": [
         {**decode_run(1, dr), "rows": [{**row, "batch": 8, "decode_tokens_per_s": row["decode_tokens_per_s"] + 0.5}
                                        for row in decode_run(1, dr)["rows"] if row["batch"] == 1]} for dr in (0, 16)]}
-    table = absorbed_section.decode_table(absorbed_section._runs([*DECODE, eight]))  # noqa: SLF001
+    runs = absorbed_section._runs([*DECODE, eight])  # noqa: SLF001
+    table = absorbed_section.decode_table(runs)
     assert [line.split(" | ")[2] for line in table[2:6]] == ["1", "8", "32", "1"]  # every batch, then the next kind
     assert "| full | 0 | 8 | 4,096 | 101.5 | 2.0 | - | - | - |" in table  # from the second file
     assert "| full | 0 | 32 | 4,096 | 132.0 | 3.0 | 1,024 | 432.0 | 3.0 |" in table
-    targets = absorbed_section.decode_targets(absorbed_section._runs([*DECODE, eight]))  # noqa: SLF001
-    assert [t.split(":")[0] for t in targets] == ["- tp=1, batch 32", "- tp=4, batch 32"]
+    assert [t.split(":")[0] for t in absorbed_section.decode_targets(runs)] == ["- tp=1, batch 32", "- tp=4, batch 32"]
 
 
 def test_report_keeps_section_10_in_results_json_and_refuses_a_wrong_file_by_name(tmp_path, monkeypatch):

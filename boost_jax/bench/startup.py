@@ -3,8 +3,8 @@ from an empty compilation cache (cold) and again from the one it filled (warm).
 
 Trains the config (default: the quickstart's, --steps steps), then runs `train` (a new run dir), `eval`
 and `generate` on it (or those of --commands), each twice in a fresh process with its own compilation
-cache folder: first empty, then as the first run left it. Each run is timed by its wall clock here and splits its own start
-(`--timings`: import, data, restore, compile, run; launch/startup.py). --json prints everything;
+cache folder: first empty, then as the first run left it. Each run is timed by its wall clock here and
+splits its own start (`--timings`: import, data, restore, compile, run; launch/startup.py). --json prints everything;
 `bench report` puts it on the results page.
 """
 
@@ -93,6 +93,8 @@ def main(argv: list[str]) -> None:
     names = tuple(a.commands.split(","))
     if unknown := [n for n in names if n not in COMMANDS]:
         raise ConfigError(f"--commands {a.commands}: unknown command {unknown[0]!r}; choose from {', '.join(COMMANDS)}")
+    if len(set(names)) < len(names):  # a command's second "cold" run would read the cache its first one filled
+        raise ConfigError(f"--commands {a.commands}: a command named twice; name each once")
     if a.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {a.steps}")
     if bad := [c for c in a.config if c.split("=")[0] in ("run_dir", "train.steps", "data.compile_cache_dir")]:

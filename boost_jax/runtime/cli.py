@@ -110,7 +110,7 @@ def positive(a: argparse.Namespace, *names: str) -> None:
 
 
 def a_share(a: argparse.Namespace, name: str, of: str) -> None:
-    """The named flag of `a` a share of `of` (0 <= value < 1; "nan" is none), or one ConfigError naming it."""
+    """The named flag of `a` a share of `of` (0 <= value < 1; nan is refused too), or one ConfigError naming it."""
     value, flag = getattr(a, name), f"--{name.replace('_', '-')}"
     if not 0 <= value < 1:
         raise ConfigError(f"{flag} must be a share of {of}, 0 <= {flag} < 1, got {value}")
